@@ -1,0 +1,116 @@
+"""Frozen engine configuration.
+
+Every field carries its documentation in ``metadata["help"]``; :func:`add_config_args` turns
+those into ``--help`` text so the dataclass is the single source of defaults and docs.
+``"auto"`` values are resolved once, by :meth:`EngineConfig.resolved`, never mutated later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+ENCODER_KV_STRATEGIES = ("aligned", "ragged", "flat")
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to start; one instance per engine, never mutated."""
+
+    model: str | None = _f(
+        None,
+        "Model folder: an HF folder (config.json + *.safetensors + tokenizer.json) or a "
+        "CTranslate2 Whisper folder (model.bin). Default: the embedded Whisper tiny.en.",
+    )
+    device: str = _f("auto", "Torch device: cpu, cuda, cuda:N, or auto (cuda when present).")
+    dtype: str = _f(
+        "auto",
+        "Compute and KV-cache dtype: float32, float16, bfloat16, or auto "
+        "(float32 on CPU, bfloat16 on CUDA).",
+    )
+    page_size: str = _f(
+        "auto",
+        "KV-cache page size in tokens, or auto (the attention backend's default). An explicit "
+        "size the backend's kernels do not support is a start-up error.",
+    )
+    encoder_kv: str = _f(
+        "flat",
+        "How the encoder (cross-attention) KV region is laid out and read: aligned (region "
+        "padded to whole pages, page-table reads), ragged (gather + varlen attention), flat "
+        "(token-slot indexing, no copy).",
+        choices=ENCODER_KV_STRATEGIES,
+    )
+    attention_backend: str = _f(
+        "auto",
+        "Attention kernels: torch (reference, any device and page size), triton (CUDA), "
+        "or auto (triton on CUDA, torch elsewhere).",
+        choices=("auto", "torch", "triton"),
+    )
+    max_running_requests: int = _f(
+        16, "Most requests decoded together (rows of the request-to-token table)."
+    )
+    max_total_tokens: int | None = _f(
+        None, "Cap on KV-cache slots (tokens); default: as many as the memory budget allows."
+    )
+    mem_fraction_static: float = _f(
+        0.8,
+        "Fraction of device memory (CUDA) for weights + KV cache; on CPU, the fraction of "
+        "--kv-cache-bytes used.",
+    )
+    kv_cache_bytes: int | None = _f(
+        None,
+        "Byte budget for the KV cache (CPU default: enough for max-running-requests full "
+        "requests).",
+    )
+    context_length: int | None = _f(
+        None, "Longest decoder sequence per request; default: the model's limit."
+    )
+    cuda_graph: bool = _f(
+        False, "Capture decode steps in CUDA graphs (aligned and flat strategies only)."
+    )
+    cuda_graph_max_bs: int = _f(64, "Largest decode batch captured in a CUDA graph.")
+    max_new_tokens: int = _f(
+        224, "Default cap on generated tokens per request (Whisper's limit is 448 - prompt)."
+    )
+    seed: int = _f(0, "Seed for sampling with temperature > 0 when a request gives none.")
+    restrict_page_sizes: str | None = _f(
+        None,
+        "Comma-separated page sizes the paged kernel may use, e.g. 64,128 to reproduce the "
+        "Intel XPU constraint.",
+    )
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls: type = EngineConfig,
+                    skip: tuple[str, ...] = ()) -> None:
+    """Add one ``--flag`` per dataclass field, with the field's doc as help."""
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kw: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "")}
+        if f.metadata.get("choices"):
+            kw["choices"] = f.metadata["choices"]
+        if f.type in ("bool", bool):
+            kw["action"] = argparse.BooleanOptionalAction
+        elif f.type in ("int", int, "int | None"):
+            kw["type"] = int
+        elif f.type in ("float", float):
+            kw["type"] = float
+        if kw["default"] is not None:
+            kw["help"] += f" (default: {kw['default']})"
+        parser.add_argument(flag, **kw)
+
+
+def config_from_args(args: argparse.Namespace, cls: type = EngineConfig) -> Any:
+    """Build the frozen config from parsed ``--flags`` (fields absent from ``args`` keep defaults)."""
+    values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+    return cls(**values)

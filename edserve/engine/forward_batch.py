@@ -1,0 +1,66 @@
+"""The per-step batch handed from the scheduler to the model runner and attention backend.
+
+All per-batch state lives here (no globals): index tensors built by the scheduler, and the
+attention metadata a backend builds once per batch (``attn_metadata``).
+
+Row layout of ``req_to_token[row]`` (one request)::
+
+    columns: 0 ........ encoder_lens[i] .. encoder_offsets[i] ........ encoder_offsets[i] + seq_lens[i]
+             | encoder KV (cross-attn) | pad (aligned only) | decoder KV (self-attn) |
+
+``encoder_offsets[i]`` is where the decoder region starts: ``encoder_lens[i]`` for the ragged and
+flat strategies, ``ceil_align(encoder_lens[i], page_size)`` for aligned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from edserve.layers.attention.base import AttentionBackend
+    from edserve.mem_cache.kv_pool import KVPool
+
+
+class ForwardMode(Enum):
+    EXTEND = auto()  # prefill: encoder KV written, decoder prompt tokens processed
+    DECODE = auto()  # one new decoder token per request
+
+
+@dataclass
+class ForwardBatch:
+    mode: ForwardMode
+    req_pool_indices: torch.Tensor  # [B] int64: rows of req_to_token
+    seq_lens: torch.Tensor  # [B] int32: decoder tokens cached after this step
+    prefix_lens: torch.Tensor  # [B] int32: decoder tokens cached before this step
+    cu_q: torch.Tensor  # [B+1] int32: offsets of each request's new tokens in q
+    max_q: int  # longest new-token run (1 for decode)
+    positions: torch.Tensor  # [T] int64: decoder position of each new token
+    out_cache_loc: torch.Tensor  # [T] int64: KV slot of each new decoder token
+    encoder_lens: torch.Tensor  # [B] int32: encoder tokens per request (0 = none)
+    encoder_offsets: torch.Tensor  # [B] int32: column where the decoder region starts
+    req_to_token: torch.Tensor  # [rows, cols] int32: the request-to-token table (shared)
+    kv_pool: KVPool
+    attn_backend: AttentionBackend
+    page_size: int
+    # Slots where this step's freshly projected cross K/V go, concatenated over the requests
+    # whose encoder runs in this step (prefill only): [sum encoder_lens] int64, else None.
+    encoder_out_cache_loc: torch.Tensor | None = None
+    # Host copies (no device syncs needed to read them).
+    seq_lens_cpu: list[int] = field(default_factory=list)
+    encoder_lens_cpu: list[int] = field(default_factory=list)
+    # Optional per-query-token visible encoder key range [T, 2] (start, end) for models whose
+    # text tokens see only part of the encoder output (Mllama); None = all encoder keys.
+    cross_kv_ranges: torch.Tensor | None = None
+    attn_metadata: Any = None  # built by attn_backend.init_forward_metadata(self)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.req_pool_indices.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])

@@ -1,0 +1,96 @@
+"""Torch reference attention ops: any device, any dtype (float64 makes them the test oracle).
+
+Three ways to read a batch's keys/values, one per encoder-KV strategy. They share the
+variable-length attention core and differ only in how key indices are found:
+
+* :func:`varlen_attention` - keys already contiguous per request (``cu_k`` offsets).
+* :func:`paged_attention` - keys read through a page table (one page id per ``page_size`` tokens).
+* :func:`flat_attention` - keys read through token slots (``req_to_token`` rows directly).
+
+Shared conventions (the Triton kernels in ``edserve.kernels`` implement the same signatures):
+  q ``[T, Hq, D]``; caches ``[num_slots, Hkv, D]``; ``Hq % Hkv == 0`` (grouped-query attention);
+  ``cu_q`` ``[B+1]`` offsets of each request's queries; ``causal`` is bottom-right aligned: query
+  ``i`` of a request with ``L`` queries and ``S`` keys sees keys ``j <= S - L + i``. A request with
+  zero keys gets a zero output. Returns ``[T, Hq, D]`` in q's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            key_index: torch.Tensor, kv_lens: torch.Tensor, cu_q: torch.Tensor, max_q: int,
+            causal: bool, scale: float) -> torch.Tensor:
+    """Attention over keys gathered by ``key_index`` ``[B, max_k]`` (entries past kv_lens ignored)."""
+    T, Hq, D = q.shape
+    B = kv_lens.shape[0]
+    Hkv = k_cache.shape[1]
+    out = torch.zeros_like(q)
+    if T == 0 or B == 0:
+        return out
+    max_k = key_index.shape[1]
+    q_lens = (cu_q[1:] - cu_q[:-1]).long()  # [B]
+    # Pad queries to [B, max_q, Hq, D].
+    qi = torch.arange(max_q, device=q.device)
+    q_valid = qi[None, :] < q_lens[:, None]  # [B, max_q]
+    q_tok = (cu_q[:-1].long()[:, None] + qi[None, :]).clamp(max=max(T - 1, 0))
+    qp = q[q_tok]  # [B, max_q, Hq, D]
+    kj = torch.arange(max_k, device=q.device)
+    k_valid = kj[None, :] < kv_lens.long()[:, None]  # [B, max_k]
+    safe_idx = torch.where(k_valid, key_index.long(), torch.zeros_like(key_index.long()))
+    kp = k_cache[safe_idx]  # [B, max_k, Hkv, D]
+    vp = v_cache[safe_idx]
+    mask = k_valid[:, None, :].expand(B, max_q, max_k)
+    if causal:
+        limit = kv_lens.long()[:, None] - q_lens[:, None] + qi[None, :]  # [B, max_q]
+        mask = mask & (kj[None, None, :] <= limit[:, :, None])
+    group = Hq // Hkv
+    qh = qp.permute(0, 2, 1, 3).to(k_cache.dtype)  # [B, Hq, max_q, D]
+    kh = kp.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)  # [B, Hq, max_k, D]
+    vh = vp.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    acc = torch.float64 if torch.float64 in (q.dtype, k_cache.dtype) else torch.float32
+    scores = torch.matmul(qh.to(acc), kh.to(acc).transpose(-1, -2)) * scale  # [B,Hq,max_q,max_k]
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key -> zero output
+    ctx = torch.matmul(probs, vh.to(acc))  # [B, Hq, max_q, D]
+    ctx = ctx.permute(0, 2, 1, 3)  # [B, max_q, Hq, D]
+    out[q_tok[q_valid]] = ctx[q_valid].to(q.dtype)
+    return out
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                     cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool,
+                     scale: float) -> torch.Tensor:
+    """k, v ``[S, Hkv, D]`` contiguous per request at offsets ``cu_k`` ``[B+1]``."""
+    kv_lens = cu_k[1:] - cu_k[:-1]
+    key_index = cu_k[:-1].long()[:, None] + torch.arange(max_k, device=q.device)[None, :]
+    return _attend(q, k, v, key_index, kv_lens, cu_q, max_q, causal, scale)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    page_table: torch.Tensor, kv_start_page: torch.Tensor,
+                    kv_lens: torch.Tensor, cu_q: torch.Tensor, max_q: int, causal: bool,
+                    scale: float, page_size: int) -> torch.Tensor:
+    """Keys of request b: token j lives at slot ``page_table[b, kv_start_page[b] + j // ps] * ps
+    + j % ps``. page_table ``[B, max_pages]`` int32; kv_start_page, kv_lens ``[B]``."""
+    max_k = int(kv_lens.max().item()) if kv_lens.numel() else 0
+    j = torch.arange(max_k, device=q.device)
+    col = (kv_start_page.long()[:, None] + j[None, :] // page_size).clamp(
+        max=page_table.shape[1] - 1)
+    key_index = page_table.long().gather(1, col) * page_size + j[None, :] % page_size
+    return _attend(q, k_cache, v_cache, key_index, kv_lens, cu_q, max_q, causal, scale)
+
+
+def flat_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+                   kv_start: torch.Tensor, kv_lens: torch.Tensor, cu_q: torch.Tensor,
+                   max_q: int, causal: bool, scale: float) -> torch.Tensor:
+    """Keys of request b: token j lives at slot ``req_to_token[req_pool_indices[b],
+    kv_start[b] + j]`` (page size irrelevant: the pool is viewed as page size 1)."""
+    max_k = int(kv_lens.max().item()) if kv_lens.numel() else 0
+    j = torch.arange(max_k, device=q.device)
+    col = (kv_start.long()[:, None] + j[None, :]).clamp(max=req_to_token.shape[1] - 1)
+    key_index = req_to_token[req_pool_indices.long()].long().gather(1, col)
+    return _attend(q, k_cache, v_cache, key_index, kv_lens, cu_q, max_q, causal, scale)
