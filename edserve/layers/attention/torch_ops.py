@@ -21,8 +21,11 @@ import torch
 
 def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             key_index: torch.Tensor, kv_lens: torch.Tensor, cu_q: torch.Tensor, max_q: int,
-            causal: bool, scale: float) -> torch.Tensor:
-    """Attention over keys gathered by ``key_index`` ``[B, max_k]`` (entries past kv_lens ignored)."""
+            causal: bool, scale: float, kv_ranges: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention over keys gathered by ``key_index`` ``[B, max_k]`` (entries past kv_lens ignored).
+
+    ``kv_ranges`` ``[T, 2]`` optionally restricts query t to keys ``start <= j < end``.
+    """
     T, Hq, D = q.shape
     B = kv_lens.shape[0]
     Hkv = k_cache.shape[1]
@@ -45,6 +48,9 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if causal:
         limit = kv_lens.long()[:, None] - q_lens[:, None] + qi[None, :]  # [B, max_q]
         mask = mask & (kj[None, None, :] <= limit[:, :, None])
+    if kv_ranges is not None:
+        rng = kv_ranges.long()[q_tok]  # [B, max_q, 2]
+        mask = mask & (kj[None, None, :] >= rng[..., :1]) & (kj[None, None, :] < rng[..., 1:])
     group = Hq // Hkv
     qh = qp.permute(0, 2, 1, 3).to(k_cache.dtype)  # [B, Hq, max_q, D]
     kh = kp.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)  # [B, Hq, max_k, D]
@@ -62,17 +68,18 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
                      cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool,
-                     scale: float) -> torch.Tensor:
+                     scale: float, kv_ranges: torch.Tensor | None = None) -> torch.Tensor:
     """k, v ``[S, Hkv, D]`` contiguous per request at offsets ``cu_k`` ``[B+1]``."""
     kv_lens = cu_k[1:] - cu_k[:-1]
     key_index = cu_k[:-1].long()[:, None] + torch.arange(max_k, device=q.device)[None, :]
-    return _attend(q, k, v, key_index, kv_lens, cu_q, max_q, causal, scale)
+    return _attend(q, k, v, key_index, kv_lens, cu_q, max_q, causal, scale, kv_ranges)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     page_table: torch.Tensor, kv_start_page: torch.Tensor,
                     kv_lens: torch.Tensor, cu_q: torch.Tensor, max_q: int, causal: bool,
-                    scale: float, page_size: int) -> torch.Tensor:
+                    scale: float, page_size: int,
+                    kv_ranges: torch.Tensor | None = None) -> torch.Tensor:
     """Keys of request b: token j lives at slot ``page_table[b, kv_start_page[b] + j // ps] * ps
     + j % ps``. page_table ``[B, max_pages]`` int32; kv_start_page, kv_lens ``[B]``."""
     max_k = int(kv_lens.max().item()) if kv_lens.numel() else 0
@@ -80,17 +87,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     col = (kv_start_page.long()[:, None] + j[None, :] // page_size).clamp(
         max=page_table.shape[1] - 1)
     key_index = page_table.long().gather(1, col) * page_size + j[None, :] % page_size
-    return _attend(q, k_cache, v_cache, key_index, kv_lens, cu_q, max_q, causal, scale)
+    return _attend(q, k_cache, v_cache, key_index, kv_lens, cu_q, max_q, causal, scale,
+                   kv_ranges)
 
 
 def flat_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
                    kv_start: torch.Tensor, kv_lens: torch.Tensor, cu_q: torch.Tensor,
-                   max_q: int, causal: bool, scale: float) -> torch.Tensor:
+                   max_q: int, causal: bool, scale: float,
+                   kv_ranges: torch.Tensor | None = None) -> torch.Tensor:
     """Keys of request b: token j lives at slot ``req_to_token[req_pool_indices[b],
     kv_start[b] + j]`` (page size irrelevant: the pool is viewed as page size 1)."""
     max_k = int(kv_lens.max().item()) if kv_lens.numel() else 0
     j = torch.arange(max_k, device=q.device)
     col = (kv_start.long()[:, None] + j[None, :]).clamp(max=req_to_token.shape[1] - 1)
     key_index = req_to_token[req_pool_indices.long()].long().gather(1, col)
-    return _attend(q, k_cache, v_cache, key_index, kv_lens, cu_q, max_q, causal, scale)
+    return _attend(q, k_cache, v_cache, key_index, kv_lens, cu_q, max_q, causal, scale,
+                   kv_ranges)

@@ -1,0 +1,144 @@
+"""Turn a list of requests into a :class:`ForwardBatch`: allocate rows and slots, fill
+``req_to_token``, and compute the index tensors the attention backend reads.
+
+Prefill (EXTEND) lays each new row out as ``[encoder region | prompt tokens]``; decode takes one
+slot per request at column ``enc_region + kv_len``. Both leave state untouched and return
+``None`` when the pools run short (the scheduler's back-pressure signal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edserve.engine.forward_batch import ForwardBatch, ForwardMode
+from edserve.engine.req import Req
+from edserve.layers.attention.encdec import EncoderDecoderBackend
+from edserve.mem_cache import KVPool, ReqToTokenPool, write_cache_indices
+
+
+@dataclass
+class Pools:
+    req_to_token_pool: ReqToTokenPool
+    allocator: object  # TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
+    kv_pool: KVPool
+    backend: EncoderDecoderBackend
+    device: torch.device
+
+
+def _int_tensor(values: list[int], device: torch.device, dtype=torch.int32) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[int],
+                positions: torch.Tensor, out_cache_loc: torch.Tensor,
+                encoder_out_cache_loc: torch.Tensor | None) -> ForwardBatch:
+    dev = pools.device
+    cu = [0]
+    for n in q_lens:
+        cu.append(cu[-1] + n)
+    seq = [r.kv_len for r in reqs]
+    batch = ForwardBatch(
+        mode=mode,
+        req_pool_indices=_int_tensor([r.req_pool_idx for r in reqs], dev, torch.int64),
+        seq_lens=_int_tensor(seq, dev),
+        prefix_lens=_int_tensor([s - n for s, n in zip(seq, q_lens, strict=True)], dev),
+        cu_q=_int_tensor(cu, dev),
+        max_q=max(q_lens),
+        positions=positions,
+        out_cache_loc=out_cache_loc,
+        encoder_lens=_int_tensor([r.encoder_len for r in reqs], dev),
+        encoder_offsets=_int_tensor([r.enc_region for r in reqs], dev),
+        req_to_token=pools.req_to_token_pool.req_to_token,
+        kv_pool=pools.kv_pool,
+        attn_backend=pools.backend,
+        page_size=pools.kv_pool.page_size,
+        encoder_out_cache_loc=encoder_out_cache_loc,
+        seq_lens_cpu=seq,
+        encoder_lens_cpu=[r.encoder_len for r in reqs],
+    )
+    ranges = _cross_ranges(reqs, mode, q_lens)
+    if ranges is not None:
+        batch.cross_kv_ranges = _int_tensor(ranges, dev).view(-1, 2)
+    pools.backend.init_forward_metadata(batch)
+    return batch
+
+
+def _cross_ranges(reqs: list[Req], mode: ForwardMode, q_lens: list[int]) -> list[int] | None:
+    """Per-token visible encoder key ranges, flattened, if any request restricts them."""
+    if all(r.request.cross_kv_ranges is None for r in reqs):
+        return None
+    flat: list[int] = []
+    for r, n in zip(reqs, q_lens, strict=True):
+        rng = r.request.cross_kv_ranges or [(0, r.encoder_len)] * len(r.prompt_ids)
+        rows = rng[-n:] if mode == ForwardMode.EXTEND else [rng[-1]] * n
+        for start, end in rows:
+            flat += [start, end]
+    return flat
+
+
+def build_prefill(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
+    """Allocate rows + slots for newly admitted requests; None (no change) on shortage."""
+    rtp, alloc, dev = pools.req_to_token_pool, pools.allocator, pools.device
+    if rtp.alloc(reqs) is None:
+        return None
+    row_lens = [r.enc_region + len(r.prompt_ids) for r in reqs]
+    zeros = torch.zeros(len(reqs), dtype=torch.int64, device=dev)
+    slots = alloc.alloc_extend(zeros, _int_tensor(row_lens, dev, torch.int64), zeros - 1,
+                               sum(row_lens))
+    if slots is None:
+        for r in reqs:
+            rtp.free(r)
+        return None
+    rows = _int_tensor([r.req_pool_idx for r in reqs], dev, torch.int64)
+    write_cache_indices(rtp.req_to_token, rows, zeros, _int_tensor(row_lens, dev, torch.int64),
+                        [], slots)
+    dec_locs, enc_locs, positions = [], [], []
+    start = 0
+    for r, n in zip(reqs, row_lens, strict=True):
+        enc_locs.append(slots[start:start + r.encoder_len])
+        dec_locs.append(slots[start + r.enc_region:start + n])
+        positions.append(torch.arange(len(r.prompt_ids), device=dev))
+        r.kv_len = len(r.prompt_ids)
+        start += n
+    return _make_batch(pools, ForwardMode.EXTEND, reqs, [len(r.prompt_ids) for r in reqs],
+                       torch.cat(positions), torch.cat(dec_locs), torch.cat(enc_locs))
+
+
+def build_decode(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
+    """One new slot per running request at column ``row_len``; None (no change) on shortage."""
+    rtp, dev = pools.req_to_token_pool, pools.device
+    rows = _int_tensor([r.req_pool_idx for r in reqs], dev, torch.int64)
+    cols = _int_tensor([r.row_len for r in reqs], dev, torch.int64)  # column of the new token
+    last_loc = rtp.req_to_token[rows, cols - 1].long()
+    locs = pools.allocator.alloc_decode(cols + 1, last_loc)
+    if locs is None:
+        return None
+    if int(cols.max()) >= rtp.max_context_len:
+        pools.allocator.free(locs)
+        raise RuntimeError("decode step past max_context_len (scheduler limit violated)")
+    rtp.req_to_token[rows, cols] = locs.to(torch.int32)
+    for r in reqs:
+        r.kv_len += 1
+    positions = _int_tensor([r.kv_len - 1 for r in reqs], dev, torch.int64)
+    return _make_batch(pools, ForwardMode.DECODE, reqs, [1] * len(reqs), positions,
+                       locs.long(), None)
+
+
+def release(pools: Pools, reqs: list[Req]) -> None:
+    """Return the rows and KV slots of finished/aborted requests (one grouped free)."""
+    holding = [r for r in reqs if r.req_pool_idx is not None]
+    if not holding:
+        return
+    alloc, rtp = pools.allocator, pools.req_to_token_pool
+    alloc.free_group_begin()
+    try:
+        for r in holding:
+            if r.row_len > 0:
+                alloc.free(rtp.req_to_token[r.req_pool_idx, :r.row_len].long())
+    finally:
+        alloc.free_group_end()
+    for r in holding:
+        rtp.free(r)
+        r.kv_len = 0

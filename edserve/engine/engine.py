@@ -1,0 +1,199 @@
+"""The engine: loads the model, sizes the KV cache, and drives the scheduler.
+
+Thread model: :meth:`Engine.step` runs on one thread (the caller's, or the background loop of
+:class:`~edserve.engine.async_engine.AsyncEngine`). Other threads submit and abort through a
+thread-safe inbox that the stepping thread drains at the start of each step.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from edserve.config import EngineConfig
+from edserve.engine.batch_builder import Pools
+from edserve.engine.req import Req
+from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.runner import ModelRunner
+from edserve.engine.scheduler import Scheduler, SchedulerLimits, make_generator
+from edserve.layers.attention import create_backend, resolve_page_size
+from edserve.mem_cache import (
+    KVCacheConfig,
+    KVPool,
+    ReqToTokenPool,
+    make_allocator,
+    plan_kv_cache,
+)
+from edserve.models.registry import build_model
+from edserve.models.weights import load_checkpoint
+
+logger = logging.getLogger("edserve")
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"--dtype must be one of {sorted(_DTYPES)} or auto, got {name!r}")
+    return _DTYPES[name]
+
+
+class Engine:
+    """``Engine(EngineConfig(...))`` or ``Engine(page_size="16", encoder_kv="aligned")``."""
+
+    def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
+        config = (config or EngineConfig()).replace(**overrides)
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        ops = config.attention_backend
+        if ops == "auto":
+            ops = "triton" if self.device.type == "cuda" else "torch"
+        restrict = tuple(int(s) for s in config.restrict_page_sizes.split(",")) \
+            if config.restrict_page_sizes else None
+        self.page_size = resolve_page_size(config.page_size, config.encoder_kv, ops, restrict)
+        checkpoint = load_checkpoint(config.model)
+        self.model, self.tokenizer = build_model(checkpoint, self.dtype, self.device)
+        del checkpoint
+        backend = create_backend(config.encoder_kv, self.page_size, ops)
+        self.pools = self._make_pools(backend)
+        eos = self.model.config.eos_token_id
+        limits = SchedulerLimits(
+            max_running_requests=self.pools.req_to_token_pool.size,
+            max_prefill_tokens=max(8192, self.max_row_len),
+            eos_token_id=eos,
+            max_decoder_len=self.max_decoder_len)
+        self.runner = ModelRunner(self.model, self.device)
+        self.scheduler = Scheduler(self.pools, self.runner, limits)
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+
+    # ---- sizing -----------------------------------------------------------------------
+    @property
+    def max_decoder_len(self) -> int:
+        limit = self.model.max_decoder_len
+        return min(limit, self.config.context_length or limit)
+
+    @property
+    def max_row_len(self) -> int:
+        """Longest row: the model's largest encoder region + its decoder positions."""
+        return self.pools.backend.encoder_region(self.model.max_encoder_len) \
+            + self.max_decoder_len
+
+    def _make_pools(self, backend) -> Pools:
+        cfg = self.config
+        m = self.model
+        context_len = backend.encoder_region(m.max_encoder_len) + self.max_decoder_len
+        # Admission reserves whole pages; a row may round up to one extra page.
+        context_len = -(-context_len // self.page_size) * self.page_size
+        memory_bytes, used = cfg.kv_cache_bytes, 0
+        max_total = cfg.max_total_tokens
+        if self.device.type == "cuda" and memory_bytes is None:
+            memory_bytes = torch.cuda.get_device_properties(self.device).total_memory
+            used = torch.cuda.memory_allocated(self.device)
+        elif memory_bytes is None and max_total is None:
+            max_total = cfg.max_running_requests * (context_len + self.page_size)
+        plan = plan_kv_cache(KVCacheConfig(
+            num_layers=m.num_kv_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+            dtype=self.dtype, page_size=self.page_size,
+            max_running_requests=cfg.max_running_requests, context_len=context_len,
+            mem_fraction_static=cfg.mem_fraction_static, max_total_tokens=max_total,
+            memory_bytes=memory_bytes, used_bytes=used))
+        kv_pool = KVPool(plan.num_slots, self.page_size, m.num_kv_layers, m.num_kv_heads,
+                         m.head_dim, self.dtype, self.device)
+        rtp = ReqToTokenPool(plan.num_rows, plan.max_context_len, self.device)
+        allocator = make_allocator(plan.num_slots, self.page_size, self.device)
+        return Pools(rtp, allocator, kv_pool, backend, self.device)
+
+    # ---- requests ---------------------------------------------------------------------
+    def make_req(self, request: GenerateRequest,
+                 on_delta: Callable[[TokenDelta], None] | None = None) -> Req:
+        """Validate a request and wrap it for the scheduler (raises ValueError when invalid)."""
+        n = len(request.prompt_ids)
+        if n == 0:
+            raise ValueError("prompt_ids must not be empty")
+        if n >= self.max_decoder_len:
+            raise ValueError(f"prompt of {n} tokens leaves no room in the decoder's "
+                             f"{self.max_decoder_len} positions")
+        enc_len = self.model.encoder_len(request.encoder_input)  # validates the input
+        enc_region = self.pools.backend.encoder_region(enc_len)
+        max_new = request.sampling.max_new_tokens or self.config.max_new_tokens
+        max_new = min(max_new, self.max_decoder_len - n)
+        ps = self.page_size
+        reserved = -(-(enc_region + n + max_new) // ps) * ps
+        return Req(request, enc_len, enc_region, max_new, reserved, on_delta,
+                   generator=make_generator(request.sampling.seed),
+                   encoder_input=request.encoder_input)
+
+    def add_request(self, request: GenerateRequest,
+                    on_delta: Callable[[TokenDelta], None] | None = None) -> str:
+        """Thread-safe submit; ``on_delta`` is called on the stepping thread."""
+        self._inbox.put(("add", self.make_req(request, on_delta)))
+        return request.rid
+
+    def abort(self, rid: str) -> None:
+        """Thread-safe: cancel a request; its row and KV are freed at the next step."""
+        self._inbox.put(("abort", rid))
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self.scheduler.add(payload)
+            else:
+                self.scheduler.abort(payload)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or not self._inbox.empty()
+
+    def step(self) -> None:
+        self._drain_inbox()
+        self.scheduler.step()
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+        """Run requests to completion together (continuous batching) and return in order."""
+        outputs: dict[str, GenerateOutput] = {}
+
+        def collect(delta: TokenDelta) -> None:
+            if delta.finished:
+                outputs[delta.rid] = delta.output
+
+        for r in requests:
+            self.add_request(r, collect)
+        while self.has_work():
+            self.step()
+        return [outputs[r.rid] for r in requests]
+
+    # ---- health -----------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Every KV slot is free or owned by a running request; every row free or held."""
+        sched, pools = self.scheduler, self.pools
+        rtp = pools.req_to_token_pool
+        owned = [rtp.req_to_token[r.req_pool_idx, :r.row_len].long() for r in sched.running]
+        owned_t = torch.cat(owned) if owned else torch.empty(0, dtype=torch.int64,
+                                                             device=self.device)
+        pools.allocator.check_integrity(owned_t)
+        rtp.check_integrity(len(sched.running))
+
+    def transcribe(self, inputs: list[Any], **kwargs: Any) -> list[Any]:
+        """Transcribe audio files/arrays (Whisper). See :func:`edserve.transcribe.transcribe`."""
+        from edserve.transcribe import transcribe
+
+        return transcribe(self, inputs, **kwargs)

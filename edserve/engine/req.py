@@ -1,0 +1,50 @@
+"""The scheduler's per-request state (internal; callers see GenerateRequest/GenerateOutput)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
+
+
+@dataclass(eq=False)
+class Req:
+    request: GenerateRequest
+    encoder_len: int  # encoder tokens (0 = no encoder)
+    enc_region: int  # columns reserved for the encoder (strategy-dependent)
+    max_new_tokens: int
+    reserved_slots: int  # KV slots promised at admission (whole pages): decode never runs dry
+    on_delta: Callable[[TokenDelta], None] | None = None
+    req_pool_idx: int | None = None  # row in req_to_token (set by ReqToTokenPool.alloc)
+    kv_len: int = 0  # decoder tokens whose K/V are in the pool
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_logprob: float | None = None
+    no_speech_prob: float | None = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    generator: torch.Generator | None = None
+    encoder_input: Any = None  # dropped once the encoder has run
+
+    @property
+    def rid(self) -> str:
+        return self.request.rid
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.request.prompt_ids
+
+    @property
+    def row_len(self) -> int:
+        """Columns of the row in use: encoder region + cached decoder tokens."""
+        return self.enc_region + self.kv_len
+
+    def output(self) -> GenerateOutput:
+        assert self.finish_reason is not None
+        return GenerateOutput(self.rid, list(self.output_ids), list(self.logprobs),
+                              self.finish_reason, self.no_speech_prob, self.error,
+                              self.stop_logprob)

@@ -1,0 +1,96 @@
+"""What callers hand the engine and what they get back (the engine's public request types)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+# A logits processor edits one request's next-token logits in place before sampling.
+# generated: the tokens sampled so far (prompt excluded); logits: [vocab] float32.
+LogitsProcessor = Callable[[list[int], torch.Tensor], None]
+
+_rid_counter = itertools.count()
+
+
+def next_rid() -> str:
+    return f"req-{next(_rid_counter)}"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. temperature 0 is greedy (deterministic)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None  # per-request generator seed for temperature > 0
+    max_new_tokens: int | None = None  # None: the engine's default
+    stop_token_ids: tuple[int, ...] = ()  # besides the model's end-of-text token
+    ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # end-of-text or a stop token
+    LENGTH = "length"  # max_new_tokens or the context limit
+    ABORT = "abort"  # cancelled by the caller (e.g. client disconnect)
+    ERROR = "error"
+
+
+@dataclass
+class GenerateRequest:
+    """One decoder run over one encoder input.
+
+    ``encoder_input`` is model-specific: for Whisper a log-mel ``[n_mels, 3000]`` float tensor;
+    for Mllama the preprocessed image inputs (or None for text-only requests).
+    """
+
+    prompt_ids: list[int]
+    encoder_input: Any = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    # If set, the output carries softmax(logits at prompt position no_speech_pos)[no_speech_token]
+    # (Whisper's no-speech probability, read at the <|startoftranscript|> position).
+    no_speech_pos: int | None = None
+    no_speech_token: int | None = None
+    # Per prompt token, the visible encoder key range (start, end) (Mllama); decode tokens use
+    # the last prompt token's range. None: every token sees the whole encoder output.
+    cross_kv_ranges: list[tuple[int, int]] | None = None
+    rid: str = field(default_factory=next_rid)
+
+
+@dataclass
+class GenerateOutput:
+    rid: str
+    token_ids: list[int]  # generated tokens, stop token excluded
+    logprobs: list[float]  # log-probability of each generated token (after processors)
+    finish_reason: FinishReason
+    no_speech_prob: float | None = None
+    error: str | None = None
+    # log-probability of the end-of-text/stop token when the request stopped on one
+    stop_logprob: float | None = None
+
+    @property
+    def sum_logprob(self) -> float:
+        return float(sum(self.logprobs))
+
+
+@dataclass
+class TokenDelta:
+    """One streamed step: the token(s) a request produced since the last delta."""
+
+    rid: str
+    token_ids: list[int]
+    finished: bool = False
+    output: GenerateOutput | None = None  # set on the last delta

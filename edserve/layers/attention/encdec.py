@@ -1,0 +1,93 @@
+"""Shared machinery of the encoder-decoder backends: KV writes and the empty-encoder guard.
+
+Subclasses (one per encoder-KV strategy) only say where a request's encoder region ends and how
+its two regions are read (:meth:`build_metadata`, :meth:`attend`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from edserve.engine.forward_batch import ForwardBatch
+from edserve.layers.attention.base import Attention, AttentionBackend
+from edserve.layers.attention.ops import AttentionOps
+
+
+@dataclass
+class GuardMetadata:
+    """Which queries belong to requests without an encoder (built once per batch)."""
+
+    all_empty: bool  # no request has encoder keys: cross-attention launches nothing
+    any_empty: bool
+    empty_q: torch.Tensor | None  # [T] bool: query rows of requests with encoder_len == 0
+
+
+@dataclass
+class EncDecMetadata:
+    guard: GuardMetadata
+    cross: Any  # strategy-specific read plan for the encoder region
+    self_: Any  # strategy-specific read plan for the decoder region
+
+
+class EncoderDecoderBackend(AttentionBackend):
+    name = "encdec"
+
+    def __init__(self, page_size: int, ops: AttentionOps) -> None:
+        self.page_size = page_size
+        self.ops = ops
+
+    def encoder_region(self, encoder_len: int) -> int:
+        return encoder_len
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        q_lens = batch.cu_q[1:] - batch.cu_q[:-1]  # [B]
+        empty_req = batch.encoder_lens == 0  # [B]
+        all_empty = all(n == 0 for n in batch.encoder_lens_cpu)
+        any_empty = any(n == 0 for n in batch.encoder_lens_cpu)
+        empty_q = None
+        if any_empty and not all_empty:
+            empty_q = torch.repeat_interleave(empty_req, q_lens.long(), output_size=batch.num_tokens)
+        guard = GuardMetadata(all_empty, any_empty, empty_q)
+        cross, self_ = self.build_metadata(batch, skip_cross=all_empty)
+        batch.attn_metadata = EncDecMetadata(guard, cross, self_)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                layer: Attention, batch: ForwardBatch) -> torch.Tensor:
+        meta: EncDecMetadata = batch.attn_metadata
+        pool = batch.kv_pool
+        if layer.is_cross:
+            if k is not None and k.shape[0] > 0:
+                pool.set_kv(layer.layer_id, batch.encoder_out_cache_loc, k, v)
+            if meta.guard.all_empty:  # never launch a kernel on an empty key set
+                return torch.zeros_like(q)
+            k_cache, v_cache = pool.get_kv(layer.layer_id)
+            out = self.attend(q, k_cache, v_cache, layer, batch, meta.cross, cross=True)
+            if meta.guard.empty_q is not None:  # mixed batch: zero only the empty requests
+                out = torch.where(meta.guard.empty_q[:, None, None], torch.zeros_like(out), out)
+            return out
+        pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v)
+        k_cache, v_cache = pool.get_kv(layer.layer_id)
+        return self.attend(q, k_cache, v_cache, layer, batch, meta.self_, cross=False)
+
+    @abstractmethod
+    def build_metadata(self, batch: ForwardBatch, skip_cross: bool) -> tuple[Any, Any]:
+        """Index tensors for reading the encoder region (cross) and decoder region (self)."""
+
+    @abstractmethod
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               layer: Attention, batch: ForwardBatch, plan: Any, cross: bool) -> torch.Tensor:
+        """Attention of ``q`` ``[T, Hq, D]`` over one region; returns ``[T, Hq, D]``."""
+
+    def _range_kwargs(self, batch: ForwardBatch, cross: bool) -> dict[str, torch.Tensor]:
+        """Per-query encoder key ranges (Mllama), passed only when a batch has them."""
+        if not cross or batch.cross_kv_ranges is None:
+            return {}
+        if not self.ops.supports_kv_ranges:
+            raise NotImplementedError(
+                f"the {self.ops.name!r} attention ops do not support per-token cross-attention "
+                "ranges; use --attention-backend torch")
+        return {"kv_ranges": batch.cross_kv_ranges}

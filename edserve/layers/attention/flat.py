@@ -1,0 +1,37 @@
+"""Flat strategy: read token slots straight from ``req_to_token`` (the pool viewed as page size 1).
+
+No copy and no padding; the decoder region starts at column ``encoder_len``. Shapes depend only
+on the batch size, so decode steps can be captured in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edserve.engine.forward_batch import ForwardBatch
+from edserve.layers.attention.base import Attention
+from edserve.layers.attention.encdec import EncoderDecoderBackend
+
+
+@dataclass
+class FlatPlan:
+    kv_start: torch.Tensor  # [B] int32: first column of the region in the row
+    kv_lens: torch.Tensor  # [B] int32: keys in the region
+
+
+class FlatBackend(EncoderDecoderBackend):
+    name = "flat"
+
+    def build_metadata(self, batch: ForwardBatch, skip_cross: bool):
+        zeros = torch.zeros_like(batch.encoder_lens)
+        cross = None if skip_cross else FlatPlan(zeros, batch.encoder_lens)
+        return cross, FlatPlan(batch.encoder_offsets, batch.seq_lens)
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               layer: Attention, batch: ForwardBatch, plan: FlatPlan, cross: bool):
+        kw = self._range_kwargs(batch, cross)
+        return self.ops.flat(q, k_cache, v_cache, batch.req_to_token, batch.req_pool_indices,
+                             plan.kv_start, plan.kv_lens, batch.cu_q, batch.max_q,
+                             not cross, layer.scaling, **kw)
