@@ -24,8 +24,9 @@ from edserve.layers.attention import create_backend, resolve_page_size
 from edserve.mem_cache import (
     KVCacheConfig,
     KVPool,
+    PagedTokenToKVPoolAllocator,
     ReqToTokenPool,
-    make_allocator,
+    TokenToKVPoolAllocator,
     plan_kv_cache,
 )
 from edserve.models.registry import build_model
@@ -116,7 +117,8 @@ class Engine:
         kv_pool = KVPool(plan.num_slots, self.page_size, m.num_kv_layers, m.num_kv_heads,
                          m.head_dim, self.dtype, self.device)
         rtp = ReqToTokenPool(plan.num_rows, plan.max_context_len, self.device)
-        allocator = make_allocator(plan.num_slots, self.page_size, self.device)
+        allocator = PagedTokenToKVPoolAllocator(plan.num_slots, self.page_size, self.device) \
+            if self.page_size > 1 else TokenToKVPoolAllocator(plan.num_slots, self.device)
         return Pools(rtp, allocator, kv_pool, backend, self.device)
 
     # ---- requests ---------------------------------------------------------------------
@@ -167,13 +169,17 @@ class Engine:
         self._drain_inbox()
         self.scheduler.step()
 
-    def generate(self, requests: list[GenerateRequest]) -> list[GenerateOutput]:
+    def generate(self, requests: list[GenerateRequest],
+                 on_finish: Callable[[GenerateOutput], None] | None = None
+                 ) -> list[GenerateOutput]:
         """Run requests to completion together (continuous batching) and return in order."""
         outputs: dict[str, GenerateOutput] = {}
 
         def collect(delta: TokenDelta) -> None:
             if delta.finished:
                 outputs[delta.rid] = delta.output
+                if on_finish is not None:
+                    on_finish(delta.output)
 
         for r in requests:
             self.add_request(r, collect)
@@ -193,7 +199,7 @@ class Engine:
         rtp.check_integrity(len(sched.running))
 
     def transcribe(self, inputs: list[Any], **kwargs: Any) -> list[Any]:
-        """Transcribe audio files/arrays (Whisper). See :func:`edserve.transcribe.transcribe`."""
-        from edserve.transcribe import transcribe
+        """Transcribe audio files/arrays (Whisper); see :func:`edserve.whisper.transcribe`."""
+        from edserve.whisper.transcribe import transcribe
 
         return transcribe(self, inputs, **kwargs)
