@@ -92,8 +92,9 @@ def build_prefill(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
             rtp.free(r)
         return None
     rows = _int_tensor([r.req_pool_idx for r in reqs], dev, torch.int64)
+    no_prefix = [zeros[:0]] * len(reqs)  # Whisper/Mllama rows start empty: no reused prefix
     write_cache_indices(rtp.req_to_token, rows, zeros, _int_tensor(row_lens, dev, torch.int64),
-                        [], slots)
+                        no_prefix, slots)
     dec_locs, enc_locs, positions = [], [], []
     start = 0
     for r, n in zip(reqs, row_lens, strict=True):
