@@ -1,0 +1,188 @@
+"""Mllama (Llama-3.2-Vision) for the engine: ``encode`` images once, then ``forward`` steps.
+
+Engine contract (as ``edserve.engine.runner.ModelRunner`` calls it):
+  * ``encoder_len(image_input)`` validates a request's encoder input and returns its
+    encoder-region length (0 for text-only).
+  * ``encode(images)``: one entry per request (None = text-only) -> the projected vision states
+    of that request, ``[encoder_len(input), hidden]``: valid tiles only, keys ordered (image,
+    tile, patch) ("compact" layout); with ``cross_attention_empty_rows == "hf"`` the padding
+    tiles follow, in (image, tile) order. Text-only requests get ``[0, hidden]``. All images of
+    all requests run through the vision encoder as one batch.
+  * ``forward(input_ids [T], positions [T], batch, encoder_states) -> hidden [T, hidden]``
+    (final norm applied); ``encoder_states`` is the concatenation of ``encode`` outputs of the
+    requests whose encoder region is written this step, in batch order (matching
+    ``batch.encoder_out_cache_loc``), or None. ``compute_logits(hidden [N, d]) -> [N, vocab]``.
+  * ``batch.cross_kv_ranges`` ``[T, 2]`` (from :meth:`cross_attention_layout`) limits each token
+    to the encoder keys of the images it may see; None = every key of its request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from edserve.engine.forward_batch import ForwardBatch
+from edserve.models.mllama.config import MllamaConfig, MllamaTextConfig
+from edserve.models.mllama.rope import RotaryEmbedding
+from edserve.models.mllama.text import (
+    CrossAttentionDecoderLayer,
+    RMSNorm,
+    SelfAttentionDecoderLayer,
+)
+from edserve.models.mllama.vision import MllamaVisionModel
+from edserve.multimodal.errors import ImageInputError
+from edserve.multimodal.mllama_image import MllamaImageInput
+from edserve.multimodal.mllama_prompt import CrossAttentionLayout, build_cross_attention_layout
+
+
+class MllamaTextModel(nn.Module):
+    def __init__(self, cfg: MllamaTextConfig) -> None:
+        super().__init__()
+        # vocab + 8 rows: <|image|> (= vocab_size) and spares; never produced by lm_head.
+        self.embed_tokens = nn.Embedding(cfg.vocab_size + 8, cfg.hidden_size)
+        cross = set(cfg.cross_attention_layers)
+        self.layers = nn.ModuleList(
+            CrossAttentionDecoderLayer(cfg, i) if i in cross else SelfAttentionDecoderLayer(cfg, i)
+            for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg.rope, cfg.head_dim)
+
+
+class MllamaModel(nn.Module):
+    def __init__(self, config: MllamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.vision_model = MllamaVisionModel(config.vision, config.vision_intermediate_semantics)
+        self.multi_modal_projector = nn.Linear(config.vision.vision_output_dim,
+                                               config.text.hidden_size)
+        self.language_model = MllamaTextModel(config.text)
+        self.lm_head = nn.Linear(config.text.hidden_size, config.text.vocab_size, bias=False)
+
+    # ---- sizes the engine lays out the KV pool with ------------------------------------
+    @property
+    def num_kv_layers(self) -> int:
+        """One KV-pool layer per text layer (cross layers: encoder region; self: decoder)."""
+        return self.config.text.num_hidden_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.config.text.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.text.head_dim
+
+    @property
+    def patches_per_tile(self) -> int:
+        return self.config.vision.num_patches
+
+    @property
+    def image_token_id(self) -> int:
+        return self.config.image_token_index
+
+    @property
+    def max_encoder_len(self) -> int:
+        return self.config.max_images * self.config.vision.max_num_tiles * self.patches_per_tile
+
+    @property
+    def max_decoder_len(self) -> int:
+        return self.config.text.max_position_embeddings
+
+    def encoder_len(self, image_input: Any) -> int:
+        """Encoder-region keys of a request: sum(valid tiles) * P (N_img * T * P when padding
+        tiles are stored for ``cross_attention_empty_rows == "hf"``); 0 for text-only.
+        Raises :class:`ImageInputError` for an input this model cannot take."""
+        if image_input is None:
+            return 0
+        if not isinstance(image_input, MllamaImageInput):
+            raise ImageInputError(f"Mllama expects preprocessed images (MllamaImageInput), got "
+                                  f"{type(image_input).__name__}")
+        n, vc = image_input.num_images, self.config.vision
+        if n > self.config.max_images:
+            raise ImageInputError(f"too many images: {n} given, at most "
+                                  f"{self.config.max_images} per request")
+        if tuple(image_input.pixel_values.shape[1:]) != (vc.max_num_tiles, vc.num_channels,
+                                                         vc.image_size, vc.image_size):
+            raise ImageInputError(f"pixel_values of shape {list(image_input.pixel_values.shape)}"
+                                  f" do not fit the model's {vc.max_num_tiles} tiles of "
+                                  f"{vc.image_size}px")
+        if self.config.cross_attention_empty_rows == "hf":
+            return n * vc.max_num_tiles * self.patches_per_tile
+        return sum(image_input.num_tiles) * self.patches_per_tile
+
+    def cross_attention_layout(self, prompt_ids: list[int],
+                               image_input: MllamaImageInput | None) -> CrossAttentionLayout:
+        """Per-token visible encoder ranges of a prompt (checks the ``<|image|>`` count)."""
+        tiles = image_input.num_tiles if image_input is not None else ()
+        return build_cross_attention_layout(prompt_ids, self.image_token_id, tiles,
+                                            self.patches_per_tile)
+
+    # ---- encoder -----------------------------------------------------------------------
+    def encode(self, images: list[MllamaImageInput | None]) -> list[torch.Tensor]:
+        """Projected vision states per request (see the module docstring for the layout)."""
+        hidden = self.config.text.hidden_size
+        p = self.multi_modal_projector.weight
+        present = [x for x in images if x is not None and x.num_images > 0]
+        if present:
+            pv = torch.cat([x.pixel_values for x in present]).to(p.device, p.dtype)
+            ids = torch.cat([x.aspect_ratio_ids for x in present]).to(p.device)
+            mask = torch.cat([x.aspect_ratio_mask for x in present]).to(p.device)
+            feats = self.multi_modal_projector(self.vision_model(pv, ids, mask))  # [N,T,P,H]
+        outs: list[torch.Tensor] = []
+        n = 0
+        for x in images:
+            if x is None or x.num_images == 0:
+                outs.append(torch.zeros(0, hidden, device=p.device, dtype=p.dtype))
+                continue
+            f = feats[n: n + x.num_images]
+            n += x.num_images
+            parts = [f[i, :t].reshape(-1, hidden) for i, t in enumerate(x.num_tiles)]
+            if self.config.cross_attention_empty_rows == "hf":
+                parts += [f[i, t:].reshape(-1, hidden) for i, t in enumerate(x.num_tiles)]
+            outs.append(torch.cat(parts))
+        return outs
+
+    # ---- decoder -----------------------------------------------------------------------
+    def _cross_masks(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor,
+                                                         ForwardBatch]:
+        """Per-token ``[T]`` bool masks for the cross-attention and MLP branches, and the batch
+        the cross-attention sites read (``cross_kv_ranges`` rewritten in "hf" mode)."""
+        dev = batch.positions.device
+        q_lens = (batch.cu_q[1:] - batch.cu_q[:-1]).long().to(dev)
+        enc_len = torch.repeat_interleave(batch.encoder_lens.long().to(dev), q_lens,
+                                          output_size=batch.num_tokens)  # [T]
+        has_enc = enc_len > 0
+        ranges = batch.cross_kv_ranges
+        visible = has_enc if ranges is None else has_enc & (ranges[:, 1] > ranges[:, 0]).to(dev)
+        if self.config.cross_attention_empty_rows == "zero":
+            return visible, visible, batch
+        # "hf": a row that sees no image attends over all keys of its request (unzeroed).
+        if ranges is None:
+            return has_enc, visible, batch
+        full = torch.stack([torch.zeros_like(enc_len), enc_len], dim=1)
+        new = torch.where(visible[:, None], ranges.long().to(dev), full).to(ranges.dtype)
+        return has_enc, visible, dataclasses.replace(batch, cross_kv_ranges=new)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
+                encoder_states: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions ``[T]`` -> hidden states ``[T, hidden]`` (final norm applied)."""
+        lm = self.language_model
+        x = lm.embed_tokens(input_ids)  # [T, H]
+        cos, sin = lm.rotary_emb(positions, x.dtype)
+        attn_rows, mlp_rows, cross_batch = self._cross_masks(batch)
+        attn_mask = attn_rows[:, None].to(x.dtype)  # [T, 1]
+        mlp_mask = mlp_rows[:, None].to(x.dtype)
+        enc = encoder_states.to(x.dtype) if encoder_states is not None else None
+        for layer in lm.layers:
+            if isinstance(layer, CrossAttentionDecoderLayer):
+                x = layer(x, enc, cross_batch, attn_mask, mlp_mask)
+            else:
+                x = layer(x, cos, sin, batch)
+        return lm.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [N, H] -> [N, vocab] float32 (lm_head is not tied to the embedding)
+        return self.lm_head(hidden).float()

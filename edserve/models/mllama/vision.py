@@ -1,0 +1,172 @@
+"""Mllama vision encoder: tiled ViT with gated tile/position embeddings, a local and a gated
+global transformer, and intermediate-layer features. Plain nn.Module, HF parameter names."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edserve.models.mllama.config import MllamaVisionConfig
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, cfg: MllamaVisionConfig) -> None:
+        super().__init__()
+        D = cfg.hidden_size
+        self.num_heads = cfg.attention_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(D, D, bias=False)
+        self.k_proj = nn.Linear(D, D, bias=False)
+        self.v_proj = nn.Linear(D, D, bias=False)
+        self.o_proj = nn.Linear(D, D, bias=False)
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        # x: [N, L, D]; allowed: [N, 1, L, L] bool (True = may attend)
+        N, L, D = x.shape
+        q, k, v = (p(x).view(N, L, self.num_heads, self.head_dim).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # [N, H, L, hd]
+        return self.o_proj(o.transpose(1, 2).reshape(N, L, D))
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, cfg: MllamaVisionConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class VisionEncoderLayer(nn.Module):
+    """Pre-LN transformer layer; the global transformer's layers are tanh-gated."""
+
+    def __init__(self, cfg: MllamaVisionConfig, is_gated: bool) -> None:
+        super().__init__()
+        self.is_gated = is_gated
+        self.self_attn = VisionAttention(cfg)
+        self.mlp = VisionMLP(cfg)
+        self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        if is_gated:
+            self.gate_attn = nn.Parameter(torch.full((1,), math.pi / 4))
+            self.gate_ffn = nn.Parameter(torch.full((1,), math.pi / 4))
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), allowed)
+        x = x + (self.gate_attn.tanh() * h if self.is_gated else h)
+        h = self.mlp(self.post_attention_layernorm(x))
+        return x + (self.gate_ffn.tanh() * h if self.is_gated else h)
+
+
+class VisionEncoder(nn.Module):
+    def __init__(self, cfg: MllamaVisionConfig, num_layers: int, is_gated: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(VisionEncoderLayer(cfg, is_gated) for _ in range(num_layers))
+
+
+class AspectRatioEmbedding(nn.Module):
+    """Gated per-tile embedding chosen by aspect-ratio id, added to every token of a tile."""
+
+    def __init__(self, cfg: MllamaVisionConfig) -> None:
+        super().__init__()
+        self.max_num_tiles = cfg.max_num_tiles
+        self.hidden_size = cfg.hidden_size
+        self.embedding = nn.Embedding(len(cfg.aspect_ratios) + 1,
+                                      cfg.max_num_tiles * cfg.hidden_size)
+        self.gate = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor, ar_ids: torch.Tensor) -> torch.Tensor:
+        # x: [N, T, L, D]; ar_ids: [N]
+        emb = self.embedding(ar_ids).view(-1, self.max_num_tiles, 1, self.hidden_size)
+        return x + emb * self.gate.tanh()
+
+
+class PositionEmbedding(nn.Module):
+    """``(1 - tanh g) * pos[P, D] + tanh g * tile_pos(ar_id)[T, P, D]`` (one gate g)."""
+
+    def __init__(self, cfg: MllamaVisionConfig) -> None:
+        super().__init__()
+        self.max_num_tiles = cfg.max_num_tiles
+        self.num_patches = cfg.num_patches
+        self.hidden_size = cfg.hidden_size
+        self.gate = nn.Parameter(torch.zeros(1))
+        self.embedding = nn.Parameter(torch.zeros(cfg.num_patches, cfg.hidden_size))
+        self.tile_embedding = nn.Embedding(
+            len(cfg.aspect_ratios) + 1, cfg.max_num_tiles * cfg.num_patches * cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, ar_ids: torch.Tensor) -> torch.Tensor:
+        # x: [N, T, P, D]
+        g = self.gate.tanh()
+        x = x + (1 - g) * self.embedding.view(1, 1, self.num_patches, self.hidden_size)
+        tile = self.tile_embedding(ar_ids).view(
+            -1, self.max_num_tiles, self.num_patches, self.hidden_size)
+        return x + g * tile
+
+
+class MllamaVisionModel(nn.Module):
+    """pixel_values ``[N, T, 3, S, S]`` -> features ``[N, T, P, vision_output_dim]``."""
+
+    def __init__(self, cfg: MllamaVisionConfig, intermediate_semantics: str = "hf") -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.intermediate_semantics = intermediate_semantics
+        D = cfg.hidden_size
+        self.patch_embedding = nn.Conv2d(cfg.num_channels, D, kernel_size=cfg.patch_size,
+                                         stride=cfg.patch_size, bias=False)
+        self.class_embedding = nn.Parameter(torch.zeros(D))
+        self.gated_positional_embedding = PositionEmbedding(cfg)
+        self.pre_tile_positional_embedding = AspectRatioEmbedding(cfg)
+        self.post_tile_positional_embedding = AspectRatioEmbedding(cfg)
+        self.layernorm_pre = nn.LayerNorm(D)  # default eps 1e-5, as HF
+        self.layernorm_post = nn.LayerNorm(D)
+        self.transformer = VisionEncoder(cfg, cfg.num_hidden_layers, is_gated=False)
+        self.global_transformer = VisionEncoder(cfg, cfg.num_global_layers, is_gated=True)
+
+    def attention_allowed(self, ar_mask: torch.Tensor, padded_len: int) -> torch.Tensor:
+        """``[N, 1, T*Ppad, T*Ppad]`` bool: a query may not see a key only when both are padding
+        (a padding tile or a pad-to-8 token); real tokens do attend to padding."""
+        N, T = ar_mask.shape
+        tok = torch.arange(padded_len, device=ar_mask.device)
+        is_pad = (ar_mask[:, :, None] == 0) | (tok >= self.cfg.num_patches)[None, None, :]
+        is_pad = is_pad.reshape(N, T * padded_len)
+        return ~(is_pad[:, :, None] & is_pad[:, None, :])[:, None]
+
+    def forward(self, pixel_values: torch.Tensor, ar_ids: torch.Tensor,
+                ar_mask: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        N, T = pixel_values.shape[:2]
+        D, P = cfg.hidden_size, cfg.num_patches
+        w = self.patch_embedding.weight
+        x = self.patch_embedding(pixel_values.flatten(0, 1).to(w.device, w.dtype))
+        x = x.flatten(2).transpose(1, 2).reshape(N, T, P - 1, D)  # [N, T, P-1, D]
+        x = self.pre_tile_positional_embedding(x, ar_ids)
+        cls = self.class_embedding.to(x.dtype).expand(N, T, 1, D)
+        x = torch.cat([cls, x], dim=2)  # [N, T, P, D]
+        x = self.gated_positional_embedding(x, ar_ids)
+        x = self.layernorm_pre(x)
+        Ppad = P + (8 - P % 8) % 8
+        x = F.pad(x, (0, 0, 0, Ppad - P)).reshape(N, T * Ppad, D)  # pads after the LN
+        allowed = self.attention_allowed(ar_mask, Ppad)
+
+        wanted = set(cfg.intermediate_layers_indices)
+        feats: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.transformer.layers):
+            if self.intermediate_semantics == "meta" and i in wanted:
+                feats[i] = x  # input of layer i
+            x = layer(x, allowed)
+            if self.intermediate_semantics == "hf" and i in wanted:
+                feats[i] = x  # output of layer i
+        inter = torch.stack([feats[i] for i in cfg.intermediate_layers_indices], dim=-1)
+
+        x = self.layernorm_post(x).view(N, T, Ppad, D)
+        x = self.post_tile_positional_embedding(x, ar_ids).reshape(N, T * Ppad, D)
+        for layer in self.global_transformer.layers:
+            x = layer(x, allowed)
+        x = x.view(N, T, Ppad, D)[:, :, :P]
+        inter = inter.reshape(N, T, Ppad, -1)[:, :, :P]  # channel = D + d * K + k: d-major
+        return torch.cat([x, inter], dim=-1)  # [N, T, P, D * (1 + K)]
