@@ -1,0 +1,130 @@
+"""Whisper's log-mel spectrogram, numerically identical to openai-whisper's ``audio.py``.
+
+Constants are Whisper's: 16 kHz audio, 25 ms windows (``N_FFT`` 400) every 10 ms
+(``HOP_LENGTH`` 160), and 30 s windows (``N_SAMPLES`` samples -> ``N_FRAMES`` frames).
+The mel filterbank is librosa's Slaney filterbank (``htk=False, norm="slaney"``), the same
+numbers openai-whisper ships in ``mel_filters.npz``; it is computed here, not downloaded.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+SAMPLE_RATE = 16000
+N_FFT = 400
+HOP_LENGTH = 160
+CHUNK_LENGTH = 30
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 frames in a 30 s window
+
+# Slaney's mel scale: linear below 1 kHz (3 mels per 200 Hz), logarithmic above.
+_F_SP = 200.0 / 3
+_MIN_LOG_HZ = 1000.0
+_MIN_LOG_MEL = _MIN_LOG_HZ / _F_SP
+_LOG_STEP = np.log(6.4) / 27.0
+
+
+def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
+    mel = hz / _F_SP
+    log_region = hz >= _MIN_LOG_HZ
+    mel[log_region] = _MIN_LOG_MEL + np.log(hz[log_region] / _MIN_LOG_HZ) / _LOG_STEP
+    return mel
+
+
+def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
+    hz = _F_SP * mel
+    log_region = mel >= _MIN_LOG_MEL
+    hz[log_region] = _MIN_LOG_HZ * np.exp(_LOG_STEP * (mel[log_region] - _MIN_LOG_MEL))
+    return hz
+
+
+@functools.lru_cache(maxsize=8)
+def _slaney_filterbank(n_mels: int) -> np.ndarray:
+    """``librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels)``: ``[n_mels, 201]`` float32."""
+    fft_freqs = np.fft.rfftfreq(N_FFT, d=1.0 / SAMPLE_RATE)  # [n_freqs] bin centres, Hz
+    edges = np.array([0.0, SAMPLE_RATE / 2.0])
+    mel_lo, mel_hi = _hz_to_mel(edges)
+    mel_f = _mel_to_hz(np.linspace(mel_lo, mel_hi, n_mels + 2))  # [n_mels + 2] band edges, Hz
+    fdiff = np.diff(mel_f)  # [n_mels + 1]
+    ramps = mel_f[:, None] - fft_freqs[None, :]  # [n_mels + 2, n_freqs]
+    lower = -ramps[:-2] / fdiff[:-1, None]  # rising slopes   [n_mels, n_freqs]
+    upper = ramps[2:] / fdiff[1:, None]  # falling slopes  [n_mels, n_freqs]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    weights *= (2.0 / (mel_f[2:] - mel_f[:-2]))[:, None]  # Slaney norm: constant energy per band
+    weights = weights.astype(np.float32)
+    weights.flags.writeable = False
+    return weights
+
+
+def mel_filters(n_mels: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Whisper's mel filterbank ``[n_mels, N_FFT // 2 + 1]`` float32 (n_mels is 80 or 128)."""
+    if n_mels <= 0:
+        raise ValueError(f"n_mels must be positive, got {n_mels}")
+    return torch.tensor(_slaney_filterbank(n_mels), device=device)
+
+
+def pad_or_trim(array: np.ndarray | torch.Tensor, length: int = N_SAMPLES, *, axis: int = -1):
+    """Zero-pad or cut ``array`` along ``axis`` to exactly ``length`` (same type as the input)."""
+    size = array.shape[axis]
+    if torch.is_tensor(array):
+        axis = axis % array.dim()
+        if size > length:
+            return array.narrow(axis, 0, length)
+        if size < length:
+            pad = [0, 0] * (array.dim() - 1 - axis) + [0, length - size]  # last dim first
+            return F.pad(array, pad)
+        return array
+    if size > length:
+        index = [slice(None)] * array.ndim
+        index[axis] = slice(0, length)
+        return array[tuple(index)]
+    if size < length:
+        widths = [(0, 0)] * array.ndim
+        widths[axis] = (0, length - size)
+        return np.pad(array, widths)
+    return array
+
+
+def log_mel_spectrogram(
+    audio: np.ndarray | torch.Tensor,
+    n_mels: int = 80,
+    padding: int = 0,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """openai-whisper's ``log_mel_spectrogram``: ``[num_samples]`` 16 kHz -> ``[n_mels, frames]``.
+
+    ``padding`` zeros are appended before the STFT; frames = (num_samples + padding) // 160.
+    Values are log10 power, floored at (max - 8), then mapped by (x + 4) / 4.
+    """
+    if not torch.is_tensor(audio):
+        audio = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32))
+    if audio.dim() != 1:
+        raise ValueError(f"audio must be 1-D [num_samples], got shape {tuple(audio.shape)}")
+    if device is not None:
+        audio = audio.to(device)
+    audio = audio.float()
+    if padding > 0:
+        audio = F.pad(audio, (0, padding))
+    window = torch.hann_window(N_FFT, device=audio.device)
+    stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)  # [201, T+1]
+    magnitudes = stft[..., :-1].abs() ** 2  # [201, T]
+    mel_spec = mel_filters(n_mels, audio.device) @ magnitudes  # [n_mels, T]
+    log_spec = torch.clamp(mel_spec, min=1e-10).log10()
+    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    return (log_spec + 4.0) / 4.0
+
+
+def whisper_features(
+    audio: np.ndarray | torch.Tensor, n_mels: int, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Encoder input for one 30 s window: ``[num_samples]`` -> ``[n_mels, N_FRAMES]``.
+
+    The audio is zero-padded (or cut) to ``N_SAMPLES`` *before* the STFT, as openai-whisper's
+    ``transcribe`` does, then the log-mel is cut to ``N_FRAMES`` frames.
+    """
+    audio = pad_or_trim(audio, N_SAMPLES)
+    return log_mel_spectrogram(audio, n_mels, device=device)[:, :N_FRAMES]

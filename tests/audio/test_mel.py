@@ -1,0 +1,84 @@
+"""Log-mel features equal HF transformers' WhisperFeatureExtractor (openai-whisper's numbers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import WhisperFeatureExtractor
+from transformers.audio_utils import mel_filter_bank
+
+from edserve.audio.decode import load_audio
+from edserve.audio.mel import (
+    HOP_LENGTH,
+    N_FFT,
+    N_FRAMES,
+    N_SAMPLES,
+    SAMPLE_RATE,
+    log_mel_spectrogram,
+    mel_filters,
+    pad_or_trim,
+    whisper_features,
+)
+
+JFK = Path(__file__).resolve().parents[1] / "data" / "jfk.wav"
+
+
+@pytest.fixture(scope="module")
+def jfk() -> np.ndarray:
+    return load_audio(JFK)
+
+
+def test_constants():
+    assert (SAMPLE_RATE, N_FFT, HOP_LENGTH, N_SAMPLES, N_FRAMES) == (16000, 400, 160, 480000, 3000)
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_mel_filters_match_slaney_filterbank(n_mels):
+    expected = mel_filter_bank(
+        num_frequency_bins=N_FFT // 2 + 1, num_mel_filters=n_mels, min_frequency=0.0,
+        max_frequency=SAMPLE_RATE / 2, sampling_rate=SAMPLE_RATE, norm="slaney",
+        mel_scale="slaney",
+    ).T  # [n_mels, 201]
+    filters = mel_filters(n_mels)
+    assert filters.shape == (n_mels, 201) and filters.dtype == torch.float32
+    np.testing.assert_allclose(filters.numpy(), expected, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_features_match_hf_feature_extractor(jfk, n_mels):
+    extractor = WhisperFeatureExtractor(feature_size=n_mels)
+    expected = extractor(jfk, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
+    features = whisper_features(jfk, n_mels)
+    assert features.shape == (n_mels, N_FRAMES) and features.dtype == torch.float32
+    np.testing.assert_allclose(features.numpy(), expected, rtol=0, atol=1e-4)
+
+
+def test_features_equal_openai_transcribe_padding(jfk):
+    # openai-whisper's transcribe appends N_SAMPLES zeros, then takes the first 3000 frames.
+    padded = log_mel_spectrogram(jfk, 80, padding=N_SAMPLES)
+    assert padded.shape == (80, (len(jfk) + N_SAMPLES) // HOP_LENGTH)
+    torch.testing.assert_close(whisper_features(torch.from_numpy(jfk), 80), padded[:, :N_FRAMES])
+
+
+def test_long_audio_is_cut_to_one_window(jfk):
+    long = np.tile(jfk, 4)  # 44 s
+    torch.testing.assert_close(whisper_features(long, 80), whisper_features(long[:N_SAMPLES], 80))
+
+
+def test_pad_or_trim_numpy_and_torch():
+    x = np.arange(10, dtype=np.float32)
+    np.testing.assert_array_equal(pad_or_trim(x, 4), x[:4])
+    np.testing.assert_array_equal(pad_or_trim(x, 12), np.r_[x, 0, 0])
+    assert pad_or_trim(x, 10) is x
+    t = torch.arange(6.0).reshape(2, 3)
+    torch.testing.assert_close(pad_or_trim(t, 2), t[:, :2])
+    torch.testing.assert_close(pad_or_trim(t, 4), torch.tensor([[0.0, 1, 2, 0], [3, 4, 5, 0]]))
+    torch.testing.assert_close(pad_or_trim(t, 3, axis=0), torch.cat([t, torch.zeros(1, 3)]))
+
+
+def test_log_mel_rejects_non_1d():
+    with pytest.raises(ValueError, match="1-D"):
+        log_mel_spectrogram(np.zeros((2, 100), np.float32))
