@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
 from edserve.models.mllama.config import MllamaConfig
 from edserve.models.mllama.model import MllamaModel
+from edserve.models.mllama.rope import rope_inv_freq
 
 
 def hf_to_edserve_name(name: str) -> str:
@@ -52,25 +54,35 @@ def load_state_dict(model: MllamaModel, tensors: dict[str, torch.Tensor]) -> Non
                          f"unexpected {unexpected[:8]} ({len(unexpected)})")
 
 
-def load_mllama(folder: str | Path, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu", **switches: str) -> MllamaModel:
-    """Build :class:`MllamaModel` from an HF folder; ``switches`` are the config's parity
-    switches (``vision_intermediate_semantics``, ``cross_attention_empty_rows``)."""
-    folder = Path(folder)
-    with open(folder / "config.json") as f:
-        cfg = MllamaConfig.from_hf(json.load(f), **switches)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {folder}")
+def build_from_state_dict(config: dict, tensors: dict[str, torch.Tensor],
+                          dtype: torch.dtype = torch.float32,
+                          device: str | torch.device = "cpu", **switches: Any) -> MllamaModel:
+    """Build :class:`MllamaModel` from an HF config dict and HF-named tensors; ``switches``
+    set the config fields HF lacks (``vision_intermediate_semantics``,
+    ``cross_attention_empty_rows``, ``max_images``)."""
+    cfg = MllamaConfig.from_hf(config, **switches)
     with torch.device("meta"):
         model = MllamaModel(cfg)
     model = model.to_empty(device=device).to(dtype)
-    model.language_model.rotary_emb.__init__(cfg.text.rope, cfg.text.head_dim)  # buffers
-    model.language_model.rotary_emb.to(device)
+    rope = model.language_model.rotary_emb  # non-persistent buffer: recompute on the device
+    rope.inv_freq = rope_inv_freq(cfg.text.rope, cfg.text.head_dim).to(device)
+    load_state_dict(model, tensors)
+    return model.eval()
+
+
+def load_mllama(folder: str | Path, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu", **switches: Any) -> MllamaModel:
+    """Load an HF folder (``config.json`` + ``*.safetensors``); see
+    :func:`build_from_state_dict`."""
+    folder = Path(folder)
+    with open(folder / "config.json") as f:
+        config = json.load(f)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {folder}")
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
         with safe_open(str(path), framework="pt", device=str(device)) as sf:
             for key in sf.keys():
                 tensors[key] = sf.get_tensor(key)
-    load_state_dict(model, tensors)
-    return model.eval()
+    return build_from_state_dict(config, tensors, dtype, device, **switches)

@@ -72,3 +72,17 @@ def synthetic_image(width: int, height: int, seed: int = 0):
     arr = np.stack([(xx * 255 // max(width - 1, 1)), (yy * 255 // max(height - 1, 1)),
                     rng.integers(0, 256, size=(height, width))], axis=-1).astype(np.uint8)
     return Image.fromarray(arr, mode="RGB")
+
+
+def save_word_tokenizer(folder: Path) -> Path:
+    """A made-up WordLevel ``tokenizer.json`` over the tiny vocabulary (ids 0..128)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    vocab = {f"w{i}": i for i in range(128)}
+    vocab["<|image|>"] = 128
+    tok = Tokenizer(WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    return folder

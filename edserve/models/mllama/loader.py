@@ -1,0 +1,25 @@
+"""Registry entry point (``edserve.models.registry``): checkpoint -> (model, tokenizer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from edserve.models.mllama.model import MllamaModel
+from edserve.models.mllama.weights import build_from_state_dict
+
+
+def build_mllama(checkpoint: Any, dtype: torch.dtype, device: torch.device,
+                 **switches: Any) -> tuple[MllamaModel, Any]:
+    """``checkpoint``: ``edserve.models.weights.Checkpoint`` (HF config dict + HF-named
+    tensors). The tokenizer is the folder's ``tokenizer.json`` as a ``tokenizers.Tokenizer``
+    (None when absent); chat templating is not done here."""
+    model = build_from_state_dict(checkpoint.config, checkpoint.state_dict, dtype, device,
+                                  **switches)
+    tokenizer = None
+    path = getattr(checkpoint, "tokenizer_path", None)
+    if path is not None and path.is_file():
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(str(path))
+    return model, tokenizer
