@@ -111,6 +111,6 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type = EngineConfig,
 
 
 def config_from_args(args: argparse.Namespace, cls: type = EngineConfig) -> Any:
-    """Build the frozen config from parsed ``--flags`` (fields absent from ``args`` keep defaults)."""
+    """Build the frozen config from parsed ``--flags`` (absent fields keep their defaults)."""
     values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
     return cls(**values)

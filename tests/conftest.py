@@ -1,4 +1,8 @@
-"""Shared test setup: Triton kernels run under the CPU interpreter when there is no GPU."""
+"""Shared test setup: Triton kernels run under the CPU interpreter when there is no GPU.
+
+``EDSERVE_TEST_THREADS`` sets torch's CPU threads (default: up to 4); on a loaded machine, 1
+avoids thread oversubscription stalls.
+"""
 
 import os
 
@@ -7,4 +11,5 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+_threads = int(os.environ.get("EDSERVE_TEST_THREADS", "0")) or max(1, min(4, os.cpu_count() or 1))
+torch.set_num_threads(_threads)

@@ -5,8 +5,8 @@ attention metadata a backend builds once per batch (``attn_metadata``).
 
 Row layout of ``req_to_token[row]`` (one request)::
 
-    columns: 0 ........ encoder_lens[i] .. encoder_offsets[i] ........ encoder_offsets[i] + seq_lens[i]
-             | encoder KV (cross-attn) | pad (aligned only) | decoder KV (self-attn) |
+    column:  0 ...... encoder_lens[i] ... encoder_offsets[i] ...... encoder_offsets[i] + seq_lens[i]
+             | encoder KV (cross) | pad (aligned) | decoder KV (self-attention) |
 
 ``encoder_offsets[i]`` is where the decoder region starts: ``encoder_lens[i]`` for the ragged and
 flat strategies, ``ceil_align(encoder_lens[i], page_size)`` for aligned.

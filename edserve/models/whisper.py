@@ -202,18 +202,27 @@ class WhisperForConditionalGeneration(nn.Module):
         return self.config.max_target_positions
 
     def encoder_len(self, encoder_input: Any) -> int:
-        return 0 if encoder_input is None else self.config.max_source_positions
+        """Encoder tokens for one request; validates the log-mel (raises ValueError)."""
+        if encoder_input is None:
+            return 0
+        expected = (self.config.num_mel_bins, 2 * self.config.max_source_positions)
+        if not torch.is_tensor(encoder_input) or tuple(encoder_input.shape) != expected:
+            shape = list(encoder_input.shape) if torch.is_tensor(encoder_input) \
+                else type(encoder_input).__name__
+            raise ValueError(f"Whisper expects a log-mel tensor of shape {list(expected)}, "
+                             f"got {shape}")
+        if not torch.isfinite(encoder_input).all():
+            raise ValueError("Whisper log-mel contains NaN or infinite values")
+        return self.config.max_source_positions
 
     def encode(self, encoder_inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Log-mels ``[n_mels, 3000]`` per request -> encoder states ``[1500, d]`` per request."""
         if not encoder_inputs:
             return []
         p = next(self.parameters())
+        for m in encoder_inputs:
+            self.encoder_len(m)
         mel = torch.stack([m.to(device=p.device, dtype=p.dtype) for m in encoder_inputs])
-        expected = (self.config.num_mel_bins, 2 * self.config.max_source_positions)
-        if tuple(mel.shape[1:]) != expected:
-            raise ValueError(f"Whisper expects log-mel of shape {list(expected)}, "
-                             f"got {list(mel.shape[1:])}")
         return list(self.model.encoder(mel).unbind(0))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,

@@ -50,7 +50,8 @@ class EncoderDecoderBackend(AttentionBackend):
         any_empty = any(n == 0 for n in batch.encoder_lens_cpu)
         empty_q = None
         if any_empty and not all_empty:
-            empty_q = torch.repeat_interleave(empty_req, q_lens.long(), output_size=batch.num_tokens)
+            empty_q = torch.repeat_interleave(empty_req, q_lens.long(),
+                                              output_size=batch.num_tokens)
         guard = GuardMetadata(all_empty, any_empty, empty_q)
         cross, self_ = self.build_metadata(batch, skip_cross=all_empty)
         batch.attn_metadata = EncDecMetadata(guard, cross, self_)

@@ -1,0 +1,157 @@
+"""asyncio front of the engine: one background thread steps the engine; coroutines submit.
+
+The engine thread loops: run queued calls, then ``engine.step()`` while there is work, else
+sleep on an Event until a submit wakes it. Requests from many coroutines (HTTP handlers) join the
+same continuous batch. Deltas cross back to the event loop with ``call_soon_threadsafe`` into a
+per-request ``asyncio.Queue`` (no shared per-request state). A consumer that stops early (client
+disconnect, task cancelled) aborts its request, so its row and KV slots are freed at the next
+step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
+
+logger = logging.getLogger("edserve")
+T = TypeVar("T")
+
+
+class AsyncEngine:
+    """Wraps an :class:`~edserve.engine.engine.Engine`; call :meth:`start` once, then use
+    :meth:`generate` / :meth:`stream` from any event loop, :meth:`shutdown` at the end."""
+
+    def __init__(self, engine: Any, idle_poll_s: float = 1.0) -> None:
+        self.engine = engine
+        self._idle_poll_s = idle_poll_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = \
+            queue.SimpleQueue()
+        self._inflight: dict[str, Callable[[TokenDelta], None]] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="edserve-engine", daemon=True)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def start(self) -> AsyncEngine:
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop after the current step (requests still running are abandoned)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._inflight)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._run_calls()
+            if self.engine.has_work():
+                try:
+                    self.engine.step()
+                except Exception as exc:  # keep serving; fail what was in flight
+                    logger.exception("engine step failed")
+                    self._fail_inflight(f"engine step failed: {type(exc).__name__}: {exc}")
+            else:
+                self._wake.wait(self._idle_poll_s)
+                self._wake.clear()
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, fut = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:
+                    fut.set_exception(exc)
+
+    def _fail_inflight(self, message: str) -> None:
+        with self._lock:
+            pending = list(self._inflight.items())
+        for rid, deliver in pending:
+            self.engine.abort(rid)
+            deliver(TokenDelta(rid, [], finished=True, output=GenerateOutput(
+                rid, [], [], FinishReason.ERROR, error=message)))
+
+    # ---- calls on the engine thread ----------------------------------------------------
+    def call_soon(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run ``fn()`` on the engine thread between steps (e.g. ``engine.check_integrity``)."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._calls.put((fn, fut))
+        self._wake.set()
+        return fut
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        return await asyncio.wrap_future(self.call_soon(fn))
+
+    # ---- requests -----------------------------------------------------------------------
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        """Submit ``request`` and yield its deltas; the last one has ``finished`` and ``output``.
+
+        Raises ValueError (from the engine's validation) before yielding anything. Closing or
+        cancelling the iterator before the last delta aborts the request.
+        """
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue[TokenDelta] = asyncio.Queue()
+        rid = request.rid
+
+        def deliver(delta: TokenDelta) -> None:  # engine thread
+            if delta.finished:
+                with self._lock:
+                    if self._inflight.pop(rid, None) is None:
+                        return  # already failed by _fail_inflight
+            try:
+                loop.call_soon_threadsafe(deltas.put_nowait, delta)
+            except RuntimeError:  # the event loop is closed: nobody is listening
+                pass
+
+        with self._lock:
+            self._inflight[rid] = deliver
+        try:
+            self.engine.add_request(request, deliver)
+        except BaseException:
+            with self._lock:
+                self._inflight.pop(rid, None)
+            raise
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                delta = await deltas.get()
+                finished = delta.finished
+                yield delta
+        finally:
+            if not finished:
+                self.engine.abort(rid)
+                self._wake.set()
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        """Run ``request`` to completion; cancellation aborts it (its KV is freed)."""
+        stream = self.stream(request)
+        try:
+            async for delta in stream:
+                if delta.finished:
+                    assert delta.output is not None
+                    return delta.output
+        finally:
+            await stream.aclose()
+        raise RuntimeError(f"request {request.rid} ended without output")
