@@ -58,11 +58,30 @@ def _run_transcribe(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from edserve.server.config import ServerConfig
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/audio/transcriptions).")
+    add_config_args(p, ServerConfig)
+    add_config_args(p, EngineConfig)
+    p.set_defaults(func=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from edserve.server.config import ServerConfig
+    from edserve.server.launch import serve
+
+    serve(config_from_args(args, EngineConfig), config_from_args(args, ServerConfig),
+          log_level=args.log_level if args.log_level.upper() != "WARNING" else "info")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edserve", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="Python logging level.")
     sub = parser.add_subparsers(dest="command")
     _add_transcribe(sub)
+    _add_serve(sub)
     return parser
 
 

@@ -1,11 +1,14 @@
-"""Render transcriptions as text, JSON, SRT or WebVTT."""
+"""Render transcriptions as text, JSON, SRT, WebVTT or OpenAI's verbose JSON."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
-from edserve.whisper.transcribe import Transcription
+from edserve.whisper.result import Segment, Transcription
+
+LANGUAGE_NAMES = {"en": "english"}  # OpenAI reports languages by name; others stay as codes
 
 
 def _clock(seconds: float, sep: str) -> str:
@@ -16,12 +19,35 @@ def _clock(seconds: float, sep: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
 
 
+def segment_dict(s: Segment) -> dict[str, Any]:
+    """One segment as OpenAI's verbose_json (and openai-whisper's) segment object."""
+    return {"id": s.id, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text,
+            "tokens": list(s.tokens), "temperature": s.temperature,
+            "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
+            "no_speech_prob": s.no_speech_prob}
+
+
+def verbose_dict(t: Transcription, task: str = "transcribe") -> dict[str, Any]:
+    """OpenAI's ``verbose_json`` body."""
+    return {"task": task, "language": LANGUAGE_NAMES.get(t.language, t.language),
+            "duration": round(t.duration, 3), "text": t.text,
+            "segments": [segment_dict(s) for s in t.segments]}
+
+
 def to_text(t: Transcription) -> str:
     return t.text + "\n"
 
 
 def to_json(t: Transcription) -> str:
-    return json.dumps({"file": t.source, "text": t.text}, ensure_ascii=False) + "\n"
+    """One line: ``file``, ``text``, ``duration``, ``language`` and timed ``segments``."""
+    segments = [{"start": s.start, "end": s.end, "text": s.text} for s in t.segments]
+    return json.dumps({"file": t.source, "text": t.text, "duration": round(t.duration, 3),
+                       "language": t.language, "segments": segments},
+                      ensure_ascii=False) + "\n"
+
+
+def to_verbose_json(t: Transcription) -> str:
+    return json.dumps(verbose_dict(t), ensure_ascii=False) + "\n"
 
 
 def to_srt(t: Transcription) -> str:
@@ -38,4 +64,7 @@ def to_vtt(t: Transcription) -> str:
 
 FORMATTERS: dict[str, Callable[[Transcription], str]] = {
     "text": to_text, "json": to_json, "srt": to_srt, "vtt": to_vtt,
+    "verbose_json": to_verbose_json,
 }
+EXTENSIONS = {"text": "txt", "json": "json", "srt": "srt", "vtt": "vtt",
+              "verbose_json": "verbose.json"}

@@ -1,48 +1,29 @@
-"""Short-form transcription (clips up to 30 s): audio -> log-mel -> engine -> text.
+"""Transcription drivers: audio of any length -> timed segments, through the engine.
 
-All inputs are submitted together, so the engine batches their encoders and decodes them in one
-continuous batch.
+:func:`transcribe` (synchronous, for the CLI and scripts) submits the first window of every
+input at once and, whenever a window finishes, submits that audio's next window, so windows of
+different inputs share the engine's continuous batch. :func:`transcribe_async` does the same for
+one audio on an :class:`~edserve.engine.async_engine.AsyncEngine`; concurrent calls (one per
+HTTP request) batch together in the engine loop.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
 
 from edserve.audio.decode import load_audio
-from edserve.audio.errors import AudioError
-from edserve.audio.mel import CHUNK_LENGTH, SAMPLE_RATE, whisper_features
-from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.audio.errors import EmptyAudioError
+from edserve.engine.request import GenerateOutput, TokenDelta
+from edserve.whisper.longform import LongformTask
+from edserve.whisper.options import TranscribeOptions, temperature_schedule
+from edserve.whisper.result import Segment, Transcription
 
-
-class AudioTooLongError(AudioError):
-    """Audio longer than the model's 30 s window (long-form needs the sequential algorithm)."""
-
-
-@dataclass
-class Segment:
-    id: int
-    start: float
-    end: float
-    text: str
-    tokens: list[int] = field(default_factory=list)
-    temperature: float = 0.0
-    avg_logprob: float = 0.0
-    compression_ratio: float = 0.0
-    no_speech_prob: float = 0.0
-
-
-@dataclass
-class Transcription:
-    source: str
-    text: str
-    duration: float
-    language: str
-    segments: list[Segment]
+__all__ = ["Segment", "Transcription", "make_task", "transcribe", "transcribe_async",
+           "run_tasks"]
 
 
 def _name(item: Any, index: int) -> str:
@@ -51,38 +32,74 @@ def _name(item: Any, index: int) -> str:
     return f"<input {index}>"
 
 
+def make_task(engine: Any, audio: np.ndarray, options: TranscribeOptions,
+              source: str = "") -> LongformTask:
+    """A :class:`LongformTask` for ``audio`` (16 kHz float32) on ``engine``'s model.
+
+    Raises EmptyAudioError for zero samples and ValueError for a language/task the model
+    cannot do."""
+    if len(audio) == 0:
+        raise EmptyAudioError(f"{source or 'audio'}: audio is empty")
+    return LongformTask(audio, engine.tokenizer, engine.model.config.num_mel_bins, options,
+                        engine.max_decoder_len, source)
+
+
+def run_tasks(engine: Any, tasks: list[LongformTask],
+              on_finish: Callable[[LongformTask], None] | None = None) -> None:
+    """Drive ``tasks`` to completion on ``engine`` (synchronously, windows batched together)."""
+    failures: list[str] = []
+
+    def submit(task: LongformTask) -> None:
+        req = task.next_request()
+        if req is None:
+            if on_finish is not None:
+                on_finish(task)
+            return
+
+        def done(delta: TokenDelta) -> None:
+            if delta.finished:
+                try:
+                    task.feed(delta.output)
+                except RuntimeError as exc:
+                    failures.append(f"{task.source}: {exc}")
+                    return
+                submit(task)
+
+        engine.add_request(req, done)
+
+    for task in tasks:
+        submit(task)
+    while engine.has_work():
+        engine.step()
+    if failures:
+        raise RuntimeError("; ".join(failures))
+
+
 def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
-               task: str = "transcribe", temperature: float = 0.0,
-               seed: int | None = None,
-               on_finish: Callable[[Any], None] | None = None) -> list[Transcription]:
-    """Transcribe files, bytes or 16 kHz float arrays (each <= 30 s). Raises AudioError."""
-    tok = engine.tokenizer
-    n_mels = engine.model.config.num_mel_bins
-    prompt = tok.sot_sequence(language, task, timestamps=False)
+               task: str = "transcribe", temperature: float = 0.0, seed: int | None = None,
+               on_finish: Callable[[Any], None] | None = None,
+               options: TranscribeOptions | None = None) -> list[Transcription]:
+    """Transcribe files, bytes or 16 kHz float arrays of any length, in input order.
+
+    ``temperature`` starts the fallback schedule (``temperature, +0.2, ... 1.0``).
+    ``options`` overrides all keyword settings. Raises AudioError for unusable audio.
+    """
+    if options is None:
+        options = TranscribeOptions(language=language, task=task,
+                                    temperatures=temperature_schedule(temperature),
+                                    seed=engine.config.seed if seed is None else seed)
     audios = [a if isinstance(a, np.ndarray) else load_audio(a) for a in inputs]
-    requests = []
-    for i, audio in enumerate(audios):
-        seconds = len(audio) / SAMPLE_RATE
-        if len(audio) == 0:
-            raise AudioError(f"{_name(inputs[i], i)}: audio is empty")
-        if seconds > CHUNK_LENGTH:
-            raise AudioTooLongError(f"{_name(inputs[i], i)}: {seconds:.1f} s is longer than "
-                                    f"{CHUNK_LENGTH} s")
-        requests.append(GenerateRequest(
-            prompt_ids=prompt, encoder_input=whisper_features(audio, n_mels),
-            sampling=SamplingParams(temperature=temperature, seed=seed),
-            no_speech_pos=0, no_speech_token=tok.no_speech))
-    outputs = engine.generate(requests, on_finish=on_finish)
-    results = []
-    for i, (audio, out) in enumerate(zip(audios, outputs, strict=True)):
-        if out.error:
-            raise RuntimeError(f"{_name(inputs[i], i)}: {out.error}")
-        text = tok.decode(out.token_ids).strip()
-        duration = len(audio) / SAMPLE_RATE
-        n = len(out.token_ids)
-        avg = (out.sum_logprob + (out.stop_logprob or 0.0)) / (n + 1)
-        seg = Segment(0, 0.0, round(duration, 3), text, list(out.token_ids), temperature, avg,
-                      0.0, out.no_speech_prob or 0.0)
-        results.append(Transcription(_name(inputs[i], i), text, duration, language or "en",
-                                     [seg]))
-    return results
+    tasks = [make_task(engine, audio, options, _name(inputs[i], i))
+             for i, audio in enumerate(audios)]
+    run_tasks(engine, tasks, on_finish)
+    return [t.result() for t in tasks]
+
+
+async def transcribe_async(aengine: Any, task: LongformTask) -> AsyncIterator[Segment]:
+    """Run ``task`` on an AsyncEngine, yielding segments as their windows are accepted.
+
+    Cancelling the consumer aborts the window in flight (its KV is freed)."""
+    while (req := task.next_request()) is not None:
+        out: GenerateOutput = await aengine.generate(req)
+        for segment in task.feed(out):
+            yield segment

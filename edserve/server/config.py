@@ -1,0 +1,41 @@
+"""Frozen server configuration; field docs are the ``edserve serve --help`` text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How ``edserve serve`` listens and what it accepts; one instance per server."""
+
+    host: str = _f("127.0.0.1", "Interface to bind (use 0.0.0.0 to listen on every interface).")
+    port: int = _f(8000, "TCP port to listen on (0: any free port).")
+    api_key: str | None = _f(
+        None, "If set, /v1/* requests must send 'Authorization: Bearer KEY' (else 401).")
+    served_model_name: str = _f(
+        "whisper-1", "Model id reported by /v1/models and accepted in the 'model' field.")
+    max_upload_mb: float = _f(25.0, "Largest accepted upload in MiB (larger: 413).")
+    max_audio_seconds: float = _f(3600.0, "Longest accepted audio in seconds (longer: 400).")
+    condition_on_previous_text: bool = _f(
+        True, "Prompt each 30 s window with the previous window's text.")
+    compression_ratio_threshold: float = _f(
+        2.4, "Decode a window again at a higher temperature when its text's zlib compression "
+        "ratio exceeds this (repetition).")
+    logprob_threshold: float = _f(
+        -1.0, "Decode a window again at a higher temperature when its average token "
+        "log-probability is below this.")
+    no_speech_threshold: float = _f(
+        0.6, "Skip a window as silence when its no-speech probability exceeds this and its "
+        "average log-probability is below --logprob-threshold.")
+    enable_debug_endpoints: bool = _f(
+        False, "Serve GET /debug/integrity (runs the KV-cache integrity check; for tests).")
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * 1024 * 1024)

@@ -1,0 +1,67 @@
+"""Start the server: ``serve`` (blocking, for ``edserve serve``) and :class:`ServerThread`
+(uvicorn in a background thread on an already-bound socket, for tests and embedding)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from edserve.config import EngineConfig
+from edserve.engine.async_engine import AsyncEngine
+from edserve.server.app import create_app
+from edserve.server.config import ServerConfig
+
+
+def build(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[AsyncEngine, Any]:
+    """Load the engine, start its loop, and build the app around it."""
+    from edserve.engine.engine import Engine
+
+    aengine = AsyncEngine(Engine(engine_config)).start()
+    return aengine, create_app(aengine, server_config)
+
+
+def serve(engine_config: EngineConfig, server_config: ServerConfig,
+          log_level: str = "info") -> None:
+    aengine, app = build(engine_config, server_config)
+    try:
+        uvicorn.run(app, host=server_config.host, port=server_config.port,
+                    log_level=log_level.lower(), timeout_keep_alive=30)
+    finally:
+        aengine.shutdown()
+
+
+class ServerThread:
+    """Run ``app`` with uvicorn on ``host`` in a daemon thread; ``port`` 0 picks a free one."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning") -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = self.sock.getsockname()[:2]
+        config = uvicorn.Config(app, log_level=log_level, timeout_keep_alive=30)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="edserve-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        self.sock.close()

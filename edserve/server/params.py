@@ -1,0 +1,106 @@
+"""Parse and validate the multipart form of ``/v1/audio/transcriptions`` and ``/translations``.
+
+Every problem raises :class:`~edserve.server.errors.APIError` (400, or 413 for an oversized file)
+naming the offending field, before any audio is decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.datastructures import FormData, UploadFile
+
+from edserve.server.errors import APIError
+
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+GRANULARITIES = ("segment", "word")
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off", "")
+
+
+@dataclass(frozen=True)
+class TranscriptionParams:
+    """The validated request fields (``file`` already read into ``audio_bytes``)."""
+
+    audio_bytes: bytes
+    filename: str
+    model: str
+    language: str | None
+    prompt: str | None
+    response_format: str
+    temperature: float
+    granularities: tuple[str, ...]
+    stream: bool
+
+
+def _one(form: FormData, name: str) -> str | None:
+    value = form.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise APIError(400, f"'{name}' must be a text field, not a file", name)
+    return value
+
+
+def _temperature(raw: str | None) -> float:
+    if raw is None or raw.strip() == "":
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise APIError(400, f"'temperature' must be a number, got {raw!r}", "temperature",
+                       "invalid_value") from None
+    if not 0.0 <= value <= 1.0:  # also rejects nan
+        raise APIError(400, f"'temperature' must be between 0 and 1, got {raw}", "temperature",
+                       "invalid_value")
+    return value
+
+
+def _stream(raw: str | None) -> bool:
+    if raw is None or raw.strip().lower() in _FALSE:
+        return False
+    if raw.strip().lower() in _TRUE:
+        return True
+    raise APIError(400, f"'stream' must be true or false, got {raw!r}", "stream", "invalid_value")
+
+
+def _granularities(form: FormData) -> tuple[str, ...]:
+    values = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
+    out: list[str] = []
+    for v in values:
+        if not isinstance(v, str) or v not in GRANULARITIES:
+            raise APIError(400, f"'timestamp_granularities[]' values must be 'segment' or 'word', "
+                           f"got {v!r}", "timestamp_granularities[]", "invalid_value")
+        if v == "word":
+            raise APIError(400, "word-level timestamps are not supported by this server; use "
+                           "'segment'", "timestamp_granularities[]", "unsupported_value")
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
+async def parse_form(form: FormData, max_upload_bytes: int) -> TranscriptionParams:
+    """Validate ``form``; reads the uploaded file (413 when over ``max_upload_bytes``)."""
+    upload = form.get("file")
+    if upload is None:
+        raise APIError(400, "'file' is required: upload the audio as a multipart file field",
+                       "file", "missing_required_parameter")
+    if not isinstance(upload, UploadFile):
+        raise APIError(400, "'file' must be a file upload, not a text field", "file")
+    fmt = _one(form, "response_format") or "json"
+    if fmt not in RESPONSE_FORMATS:
+        raise APIError(400, f"'response_format' must be one of {', '.join(RESPONSE_FORMATS)}; "
+                       f"got {fmt!r}", "response_format", "invalid_value")
+    model = _one(form, "model")
+    if not model:
+        raise APIError(400, "'model' is required", "model", "missing_required_parameter")
+    language = (_one(form, "language") or "").strip().lower() or None
+    params = dict(model=model, language=language, prompt=_one(form, "prompt") or None,
+                  response_format=fmt, temperature=_temperature(_one(form, "temperature")),
+                  granularities=_granularities(form), stream=_stream(_one(form, "stream")))
+    data = await upload.read(max_upload_bytes + 1)
+    if len(data) > max_upload_bytes:
+        raise APIError(413, f"'file' exceeds the {max_upload_bytes / 2**20:.1f} MiB upload limit",
+                       "file", "file_too_large")
+    if not data:
+        raise APIError(400, "'file' is empty (0 bytes)", "file", "empty_file")
+    return TranscriptionParams(audio_bytes=data, filename=upload.filename or "audio", **params)

@@ -1,0 +1,193 @@
+"""openai-whisper's sequential long-form algorithm, as a state machine per audio.
+
+A :class:`LongformTask` walks one audio in 30 s windows. The caller (a driver) asks it for the
+next engine request, runs it, and feeds the output back; many tasks can be driven at once so
+windows of different audios share the engine's continuous batch. Per window:
+
+- the prompt is ``[<|startofprev|> previous text tokens] + <|startoftranscript|> ...`` (with
+  timestamps), conditioning on what the previous windows said;
+- the window is decoded at the first temperature; if its compression ratio is too high
+  (repetition) or its average log-probability too low it is decoded again at the next
+  temperature (fallback);
+- a window judged silent (``no_speech_prob`` high *and* low log-probability) is skipped;
+- otherwise it is cut into segments at pairs of timestamp tokens and the next window starts at
+  the last complete timestamp (or at the window's end when the text ended with a timestamp).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from edserve.audio.mel import (
+    HOP_LENGTH,
+    N_FRAMES,
+    N_SAMPLES,
+    SAMPLE_RATE,
+    log_mel_spectrogram,
+)
+from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
+from edserve.tokenizer import WhisperTokenizer
+from edserve.whisper.logits import (
+    ApplyTimestampRules,
+    SuppressBlank,
+    SuppressTokens,
+    default_suppress_tokens,
+)
+from edserve.whisper.options import TranscribeOptions
+from edserve.whisper.result import Segment, Transcription, join_text
+
+TIME_PRECISION = 0.02  # seconds per timestamp token
+INPUT_STRIDE = 2  # mel frames per encoder position (3000 frames -> 1500 states)
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes of ``text`` over bytes of its zlib compression (repetitive text scores high)."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+class LongformTask:
+    """Sequential transcription of one audio; drive with :meth:`next_request` / :meth:`feed`.
+
+    ``audio``: ``[num_samples]`` float32 at 16 kHz. ``max_decoder_len``: the model's decoder
+    positions (448 for Whisper). The task is done when :meth:`next_request` returns None;
+    :meth:`result` then holds the transcription.
+    """
+
+    def __init__(self, audio: np.ndarray, tokenizer: WhisperTokenizer, n_mels: int,
+                 options: TranscribeOptions, max_decoder_len: int = 448,
+                 source: str = "") -> None:
+        self.tok = tokenizer
+        self.opts = options
+        self.source = source
+        self.duration = len(audio) / SAMPLE_RATE
+        self.mel = log_mel_spectrogram(audio, n_mels, padding=N_SAMPLES)  # [n_mels, frames]
+        self.content_frames = self.mel.shape[-1] - N_FRAMES
+        self.n_ctx = max_decoder_len
+        self.seek = 0
+        self.segments: list[Segment] = []
+        self._temp_index = 0
+        self.timestamps = options.timestamps if options.timestamps is not None \
+            else self.content_frames > N_FRAMES
+        self._sot_seq = tokenizer.sot_sequence(options.language, options.task, self.timestamps)
+        initial = tokenizer.encode(" " + options.initial_prompt.strip()) \
+            if options.initial_prompt else []
+        self._all_tokens: list[int] = list(initial)
+        self._prompt_reset_since = 0
+        suppress = [SuppressBlank(tokenizer)] if options.suppress_blank else []
+        self._processors = suppress + [SuppressTokens(default_suppress_tokens(tokenizer))]
+        if self.timestamps:
+            self._processors.append(
+                ApplyTimestampRules(tokenizer, options.max_initial_timestamp, TIME_PRECISION))
+
+    @property
+    def done(self) -> bool:
+        return self.seek >= self.content_frames
+
+    @property
+    def temperature(self) -> float:
+        return self.opts.temperatures[self._temp_index]
+
+    def _segment_size(self) -> int:
+        return min(N_FRAMES, self.content_frames - self.seek)
+
+    def next_request(self) -> GenerateRequest | None:
+        """The engine request for the current window and temperature; None when done."""
+        if self.done:
+            return None
+        # The window's real frames: past the audio's end they are the spectrogram of appended
+        # silence (as in ``whisper_features``), not openai-whisper's zero-filled log-mel.
+        features = self.mel[:, self.seek:self.seek + N_FRAMES]
+        prompt = self._all_tokens[self._prompt_reset_since:]
+        prefix = [self.tok.sot_prev] + prompt[-(self.n_ctx // 2 - 1):] if prompt else []
+        prompt_ids = prefix + self._sot_seq
+        t = self.temperature
+        sampling = SamplingParams(
+            temperature=t, seed=self.opts.seed + self.seek * 7 + self._temp_index if t else None,
+            max_new_tokens=self.opts.max_new_tokens or self.n_ctx // 2)
+        return GenerateRequest(prompt_ids=prompt_ids, encoder_input=features.contiguous(),
+                               sampling=sampling, logits_processors=list(self._processors),
+                               no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech)
+
+    def feed(self, out: GenerateOutput) -> list[Segment]:
+        """Take the output of the last request; returns the segments this window added
+        ([] when the window is decoded again at a higher temperature, or skipped as silence).
+        Raises RuntimeError when the request failed or was aborted."""
+        if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
+            raise RuntimeError(out.error or f"request {out.rid} was aborted")
+        tokens = list(out.token_ids)
+        text = self.tok.decode(tokens)
+        n = len(tokens)
+        avg_logprob = (out.sum_logprob + (out.stop_logprob or 0.0)) / (n + 1)
+        ratio = compression_ratio(text)
+        no_speech = out.no_speech_prob or 0.0
+        o = self.opts
+        too_low = o.logprob_threshold is not None and avg_logprob < o.logprob_threshold
+        fallback = (o.compression_ratio_threshold is not None
+                    and ratio > o.compression_ratio_threshold) or too_low
+        if o.no_speech_threshold is not None and no_speech > o.no_speech_threshold and too_low:
+            fallback = False  # silence: no temperature will help
+        if fallback and self._temp_index + 1 < len(o.temperatures):
+            self._temp_index += 1
+            return []
+        temperature = self.temperature
+        self._temp_index = 0
+        size = self._segment_size()
+        if o.no_speech_threshold is not None and no_speech > o.no_speech_threshold and (
+                o.logprob_threshold is None or avg_logprob <= o.logprob_threshold):
+            self.seek += size  # silent window
+            return []
+        stats = dict(temperature=temperature, avg_logprob=avg_logprob, compression_ratio=ratio,
+                     no_speech_prob=no_speech)
+        kept = [s for s in self._split(tokens, size, stats) if s.text.strip() and s.end > s.start]
+        self._all_tokens.extend(t for s in kept for t in s.tokens)
+        if not o.condition_on_previous_text or temperature > 0.5:
+            self._prompt_reset_since = len(self._all_tokens)
+        for s in kept:
+            s.id = len(self.segments)
+            self.segments.append(s)
+        return kept
+
+    def _split(self, tokens: list[int], size: int, stats: dict) -> list[Segment]:
+        """Cut a window's tokens into segments at timestamp pairs and advance ``seek``."""
+        tb = self.tok.timestamp_begin
+        is_ts = [t >= tb for t in tokens]
+        offset = self.seek * HOP_LENGTH / SAMPLE_RATE
+        single_ending = is_ts[-2:] == [False, True]
+        cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+        seek0, segments = self.seek, []
+        if cuts:
+            if single_ending:
+                cuts.append(len(tokens))
+            last = 0
+            for cut in cuts:
+                piece = tokens[last:cut]
+                segments.append(self._segment(piece, offset + (piece[0] - tb) * TIME_PRECISION,
+                                              offset + (piece[-1] - tb) * TIME_PRECISION, stats))
+                last = cut
+            advance = size if single_ending else (tokens[last - 1] - tb) * INPUT_STRIDE
+        else:
+            duration = size * HOP_LENGTH / SAMPLE_RATE
+            stamps = [t for t in tokens if t >= tb]
+            if stamps and stamps[-1] != tb:
+                duration = (stamps[-1] - tb) * TIME_PRECISION
+            segments.append(self._segment(tokens, offset, offset + duration, stats))
+            advance = size
+        self.seek += advance if advance > 0 else size  # always move forward
+        for s in segments:
+            s.seek = seek0
+        return segments
+
+    def _segment(self, tokens: list[int], start: float, end: float, stats: dict) -> Segment:
+        end = min(end, self.duration)
+        start = min(start, end)
+        text_tokens = [t for t in tokens if t < self.tok.eot]
+        return Segment(0, round(start, 3), round(end, 3), self.tok.decode(text_tokens), tokens,
+                       **stats)
+
+    def result(self) -> Transcription:
+        return Transcription(self.source, join_text(self.segments), self.duration,
+                             self.opts.language or "en", list(self.segments))
+

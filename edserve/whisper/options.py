@@ -1,0 +1,54 @@
+"""Decoding options for Whisper transcription (openai-whisper's ``transcribe`` defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TEMPERATURE_INCREMENT = 0.2
+
+
+def temperature_schedule(start: float, increment: float = TEMPERATURE_INCREMENT
+                         ) -> tuple[float, ...]:
+    """``start, start + increment, ... <= 1.0``: the temperatures tried on fallback."""
+    if not 0.0 <= start <= 1.0:
+        raise ValueError(f"temperature must be in [0, 1], got {start}")
+    temps, t = [], start
+    while t <= 1.0 + 1e-6:
+        temps.append(round(t, 6))
+        t += increment
+    return tuple(temps)
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    """How one audio is transcribed.
+
+    ``temperatures`` is the fallback schedule: a window is decoded again at the next
+    temperature when its compression ratio exceeds ``compression_ratio_threshold`` (repetition)
+    or its average log-probability is below ``logprob_threshold``. A window whose
+    ``no_speech_prob`` exceeds ``no_speech_threshold`` while its average log-probability is
+    below ``logprob_threshold`` is treated as silence and skipped.
+    """
+
+    language: str | None = None
+    task: str = "transcribe"
+    temperatures: tuple[float, ...] = temperature_schedule(0.0)
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    condition_on_previous_text: bool = True
+    initial_prompt: str | None = None
+    max_initial_timestamp: float = 1.0
+    suppress_blank: bool = True
+    # Decode timestamp tokens? None: only for audio longer than one 30 s window (short clips
+    # then decode like openai-whisper's ``without_timestamps`` and give one segment).
+    timestamps: bool | None = None
+    seed: int = 0  # base seed for sampling at temperature > 0 (varied per window)
+    max_new_tokens: int | None = None  # default: half the decoder context (openai's sample_len)
+
+    def __post_init__(self) -> None:
+        if not self.temperatures:
+            raise ValueError("temperatures must not be empty")
+        for t in self.temperatures:
+            if not 0.0 <= t <= 1.0:
+                raise ValueError(f"temperature must be in [0, 1], got {t}")

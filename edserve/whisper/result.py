@@ -1,0 +1,35 @@
+"""What a transcription returns: timed segments and the joined text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Segment:
+    """One timed piece of text (openai-whisper's segment; times in seconds from the start)."""
+
+    id: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    temperature: float = 0.0
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+    seek: int = 0  # mel frame (10 ms) where this segment's 30 s window started
+
+
+@dataclass
+class Transcription:
+    source: str
+    text: str
+    duration: float
+    language: str
+    segments: list[Segment]
+
+
+def join_text(segments: list[Segment]) -> str:
+    """The transcript of ``segments``: their texts concatenated, outer whitespace stripped."""
+    return "".join(s.text for s in segments).strip()
