@@ -85,6 +85,23 @@ class EngineConfig:
         "Intel XPU constraint.",
     )
 
+    def __post_init__(self) -> None:
+        if self.encoder_kv not in ENCODER_KV_STRATEGIES:
+            raise ValueError(f"--encoder-kv must be one of {ENCODER_KV_STRATEGIES}, "
+                             f"got {self.encoder_kv!r}")
+        if self.cuda_graph and self.encoder_kv == "ragged":
+            raise ValueError("--cuda-graph cannot be used with --encoder-kv ragged: the ragged "
+                             "strategy gathers data-dependent buffers every step; use flat or "
+                             "aligned")
+        if self.max_running_requests < 1:
+            raise ValueError(f"--max-running-requests must be >= 1, "
+                             f"got {self.max_running_requests}")
+        if not 0.0 < self.mem_fraction_static <= 1.0:
+            raise ValueError(f"--mem-fraction-static must be in (0, 1], "
+                             f"got {self.mem_fraction_static}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 

@@ -61,7 +61,6 @@ def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[i
     ranges = _cross_ranges(reqs, mode, q_lens)
     if ranges is not None:
         batch.cross_kv_ranges = _int_tensor(ranges, dev).view(-1, 2)
-    pools.backend.init_forward_metadata(batch)
     return batch
 
 

@@ -16,6 +16,7 @@ import torch
 
 from edserve.config import EngineConfig
 from edserve.engine.batch_builder import Pools
+from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.req import Req
 from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
 from edserve.engine.runner import ModelRunner
@@ -79,7 +80,11 @@ class Engine:
             max_prefill_tokens=max(8192, self.max_row_len),
             eos_token_id=eos,
             max_decoder_len=self.max_decoder_len)
-        self.runner = ModelRunner(self.model, self.device)
+        graphs = None
+        if config.cuda_graph:
+            graphs = DecodeGraphRunner(self.model, self.pools,
+                                       min(config.cuda_graph_max_bs, limits.max_running_requests))
+        self.runner = ModelRunner(self.model, self.device, graphs)
         self.scheduler = Scheduler(self.pools, self.runner, limits)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
 

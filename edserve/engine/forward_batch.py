@@ -56,6 +56,9 @@ class ForwardBatch:
     # text tokens see only part of the encoder output (Mllama); None = all encoder keys.
     cross_kv_ranges: torch.Tensor | None = None
     attn_metadata: Any = None  # built by attn_backend.init_forward_metadata(self)
+    # True when the batch is captured in / replayed from a CUDA graph: backends must build
+    # fixed-shape metadata from device tensors only (no host lists, no syncs).
+    static_shapes: bool = False
 
     @property
     def batch_size(self) -> int:

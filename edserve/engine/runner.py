@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.forward_batch import ForwardBatch, ForwardMode
 from edserve.engine.req import Req
 from edserve.engine.sampler import sample
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, device: torch.device,
+                 graph_runner: DecodeGraphRunner | None = None) -> None:
         self.model = model
         self.device = device
+        self.graph_runner = graph_runner
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch, reqs: list[Req]) -> tuple[list[int], list[float]]:
@@ -24,6 +27,10 @@ class ModelRunner:
             encoder_states = self._encode(reqs)
         else:
             input_ids = torch.tensor([r.output_ids[-1] for r in reqs], device=dev)
+            graphs = self.graph_runner
+            if graphs is not None and graphs.can_run(batch):
+                return sample(graphs.replay(batch, input_ids), reqs)
+        batch.attn_backend.init_forward_metadata(batch)
         hidden = self.model(input_ids, batch.positions, batch, encoder_states)  # [T, d]
         last = batch.cu_q[1:].long() - 1  # [B] index of each request's last new token
         logits = self.model.compute_logits(hidden[last])  # [B, V]

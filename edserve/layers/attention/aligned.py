@@ -37,10 +37,12 @@ class AlignedBackend(EncoderDecoderBackend):
 
     def build_metadata(self, batch: ForwardBatch, skip_cross: bool):
         ps = self.page_size
-        max_cols = max(
-            (o + s for o, s in zip(self._offsets_cpu(batch), batch.seq_lens_cpu, strict=True)),
-            default=0)
-        num_pages = max(1, (max_cols + ps - 1) // ps)
+        if batch.static_shapes:  # CUDA graph: a fixed-width table covering whole rows
+            num_pages = batch.req_to_token.shape[1] // ps
+        else:
+            max_cols = max((o + s for o, s in zip(self._offsets_cpu(batch), batch.seq_lens_cpu,
+                                                   strict=True)), default=0)
+            num_pages = max(1, (max_cols + ps - 1) // ps)
         table = page_table_from_req_to_token(batch.req_to_token, ps, batch.req_pool_indices,
                                              num_pages)
         zeros = torch.zeros_like(batch.encoder_lens)

@@ -46,14 +46,17 @@ class EncoderDecoderBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         q_lens = batch.cu_q[1:] - batch.cu_q[:-1]  # [B]
         empty_req = batch.encoder_lens == 0  # [B]
-        all_empty = all(n == 0 for n in batch.encoder_lens_cpu)
-        any_empty = any(n == 0 for n in batch.encoder_lens_cpu)
-        empty_q = None
-        if any_empty and not all_empty:
-            empty_q = torch.repeat_interleave(empty_req, q_lens.long(),
-                                              output_size=batch.num_tokens)
-        guard = GuardMetadata(all_empty, any_empty, empty_q)
-        cross, self_ = self.build_metadata(batch, skip_cross=all_empty)
+        if batch.static_shapes:  # CUDA graph: decide nothing on the host; kernels see kv_len 0
+            guard = GuardMetadata(False, True, empty_req)  # decode: one query per request
+        else:
+            all_empty = all(n == 0 for n in batch.encoder_lens_cpu)
+            any_empty = any(n == 0 for n in batch.encoder_lens_cpu)
+            empty_q = None
+            if any_empty and not all_empty:
+                empty_q = torch.repeat_interleave(empty_req, q_lens.long(),
+                                                  output_size=batch.num_tokens)
+            guard = GuardMetadata(all_empty, any_empty, empty_q)
+        cross, self_ = self.build_metadata(batch, skip_cross=guard.all_empty)
         batch.attn_metadata = EncDecMetadata(guard, cross, self_)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,

@@ -38,6 +38,9 @@ class RaggedBackend(EncoderDecoderBackend):
     name = "ragged"
 
     def build_metadata(self, batch: ForwardBatch, skip_cross: bool):
+        if batch.static_shapes:
+            raise ValueError("the ragged strategy has data-dependent shapes and cannot be "
+                             "captured in a CUDA graph; use --encoder-kv flat or aligned")
         zeros = torch.zeros_like(batch.encoder_lens)
         cross = None if skip_cross else _gather_plan(batch, zeros, batch.encoder_lens_cpu)
         return cross, _gather_plan(batch, batch.encoder_offsets, batch.seq_lens_cpu)
