@@ -1,0 +1,52 @@
+"""The KV-cache memory system: request-to-token table, KV pool, slot allocators, sizing.
+
+Data flow for an extend batch::
+
+    ReqToTokenPool.alloc(reqs)         -> rows of req_to_token
+    allocator.alloc_extend(...)        -> out_cache_loc (KV slots of the new tokens)
+    write_cache_indices(...)           -> req_to_token[row] = [prefix slots | new slots]
+    KVPool.set_kv(layer, loc, k, v)    -> K/V written at those slots
+    page_table_from_req_to_token(...)  -> page tables for paged attention kernels
+
+``alloc_for_extend`` does the first three steps with no leak on shortage.
+"""
+
+from edserve.mem_cache.allocation import alloc_for_extend, write_cache_indices
+from edserve.mem_cache.allocator import BaseAllocator, TokenToKVPoolAllocator
+from edserve.mem_cache.errors import (
+    AlignmentError,
+    ContextOverflowError,
+    DoubleFreeError,
+    IndexOutOfRangeError,
+    IntegrityError,
+    KVCacheError,
+    PoolTooSmallError,
+    ReservedSlotError,
+)
+from edserve.mem_cache.kv_pool import KVPool
+from edserve.mem_cache.page_table import page_table_from_req_to_token
+from edserve.mem_cache.paged_allocator import PagedTokenToKVPoolAllocator
+from edserve.mem_cache.req_to_token import ReqToTokenPool
+from edserve.mem_cache.sizing import KVCacheConfig, KVCachePlan, plan_kv_cache
+
+__all__ = [
+    "AlignmentError",
+    "BaseAllocator",
+    "ContextOverflowError",
+    "DoubleFreeError",
+    "IndexOutOfRangeError",
+    "IntegrityError",
+    "KVCacheConfig",
+    "KVCacheError",
+    "KVCachePlan",
+    "KVPool",
+    "PagedTokenToKVPoolAllocator",
+    "PoolTooSmallError",
+    "ReqToTokenPool",
+    "ReservedSlotError",
+    "TokenToKVPoolAllocator",
+    "alloc_for_extend",
+    "page_table_from_req_to_token",
+    "plan_kv_cache",
+    "write_cache_indices",
+]

@@ -1,0 +1,137 @@
+"""KVPool: the per-layer K and V buffers that KV slots index into.
+
+Layout, for every layer::
+
+    k_buffers[layer], v_buffers[layer]   [num_slots + page_size, num_kv_heads, head_dim]
+        slots 0 .. page_size-1     : padding page (slot 0 is where graph-padded batches write)
+        slots page_size .. end     : handed out by the allocator (page p = slots p*ps..p*ps+ps-1)
+
+With page size 1 the padding is just slot 0 and slots 1..num_slots are usable. The pool does
+not allocate slots itself; an allocator over ``num_slots`` hands them out.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from edserve.mem_cache.errors import IndexOutOfRangeError
+
+logger = logging.getLogger("edserve")
+
+_GB = 1024**3
+
+
+class KVPool:
+    """K and V buffers for every decoder layer, indexed by KV slot."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        page_size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        check_indices: bool | None = None,
+    ):
+        for name, value in (
+            ("num_slots", num_slots),
+            ("page_size", page_size),
+            ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+        ):
+            if value < 1:
+                raise ValueError(f"KVPool: {name} must be >= 1, got {value}")
+        if num_slots % page_size:
+            raise ValueError(f"KVPool: num_slots={num_slots} is not a multiple of {page_size=}")
+        self.num_slots = num_slots
+        self.page_size = page_size
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        # Bounds-checking loc costs a device->host sync; by default only on CPU.
+        self.check_indices = self.device.type == "cpu" if check_indices is None else check_indices
+
+        shape = (num_slots + page_size, num_kv_heads, head_dim)
+        self.k_buffers: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
+        self.v_buffers: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
+        self.device = self.k_buffers[0].device  # normalised ("cuda" -> "cuda:0")
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        # K and V of one token across all layers.
+        self.bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * itemsize
+        self.k_bytes = sum(b.numel() * b.element_size() for b in self.k_buffers)
+        self.v_bytes = sum(b.numel() * b.element_size() for b in self.v_buffers)
+        logger.info(
+            "KV cache allocated. dtype: %s, #tokens: %d, K size: %.2f GB, V size: %.2f GB",
+            dtype,
+            num_slots,
+            self.k_bytes / _GB,
+            self.v_bytes / _GB,
+        )
+
+    @property
+    def num_buffer_slots(self) -> int:
+        """Rows in each buffer: usable slots plus the padding page."""
+        return self.num_slots + self.page_size
+
+    def get_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K, V) buffers of ``layer``, each ``[num_slots + page_size, kv_heads, head_dim]``."""
+        self._check_layer(layer)
+        return self.k_buffers[layer], self.v_buffers[layer]
+
+    def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k[i]``/``v[i]`` to slot ``loc[i]`` of ``layer``.
+
+        loc: [N] integer; k, v: [N, num_kv_heads, head_dim] floating point, cast to the pool
+        dtype. Shape or dtype mistakes raise ``ValueError``; a slot outside the buffer raises
+        ``IndexOutOfRangeError`` (checked when ``check_indices``; padding slots are valid).
+        """
+        self._check_layer(layer)
+        if loc.dim() != 1 or loc.dtype.is_floating_point or loc.dtype == torch.bool:
+            raise ValueError(
+                f"set_kv: loc must be a 1-D integer tensor, got shape {tuple(loc.shape)} "
+                f"dtype {loc.dtype}"
+            )
+        want = (loc.shape[0], self.num_kv_heads, self.head_dim)
+        for name, t in (("k", k), ("v", v)):
+            if tuple(t.shape) != want:
+                raise ValueError(
+                    f"set_kv: {name} has shape {tuple(t.shape)}, expected {want} "
+                    f"([len(loc), num_kv_heads, head_dim])"
+                )
+            if not t.dtype.is_floating_point:
+                raise ValueError(f"set_kv: {name} must be floating point, got {t.dtype}")
+            if t.device != self.device:
+                raise ValueError(f"set_kv: {name} is on {t.device}, the pool on {self.device}")
+        if loc.device != self.device:
+            raise ValueError(f"set_kv: loc is on {loc.device}, the pool on {self.device}")
+        if self.check_indices and loc.numel():
+            lo, hi = int(loc.min()), int(loc.max())
+            if lo < 0 or hi >= self.num_buffer_slots:
+                raise IndexOutOfRangeError(
+                    f"set_kv: slots must be in 0..{self.num_buffer_slots - 1}, got min {lo} "
+                    f"max {hi}"
+                )
+        self.k_buffers[layer][loc] = k.to(self.dtype)
+        self.v_buffers[layer][loc] = v.to(self.dtype)
+
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.num_layers:
+            raise IndexOutOfRangeError(f"layer {layer} out of range 0..{self.num_layers - 1}")
+
+    def __repr__(self) -> str:
+        return (
+            f"KVPool(num_slots={self.num_slots}, page_size={self.page_size}, "
+            f"layers={self.num_layers}, kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device})"
+        )
