@@ -58,7 +58,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 class Engine:
     """``Engine(EngineConfig(...))`` or ``Engine(page_size="16", encoder_kv="aligned")``."""
 
-    def __init__(self, config: EngineConfig | None = None, **overrides: Any) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, checkpoint: Any = None,
+                 **overrides: Any) -> None:
+        """``checkpoint``: an already loaded :class:`~edserve.models.weights.Checkpoint`
+        (benchmarks build random-weight models in memory); default: load ``config.model``."""
         config = (config or EngineConfig()).replace(**overrides)
         self.config = config
         self.device = resolve_device(config.device)
@@ -69,7 +72,8 @@ class Engine:
         restrict = tuple(int(s) for s in config.restrict_page_sizes.split(",")) \
             if config.restrict_page_sizes else None
         self.page_size = resolve_page_size(config.page_size, config.encoder_kv, ops, restrict)
-        checkpoint = load_checkpoint(config.model)
+        if checkpoint is None:
+            checkpoint = load_checkpoint(config.model)
         self.model, self.tokenizer = build_model(checkpoint, self.dtype, self.device)
         del checkpoint
         backend = create_backend(config.encoder_kv, self.page_size, ops)
