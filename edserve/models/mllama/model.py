@@ -34,7 +34,7 @@ from edserve.models.mllama.text import (
 )
 from edserve.models.mllama.vision import MllamaVisionModel
 from edserve.multimodal.errors import ImageInputError
-from edserve.multimodal.mllama_image import MllamaImageInput
+from edserve.multimodal.mllama_image import MllamaImageConfig, MllamaImageInput
 from edserve.multimodal.mllama_prompt import CrossAttentionLayout, build_cross_attention_layout
 
 
@@ -113,6 +113,14 @@ class MllamaModel(nn.Module):
             return n * vc.max_num_tiles * self.patches_per_tile
         return sum(image_input.num_tiles) * self.patches_per_tile
 
+    @property
+    def image_config(self) -> MllamaImageConfig:
+        """Preprocessing settings that fit this model (CLIP mean/std, bilinear)."""
+        vc = self.config.vision
+        return MllamaImageConfig(image_size=vc.image_size, max_image_tiles=vc.max_num_tiles,
+                                 max_images=self.config.max_images,
+                                 aspect_ratios=vc.aspect_ratios)
+
     def cross_attention_layout(self, prompt_ids: list[int],
                                image_input: MllamaImageInput | None) -> CrossAttentionLayout:
         """Per-token visible encoder ranges of a prompt (checks the ``<|image|>`` count)."""
@@ -161,6 +169,9 @@ class MllamaModel(nn.Module):
             return visible, visible, batch
         # "hf": a row that sees no image attends over all keys of its request (unzeroed).
         if ranges is None:
+            if batch.encoder_lens_cpu and any(batch.encoder_lens_cpu):
+                raise ValueError('cross_attention_empty_rows="hf" stores padding-tile keys: '
+                                 "image requests need cross_kv_ranges to exclude them")
             return has_enc, visible, batch
         full = torch.stack([torch.zeros_like(enc_len), enc_len], dim=1)
         new = torch.where(visible[:, None], ranges.long().to(dev), full).to(ranges.dtype)

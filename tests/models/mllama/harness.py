@@ -34,14 +34,14 @@ class Run:
 
 
 def make_pools(model: MllamaModel, strategy: str, page_size: int, rows: int = 8,
-               slots: int = 4096) -> Pools:
+               slots: int = 4096, dtype: torch.dtype = torch.float32) -> Pools:
     backend = create_backend(strategy, page_size, "torch")
     slots = -(-slots // page_size) * page_size
     cols = -(-(backend.encoder_region(model.max_encoder_len) + 256) // page_size) * page_size
     alloc = TokenToKVPoolAllocator(slots) if page_size == 1 else \
         PagedTokenToKVPoolAllocator(slots, page_size)
     kv = KVPool(slots, page_size, model.num_kv_layers, model.num_kv_heads, model.head_dim,
-                torch.float32)
+                dtype)
     return Pools(ReqToTokenPool(rows, cols), alloc, kv, backend, torch.device("cpu"))
 
 
@@ -58,6 +58,12 @@ def make_req(model: MllamaModel, pools: Pools, prompt: list[int],
     return Req(request, enc_len, region, steps, reserved, encoder_input=image)
 
 
+def _prepare(batch) -> None:
+    """Build the backend's per-batch metadata (the runner's job) if the builder did not."""
+    if batch.attn_metadata is None:
+        batch.attn_backend.init_forward_metadata(batch)
+
+
 @torch.inference_mode()
 def greedy(model: MllamaModel, pools: Pools,
            cases: list[tuple[list[int], MllamaImageInput | None]], steps: int = 10) -> list[Run]:
@@ -65,6 +71,7 @@ def greedy(model: MllamaModel, pools: Pools,
     reqs = [make_req(model, pools, p, img, steps) for p, img in cases]
     batch = build_prefill(pools, reqs)
     assert batch is not None and batch.mode == ForwardMode.EXTEND
+    _prepare(batch)
     with_enc = [r for r in reqs if r.encoder_len > 0]
     enc = torch.cat(model.encode([r.encoder_input for r in with_enc])) if with_enc else None
     ids = torch.tensor([t for r in reqs for t in r.prompt_ids])
@@ -83,6 +90,7 @@ def greedy(model: MllamaModel, pools: Pools,
             break
         batch = build_decode(pools, reqs)
         assert batch is not None
+        _prepare(batch)
         ids = torch.tensor([r.output_ids[-1] for r in reqs])
         last = model(ids, batch.positions, batch, None)
     for i, r in enumerate(reqs):

@@ -1,20 +1,30 @@
 """Mllama through the real Engine (scheduler + runner): HF parity and batch invariance for a
-mixed batch of 1-, 2-, 3- and 4-tile image requests and text-only requests."""
+mixed batch of 1-, 2-, 3- and 4-tile image requests, a two-image request and text-only
+requests; requests built from raw images with ``make_mllama_request``."""
 
 from __future__ import annotations
+
+import base64
+import io
 
 import pytest
 
 from edserve.engine.engine import Engine
-from edserve.engine.request import GenerateRequest, SamplingParams
-from edserve.models.mllama.config import MllamaConfig
+from edserve.engine.request import SamplingParams
+from edserve.multimodal import ImageInputError
 from edserve.multimodal.mllama_image import MllamaImageConfig, preprocess_images
-from edserve.multimodal.mllama_prompt import build_cross_attention_layout
+from edserve.multimodal.mllama_request import make_mllama_request
 from tests.models.mllama.hf_reference import hf_greedy
-from tests.models.mllama.hf_tiny import TINY_CONFIG, save_word_tokenizer, synthetic_image
+from tests.models.mllama.hf_tiny import save_word_tokenizer, synthetic_image
 
 STEPS = 8
 SIZES = [(50, 40), (100, 50), (150, 50), (300, 40)]  # 1, 2, 3, 4 tiles at 56px
+
+
+def _data_url(img) -> str:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 @pytest.fixture(scope="module")
@@ -24,41 +34,46 @@ def engine_folder(tiny_folder):
 
 @pytest.fixture(scope="module")
 def cases():
-    cfg = MllamaImageConfig(image_size=56)
-    imgs = [preprocess_images([synthetic_image(w, h, seed=i)], cfg)
-            for i, (w, h) in enumerate(SIZES)]
-    assert [x.num_tiles for x in imgs] == [(1,), (2,), (3,), (4,)]
-    out = [([128, 1, 15 + i, 13, 14], img) for i, img in enumerate(imgs)]
-    out += [([1, 18, 19, 10, 11, 13], None), ([1, 20, 9], None)]
-    out.insert(2, ([128, 128, 1, 16, 17], preprocess_images(
-        [synthetic_image(100, 50, 9), synthetic_image(120, 120, 8)], cfg)))
-    return out
+    """(prompt ids, image sources); all image rows see an image (exact in both modes)."""
+    out = [([128, 1, 15 + i, 13, 14], [synthetic_image(w, h, seed=i)])
+           for i, (w, h) in enumerate(SIZES)]
+    out[1] = (out[1][0], [_data_url(out[1][1][0])])
+    out.insert(2, ([128, 128, 1, 16, 17], [synthetic_image(100, 50, 9),
+                                            synthetic_image(120, 120, 8)]))
+    return out + [([1, 18, 19, 10, 11, 13], []), ([1, 20, 9], [])]
 
 
-def _requests(cases):
-    P = MllamaConfig.from_hf(TINY_CONFIG).vision.num_patches
-    reqs = []
-    for prompt, img in cases:
-        tiles = img.num_tiles if img is not None else ()
-        lay = build_cross_attention_layout(prompt, 128, tiles, P)
-        reqs.append(GenerateRequest(
-            prompt_ids=prompt, encoder_input=img,
-            cross_kv_ranges=[tuple(r) for r in lay.ranges.tolist()] if img else None,
-            sampling=SamplingParams(max_new_tokens=STEPS, ignore_eos=True)))
-    return reqs
+def _engine(folder, strategy, page_size, mrr):
+    return Engine(model=str(folder), device="cpu", dtype="float32", encoder_kv=strategy,
+                  page_size=str(page_size), context_length=64, max_total_tokens=4096,
+                  max_running_requests=mrr)
 
 
 @pytest.mark.parametrize("strategy,page_size", [("aligned", 16), ("ragged", 1),
                                                  ("flat", 128)])
 def test_engine_parity_and_invariance(engine_folder, hf_tiny, cases, strategy, page_size):
-    refs = [hf_greedy(hf_tiny, p, img, STEPS)[0] for p, img in cases]
+    cfg = MllamaImageConfig(image_size=56)
+    refs = [hf_greedy(hf_tiny, p, preprocess_images(imgs, cfg), STEPS)[0] for p, imgs in cases]
+    sp = SamplingParams(max_new_tokens=STEPS, ignore_eos=True)
     results = {}
     for mrr in (1, 4):
-        eng = Engine(model=str(engine_folder), device="cpu", dtype="float32",
-                     encoder_kv=strategy, page_size=str(page_size), context_length=64,
-                     max_total_tokens=4096, max_running_requests=mrr)
-        outs = eng.generate(_requests(cases))
+        eng = _engine(engine_folder, strategy, page_size, mrr)
+        reqs = [make_mllama_request(eng.model, p, imgs, sp) for p, imgs in cases]
+        assert [eng.model.encoder_len(r.encoder_input) for r in reqs] == \
+            [17, 34, 102, 51, 68, 0, 0]
+        outs = eng.generate(reqs)
         eng.check_integrity()
         results[mrr] = [o.token_ids for o in outs]
     assert results[1] == results[4]
     assert results[4] == refs
+
+
+def test_request_errors(engine_folder):
+    eng = _engine(engine_folder, "flat", 1, 2)
+    img = synthetic_image(60, 60)
+    with pytest.raises(ImageInputError, match="must match"):
+        make_mllama_request(eng.model, [1, 128, 128, 5], [img])
+    with pytest.raises(ImageInputError, match="too many images"):
+        make_mllama_request(eng.model, [128] * 5 + [1], [img] * 5)
+    with pytest.raises(ImageInputError, match="remote image URLs are refused"):
+        make_mllama_request(eng.model, [128, 1], ["https://example.com/a.png"])

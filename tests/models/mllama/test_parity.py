@@ -110,3 +110,25 @@ def test_encoder_lengths(model_hf, model_zero, cases):
     assert model_zero.encoder_len(None) == 0 == model_hf.encoder_len(None)
     with torch.no_grad():
         assert [e.shape[0] for e in model_hf.encode([one, None, two])] == [4 * P, 0, 8 * P]
+
+
+def test_bfloat16_smoke(tiny_folder, cases, refs):
+    model = load_mllama(tiny_folder, dtype=torch.bfloat16)
+    runs = greedy(model, make_pools(model, "flat", 16, dtype=torch.bfloat16), cases, 2)
+    for run, (_, logits) in zip(runs, refs, strict=True):
+        assert torch.isfinite(run.logits).all()
+        assert (run.logits[0] - logits[0]).abs().max() < 0.1
+
+
+def test_hf_mode_needs_ranges(model_hf, cases):
+    from edserve.engine.batch_builder import build_prefill
+    from tests.models.mllama.harness import _prepare, make_req
+
+    pools = make_pools(model_hf, "flat", 1)
+    req = make_req(model_hf, pools, *cases[0], 1)
+    req.request.cross_kv_ranges = None
+    batch = build_prefill(pools, [req])
+    _prepare(batch)
+    enc = torch.cat(model_hf.encode([req.encoder_input]))
+    with pytest.raises(ValueError, match="need cross_kv_ranges"):
+        model_hf(torch.tensor(req.prompt_ids), batch.positions, batch, enc)
