@@ -35,6 +35,7 @@ from edserve.models.weights import load_checkpoint
 
 logger = logging.getLogger("edserve")
 
+_EXTRA_COLS = 4  # slack columns per req_to_token row
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -116,13 +117,14 @@ class Engine:
             memory_bytes = torch.cuda.get_device_properties(self.device).total_memory
             used = torch.cuda.memory_allocated(self.device)
         elif memory_bytes is None and max_total is None:
-            max_total = cfg.max_running_requests * (context_len + self.page_size)
+            # Room for max_running_requests full rows (+ the table's slack columns).
+            max_total = cfg.max_running_requests * (context_len + _EXTRA_COLS + self.page_size)
         plan = plan_kv_cache(KVCacheConfig(
             num_layers=m.num_kv_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
             dtype=self.dtype, page_size=self.page_size,
             max_running_requests=cfg.max_running_requests, context_len=context_len,
             mem_fraction_static=cfg.mem_fraction_static, max_total_tokens=max_total,
-            memory_bytes=memory_bytes, used_bytes=used))
+            memory_bytes=memory_bytes, used_bytes=used, extra_cols=_EXTRA_COLS))
         kv_pool = KVPool(plan.num_slots, self.page_size, m.num_kv_layers, m.num_kv_heads,
                          m.head_dim, self.dtype, self.device)
         rtp = ReqToTokenPool(plan.num_rows, plan.max_context_len, self.device)

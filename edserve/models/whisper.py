@@ -236,7 +236,7 @@ class WhisperForConditionalGeneration(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, d] -> [N, vocab] (output projection tied to the token embedding)
-        return hidden @ self.model.decoder.embed_tokens.weight.T
+        return F.linear(hidden, self.model.decoder.embed_tokens.weight)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load HF-named tensors; ``proj_out.weight`` is tied to the token embedding."""

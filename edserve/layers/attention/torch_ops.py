@@ -17,6 +17,7 @@ Shared conventions (the Triton kernels in ``edserve.kernels`` implement the same
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -51,17 +52,14 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if kv_ranges is not None:
         rng = kv_ranges.long()[q_tok]  # [B, max_q, 2]
         mask = mask & (kj[None, None, :] >= rng[..., :1]) & (kj[None, None, :] < rng[..., 1:])
-    group = Hq // Hkv
-    qh = qp.permute(0, 2, 1, 3).to(k_cache.dtype)  # [B, Hq, max_q, D]
-    kh = kp.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)  # [B, Hq, max_k, D]
-    vh = vp.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
     acc = torch.float64 if torch.float64 in (q.dtype, k_cache.dtype) else torch.float32
-    scores = torch.matmul(qh.to(acc), kh.to(acc).transpose(-1, -2)) * scale  # [B,Hq,max_q,max_k]
-    scores = scores.masked_fill(~mask[:, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key -> zero output
-    ctx = torch.matmul(probs, vh.to(acc))  # [B, Hq, max_q, D]
-    ctx = ctx.permute(0, 2, 1, 3)  # [B, max_q, Hq, D]
+    qh = qp.permute(0, 2, 1, 3).to(acc)  # [B, Hq, max_q, D]
+    kh = kp.permute(0, 2, 1, 3).to(acc)  # [B, Hkv, max_k, D]
+    vh = vp.permute(0, 2, 1, 3).to(acc)
+    ctx = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None], scale=scale,
+                                         enable_gqa=Hq != Hkv)  # [B, Hq, max_q, D]
+    no_key = ~mask.any(-1)  # [B, max_q]: rows with no visible key -> zero output
+    ctx = ctx.masked_fill(no_key[:, None, :, None], 0.0).permute(0, 2, 1, 3)  # [B, max_q, Hq, D]
     out[q_tok[q_valid]] = ctx[q_valid].to(q.dtype)
     return out
 
