@@ -32,7 +32,7 @@ def _triton_ops() -> AttentionOps:
     from edserve.layers.attention.varlen import varlen_attention
 
     return AttentionOps("triton", paged_attention.paged_attention, flat_attention.flat_attention,
-                        varlen_attention, tuple(paged_attention.SUPPORTED_PAGE_SIZES), False)
+                        varlen_attention, tuple(paged_attention.SUPPORTED_PAGE_SIZES), True)
 
 
 OPS_REGISTRY: dict[str, Callable[[], AttentionOps]] = {"torch": _torch_ops, "triton": _triton_ops}
