@@ -15,6 +15,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edserve.server.body_limit import BodyLimitMiddleware
+from edserve.server.chat import require_audio_model
+from edserve.server.chat import router as chat_router
 from edserve.server.config import ServerConfig
 from edserve.server.errors import APIError, api_error_handler, http_error_handler
 from edserve.server.metrics import ServerMetrics, StatusCounterMiddleware
@@ -45,6 +47,7 @@ def _check_model(request: Request, model: str) -> None:
 
 async def _audio_endpoint(request: Request, task: str) -> Response:
     _check_auth(request)
+    require_audio_model(request)
     cfg: ServerConfig = request.app.state.config
     try:
         form = await request.form(max_files=4, max_fields=64, max_part_size=FORM_OVERHEAD)
@@ -79,6 +82,7 @@ def create_app(aengine: Any, config: ServerConfig | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_upload_bytes + FORM_OVERHEAD)
 
     app.add_middleware(StatusCounterMiddleware, counter=metrics.requests)
+    app.include_router(chat_router)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request) -> Response:

@@ -1,0 +1,174 @@
+"""Python chat API for Mllama engines: ``chat(engine, messages, ...) -> ChatResult``.
+
+Shared with the HTTP server (``edserve.server.chat``): :func:`prepare_chat` turns messages into
+an engine request, and :class:`ChatDecoder` turns the generated tokens into text, applying
+``stop`` strings (the text is cut before the first stop string and the request finishes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
+from edserve.multimodal.mllama_chat import DEFAULT_DATE, ChatTokenizer, chat_prompt_ids
+from edserve.multimodal.mllama_request import make_mllama_request
+
+MAX_STOP_STRINGS = 16
+
+
+def is_mllama(engine: Any) -> bool:
+    from edserve.models.mllama.model import MllamaModel
+
+    return isinstance(getattr(engine, "model", None), MllamaModel)
+
+
+def normalize_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings (ValueError otherwise)."""
+    if stop is None:
+        return ()
+    items = [stop] if isinstance(stop, str) else list(stop)
+    if len(items) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in items):
+        raise ValueError(f"'stop' must be a non-empty string or a list of at most "
+                         f"{MAX_STOP_STRINGS} non-empty strings")
+    return tuple(dict.fromkeys(items))
+
+
+class ChatDecoder:
+    """Incremental detokenizer with stop strings.
+
+    :meth:`push` takes new token ids and returns the text that became final; the concatenation
+    of everything returned (plus :meth:`flush`) equals :attr:`text`. Text that might still grow
+    into a stop string, and a trailing incomplete UTF-8 character (U+FFFD), are held back.
+    Once a stop string appears, :attr:`stopped` is set, :attr:`text` ends before it and further
+    tokens are ignored; :attr:`token_ids` are the tokens consumed until then.
+    """
+
+    def __init__(self, tokenizer: ChatTokenizer, stop: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self.token_ids: list[int] = []
+        self.stopped = False
+        self._full = ""  # decode(token_ids), up to the stop string once stopped
+        self._sent = 0
+        self._searched = 0
+
+    @property
+    def text(self) -> str:
+        return self._full
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        if self.stopped or not token_ids:
+            return ""
+        self.token_ids.extend(token_ids)
+        self._full = self.tokenizer.decode(self.token_ids)
+        if self.stop:
+            longest = max(len(s) for s in self.stop)
+            start = max(0, self._searched - longest + 1)
+            hits = [i for i in (self._full.find(s, start) for s in self.stop) if i >= 0]
+            self._searched = len(self._full)
+            if hits:
+                self._full = self._full[:min(hits)]
+                self.stopped = True
+                return self.flush()
+        return self._emit(len(self._full) - self._held_back())
+
+    def flush(self) -> str:
+        """Everything not yet returned (call once the request has finished)."""
+        return self._emit(len(self._full))
+
+    def _held_back(self) -> int:
+        text = self._full
+        n = len(text) - len(text.rstrip("\ufffd"))
+        for k in range(min(len(text), max((len(s) for s in self.stop), default=1) - 1), 0, -1):
+            if any(s.startswith(text[-k:]) for s in self.stop):
+                return max(n, k)
+        return n
+
+    def _emit(self, end: int) -> str:
+        if end <= self._sent:
+            return ""
+        out = self._full[self._sent:end]
+        self._sent = end
+        return out
+
+
+@dataclass
+class ChatResult:
+    """One chat completion. ``finish_reason``: ``"stop"`` (end-of-turn token or a stop
+    string) or ``"length"`` (``max_tokens`` or the context limit)."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
+                 temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0,
+                 date_string: str = DEFAULT_DATE, allow_local_images: bool = True
+                 ) -> tuple[GenerateRequest, ChatTokenizer]:
+    """Template, tokenize and preprocess images into a :class:`GenerateRequest` whose
+    ``stop_token_ids`` are the chat's end-of-turn tokens.
+
+    Raises ``ValueError`` subclasses: ``ChatFormatError`` (messages), ``ImageInputError``
+    (images), or ``ValueError`` (not an Mllama engine, bad sampling values).
+    """
+    if not is_mllama(engine):
+        raise ValueError("chat needs a Llama-3.2-Vision (Mllama) model; this engine serves "
+                         f"{type(getattr(engine, 'model', None)).__name__}")
+    tok = ChatTokenizer.for_model(engine.model, engine.tokenizer)
+    ids, images = chat_prompt_ids(tok, messages, date_string, allow_local_images)
+    sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed,
+                              max_new_tokens=max_tokens, stop_token_ids=tok.stop_token_ids)
+    return make_mllama_request(engine.model, ids, images, sampling), tok
+
+
+def finish_reason(output: GenerateOutput | None, decoder: ChatDecoder) -> str:
+    """OpenAI finish reason; RuntimeError for a failed or aborted request."""
+    if decoder.stopped:
+        return "stop"
+    if output is None or output.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
+        reason = output.error if output is not None and output.error else "aborted"
+        raise RuntimeError(f"generation failed: {reason}")
+    return "length" if output.finish_reason == FinishReason.LENGTH else "stop"
+
+
+def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
+         temperature: float = 0.0, seed: int | None = None,
+         stop: str | Sequence[str] | None = None, top_p: float = 1.0,
+         date_string: str = DEFAULT_DATE) -> ChatResult:
+    """Run one chat completion on a (synchronous) :class:`~edserve.engine.engine.Engine`.
+
+    ``messages`` as in :func:`~edserve.multimodal.mllama_chat.render_chat` (images may also be
+    PIL images, bytes or file paths here). ``max_tokens`` None: the engine's
+    ``max_new_tokens``. ``temperature`` 0 is greedy; ``seed`` makes sampling reproducible.
+    Bad input raises ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
+    """
+    request, tok = prepare_chat(engine, messages, max_tokens, temperature, seed, top_p,
+                                date_string)
+    decoder = ChatDecoder(tok, normalize_stop(stop))
+    done: list[GenerateOutput | None] = []
+
+    def on_delta(delta) -> None:
+        was_stopped = decoder.stopped
+        decoder.push(delta.token_ids)
+        if decoder.stopped and not was_stopped and not delta.finished:
+            engine.abort(request.rid)  # stop string: free the row and KV now
+        if delta.finished:
+            done.append(delta.output)
+
+    engine.add_request(request, on_delta)
+    while not done:
+        engine.step()
+    reason = finish_reason(done[0], decoder)
+    decoder.flush()
+    return ChatResult(decoder.text, reason, len(request.prompt_ids), len(decoder.token_ids),
+                      list(decoder.token_ids))

@@ -1,0 +1,54 @@
+"""The tiny random Mllama saved with a made-up chat tokenizer (Llama-3 special tokens as added
+tokens, a WordLevel vocabulary of words over the tiny model's 128 ids), for the chat tests."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny, synthetic_image
+
+SPECIAL = {"<|pad|>": 0, "<|begin_of_text|>": 1, "<|end_of_text|>": 2,
+           "<|start_header_id|>": 3, "<|end_header_id|>": 4, "<|eot_id|>": 5,
+           "<|python_tag|>": 6, "<|eom_id|>": 7, "<|image|>": 128}
+WORDS = ["user", "assistant", "system", "Cutting", "Knowledge", "Date:", "December", "2023",
+         "Today", "26", "Jul", "2024", "describe", "the", "image", "what", "is", "this",
+         "hello", "world", "a", "cat", "dog", "red"]
+STOP_IDS = (2, 7, 5)  # <|end_of_text|>, <|eom_id|>, <|eot_id|> (the tiny config's eos is 2)
+
+
+def chat_vocab() -> dict[str, int]:
+    vocab = dict(SPECIAL)
+    for i, w in enumerate(WORDS):
+        vocab[w] = 8 + i
+    for i in range(8 + len(WORDS), 128):
+        vocab[f"w{i}"] = i
+    return vocab
+
+
+def save_chat_tokenizer(folder: Path) -> Path:
+    """``tokenizer.json``: WordLevel + whitespace split; special tokens split out and skipped
+    when decoding; decoded words are joined by single spaces."""
+    from tokenizers import AddedToken, Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    tok = Tokenizer(WordLevel(chat_vocab(), unk_token="<|pad|>"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in sorted(SPECIAL, key=SPECIAL.get)])
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def save_chat_model(folder: Path) -> Path:
+    """The facts' tiny model (gates randomised) + the chat tokenizer, as an HF folder."""
+    save_hf_tiny(build_hf_tiny(), folder)
+    return save_chat_tokenizer(folder)
+
+
+def png_data_url(width: int, height: int, seed: int = 0) -> str:
+    buf = io.BytesIO()
+    synthetic_image(width, height, seed).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()

@@ -1,0 +1,226 @@
+"""``/v1/chat/completions`` on a live server (tiny random Mllama, uvicorn on 127.0.0.1:<ephemeral>)
+through the official ``openai`` client: image + text, streaming, limits, usage, stop strings,
+concurrency, bad inputs (4xx in OpenAI's shape; the server keeps serving), KV integrity."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from edserve.config import EngineConfig
+from edserve.engine.engine import Engine
+from edserve.multimodal.chat_api import chat
+from edserve.server.config import ServerConfig
+from edserve.server.launch import ServerThread, build
+
+pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+
+from tests.models.mllama.chat_tiny import png_data_url, save_chat_model  # noqa: E402
+
+MODEL, KEY = "tiny-mllama", "chat-key"
+ENGINE = dict(device="cpu", dtype="float32", context_length=128, max_running_requests=4)
+IMG = png_data_url(100, 50)  # 2 tiles at 56 px
+
+
+def _image_msg(text: str = "describe the image", url: str = IMG) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": text}]}]
+
+
+TEXT_MSG = [{"role": "user", "content": "what is this"}]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_chat_model(tmp_path_factory.mktemp("chat_mllama"))
+
+
+@pytest.fixture(scope="module")
+def server(folder):
+    cfg = ServerConfig(api_key=KEY, served_model_name=MODEL, enable_debug_endpoints=True)
+    aengine, app = build(EngineConfig(model=str(folder), **ENGINE), cfg)
+    srv = ServerThread(app, "127.0.0.1", 0).start()
+    srv.aengine = aengine
+    yield srv
+    srv.stop()
+    aengine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0,
+                       timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=120,
+                      headers={"Authorization": f"Bearer {KEY}"}) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def local(folder):
+    """The same model in a synchronous engine, for the Python API."""
+    return Engine(model=str(folder), **ENGINE)
+
+
+def _create(client, messages, **kw):
+    kw.setdefault("temperature", 0)
+    return client.chat.completions.create(model=MODEL, messages=messages, **kw)
+
+
+def _stream(client, messages, **kw) -> tuple[str, str, object]:
+    chunks = list(_create(client, messages, stream=True,
+                          stream_options={"include_usage": True}, **kw))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    return text, finish, chunks[-1].usage
+
+
+def _idle_integrity(http: httpx.Client) -> dict:
+    for _ in range(300):
+        report = http.get("/debug/integrity").json()
+        assert report.get("ok"), report
+        if report["inflight"] == report["running"] == report["waiting"] == 0:
+            assert report["kv_slots_used"] == 0, report
+            return report
+        time.sleep(0.05)
+    raise AssertionError(f"engine never became idle: {report}")
+
+
+@pytest.mark.parametrize("messages", [_image_msg(), TEXT_MSG], ids=["image", "text"])
+def test_stream_equals_non_stream_equals_python_api(client, local, messages):
+    res = _create(client, messages, max_tokens=12)
+    assert res.object == "chat.completion" and res.id.startswith("chatcmpl-")
+    assert res.model == MODEL and res.created > 0
+    choice = res.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason == "length"
+    ref = chat(local, messages, max_tokens=12)
+    assert choice.message.content == ref.text and ref.completion_tokens == 12
+    assert res.usage.prompt_tokens == ref.prompt_tokens == (12 if len(messages[0]["content"])
+                                                            == 2 else 25)
+    assert res.usage.completion_tokens == 12 and res.usage.total_tokens == ref.prompt_tokens + 12
+    text, finish, usage = _stream(client, messages, max_tokens=12)
+    assert (text, finish) == (ref.text, "length")
+    assert usage.completion_tokens == 12 and usage.prompt_tokens == ref.prompt_tokens
+
+
+def test_max_completion_tokens_and_stop_string(client, local):
+    res = _create(client, TEXT_MSG, max_completion_tokens=3)
+    assert res.choices[0].finish_reason == "length" and res.usage.completion_tokens == 3
+    text = chat(local, TEXT_MSG, max_tokens=12).text
+    full = text.split(" ")
+    stop = full[2]  # cut right before the first occurrence of the third word
+    want = text[:text.index(stop)]
+    res = _create(client, TEXT_MSG, max_tokens=12, stop=[stop, "never-seen"])
+    assert (res.choices[0].message.content, res.choices[0].finish_reason) == (want, "stop")
+    assert res.usage.completion_tokens == full.index(stop) + 1
+    text, finish, _ = _stream(client, TEXT_MSG, max_tokens=12, stop=stop)
+    assert (text, finish) == (want, "stop")
+
+
+def test_seeded_sampling_is_reproducible(client):
+    a = _create(client, _image_msg(), max_tokens=8, temperature=1.5, seed=7)
+    b = _create(client, _image_msg(), max_tokens=8, temperature=1.5, seed=7)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_mixed_concurrent_requests_match_solo(client, http):
+    cases = [_image_msg("describe the image"), TEXT_MSG,
+             _image_msg("what is this", png_data_url(300, 40, 1)),
+             [{"role": "user", "content": "hello world"}],
+             _image_msg("a red cat", png_data_url(120, 120, 2)), TEXT_MSG]
+    solo = [_create(client, m, max_tokens=10).choices[0].message.content for m in cases]
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futs = [pool.submit(_create, client, m, max_tokens=10) for m in cases]
+        together = [f.result().choices[0].message.content for f in futs]
+    assert together == solo
+    _idle_integrity(http)
+
+
+BAD = {
+    "remote URL": (dict(messages=_image_msg(url="https://example.com/cat.png")),
+                   "remote image URLs are refused"),
+    "local path": (dict(messages=_image_msg(url="/etc/hostname")), "must be a data: URL"),
+    "undecodable": (dict(messages=_image_msg(url="data:image/png;base64,aGVsbG8=")),
+                    "cannot decode image"),
+    "too many images": (dict(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": IMG}}] * 5}]), "too many images"),
+    "system + image": (dict(messages=[{"role": "system", "content": "be brief"}]
+                            + _image_msg()), "incompatible with system messages"),
+    "image token in text": (dict(messages=[{"role": "user", "content": "a <|image|> b"}]),
+                            "must match"),
+    "temperature 3": (dict(messages=TEXT_MSG, temperature=3), "'temperature'"),
+    "max_tokens 0": (dict(messages=TEXT_MSG, max_tokens=0), "'max_tokens'"),
+    "missing messages": (dict(), "'messages' is required"),
+    "bad role": (dict(messages=[{"role": "robot", "content": "hi"}]), "role"),
+    "bad part": (dict(messages=[{"role": "user", "content": [{"type": "audio"}]}]),
+                 "unsupported content part"),
+    "n=2": (dict(messages=TEXT_MSG, n=2), "n=1"),
+    "stop list": (dict(messages=TEXT_MSG, stop=[""]), "'stop'"),
+    "too long": (dict(messages=[{"role": "user", "content": "cat " * 200}]), "positions"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_inputs_are_4xx_with_openai_shape(http, name):
+    body, needle = BAD[name]
+    r = http.post("/v1/chat/completions", json={"model": MODEL, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error" and needle in err["message"], err
+
+
+def test_errors_through_openai_client_then_still_serving(server, client, http):
+    with pytest.raises(openai.BadRequestError, match="incompatible with system"):
+        _create(client, [{"role": "system", "content": "x"}] + _image_msg())
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=TEXT_MSG)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong",
+                      max_retries=0).chat.completions.create(model=MODEL, messages=TEXT_MSG)
+    assert http.post("/v1/chat/completions", content=b"{not json",
+                     headers={"content-type": "application/json"}).status_code == 400
+    assert _create(client, _image_msg(), max_tokens=2).usage.completion_tokens == 2
+    _idle_integrity(http)
+
+
+def test_audio_route_on_mllama_is_400(http):
+    r = http.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"RIFF")},
+                  data={"model": MODEL})
+    assert r.status_code == 400 and "does not take audio" in r.json()["error"]["message"]
+
+
+def test_client_disconnect_aborts_and_frees_kv(server, http):
+    before = server.aengine.engine.scheduler.num_generated_tokens
+    body = {"model": MODEL, "messages": _image_msg(), "max_tokens": 100, "temperature": 0,
+            "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"}) as c:
+        with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())  # the role chunk, then hang up mid-generation
+    _idle_integrity(http)
+    generated = server.aengine.engine.scheduler.num_generated_tokens - before
+    assert generated < 100  # aborted: it never ran to max_tokens
+
+
+def test_chat_on_whisper_server_is_400():
+    """A Whisper engine (tiny.en) behind the app: the chat route refuses with a clear 400."""
+    from fastapi.testclient import TestClient
+
+    from edserve.engine.async_engine import AsyncEngine
+    from edserve.server.app import create_app
+
+    aengine = AsyncEngine(Engine(EngineConfig(device="cpu", max_running_requests=1)))
+    with TestClient(create_app(aengine, ServerConfig())) as tc:
+        r = tc.post("/v1/chat/completions", json={"model": "whisper-1", "messages": TEXT_MSG})
+    assert r.status_code == 400
+    assert "Whisper" in r.json()["error"]["message"]
