@@ -15,6 +15,11 @@ from edserve.kernels.flat_attention import flat_attention
 from edserve.layers.attention import torch_ops
 
 SCALE = 0.125
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
+
+
+def _dev(x):
+    return x.to(DEV) if torch.is_tensor(x) else x
 
 
 def make_flat(kv_lens, q_lens, ps, hq, hkv, d, dtype=torch.float32, seed=0):
@@ -37,32 +42,63 @@ def make_flat(kv_lens, q_lens, ps, hq, hkv, d, dtype=torch.float32, seed=0):
         pos = torch.arange(start[b] + kv_lens[b])
         slots = pages[pos // ps] * ps + pos % ps
         r2t[pool_rows[b], : len(pos)] = slots
-        keys = slots[start[b]:]  # only this request's keys get finite values
+        keys = slots[start[b] :]  # only this request's keys get finite values
         k[keys] = torch.randn(len(keys), hkv, d, generator=g, dtype=torch.float64)
         v[keys] = torch.randn(len(keys), hkv, d, generator=g, dtype=torch.float64)
     cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
     q = torch.randn(int(cu[-1]), hq, d, generator=g, dtype=torch.float64)
     i32 = dict(dtype=torch.int32)
     pool_rows = torch.tensor(pool_rows, dtype=torch.long)
-    return dict(q=q.to(dtype), k_cache=k.to(dtype), v_cache=v.to(dtype),
-                req_to_token=r2t.to(torch.int32), req_pool_indices=pool_rows,
-                kv_start=torch.tensor(start, **i32), kv_lens=torch.tensor(kv_lens, **i32),
-                cu_q=cu, max_q=max(q_lens, default=0))
+    return dict(
+        q=q.to(dtype),
+        k_cache=k.to(dtype),
+        v_cache=v.to(dtype),
+        req_to_token=r2t.to(torch.int32),
+        req_pool_indices=pool_rows,
+        kv_start=torch.tensor(start, **i32),
+        kv_lens=torch.tensor(kv_lens, **i32),
+        cu_q=cu,
+        max_q=max(q_lens, default=0),
+    )
 
 
 def reference(a, causal, kv_ranges=None):
     return torch_ops.flat_attention(
-        a["q"].double(), a["k_cache"].double(), a["v_cache"].double(), a["req_to_token"],
-        a["req_pool_indices"], a["kv_start"], a["kv_lens"], a["cu_q"], a["max_q"], causal, SCALE,
-        kv_ranges)
+        a["q"].double(),
+        a["k_cache"].double(),
+        a["v_cache"].double(),
+        a["req_to_token"],
+        a["req_pool_indices"],
+        a["kv_start"],
+        a["kv_lens"],
+        a["cu_q"],
+        a["max_q"],
+        causal,
+        SCALE,
+        kv_ranges,
+    )
 
 
 def run(a, causal, num_splits=None, out=None, kv_ranges=None):
-    if out is None:
-        out = torch.full_like(a["q"], float("nan"))  # poison: every element must be written
-    return flat_attention(a["q"], a["k_cache"], a["v_cache"], a["req_to_token"],
-                          a["req_pool_indices"], a["kv_start"], a["kv_lens"], a["cu_q"],
-                          a["max_q"], causal, SCALE, kv_ranges, out=out, num_splits=num_splits)
+    a = {k: _dev(v) for k, v in a.items()}  # the kernel runs where the GPU is, if any
+    out = torch.full_like(a["q"], float("nan")) if out is None else _dev(out)  # poison
+    kv_ranges = _dev(kv_ranges)
+    return flat_attention(
+        a["q"],
+        a["k_cache"],
+        a["v_cache"],
+        a["req_to_token"],
+        a["req_pool_indices"],
+        a["kv_start"],
+        a["kv_lens"],
+        a["cu_q"],
+        a["max_q"],
+        causal,
+        SCALE,
+        kv_ranges,
+        out=out,
+        num_splits=num_splits,
+    ).cpu()
 
 
 def check(out, ref, tol=1e-5):
@@ -108,8 +144,9 @@ def test_group_not_power_of_two_and_all_empty():
 def test_kv_ranges():
     """Per-token key windows (Mllama cross-attention masks), including empty windows."""
     a = make_flat([130, 0, 40], [3, 1, 2], 4, hq=4, hkv=2, d=32, seed=9)
-    rng = torch.tensor([[0, 130], [70, 129], [65, 200], [0, 0], [5, 6], [30, 10]],
-                       dtype=torch.int64)
+    rng = torch.tensor(
+        [[0, 130], [70, 129], [65, 200], [0, 0], [5, 6], [30, 10]], dtype=torch.int64
+    )
     ref = reference(a, False, rng)
     for splits in (1, 2):
         check(run(a, False, num_splits=splits, kv_ranges=rng), ref)

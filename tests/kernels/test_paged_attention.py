@@ -19,6 +19,11 @@ from edserve.kernels.paged_attention import (
 from edserve.layers.attention import torch_ops
 
 SCALE = 0.125
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
+
+
+def _dev(x):
+    return x.to(DEV) if torch.is_tensor(x) else x
 
 
 def make_paged(kv_lens, q_lens, ps, hq, hkv, d, dtype=torch.float32, seed=0):
@@ -45,23 +50,55 @@ def make_paged(kv_lens, q_lens, ps, hq, hkv, d, dtype=torch.float32, seed=0):
     cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
     q = torch.randn(int(cu[-1]), hq, d, generator=g, dtype=torch.float64)
     i32 = dict(dtype=torch.int32)
-    return dict(q=q.to(dtype), k_cache=k.to(dtype), v_cache=v.to(dtype),
-                page_table=table.to(torch.int32), kv_start_page=torch.tensor(start, **i32),
-                kv_lens=torch.tensor(kv_lens, **i32), cu_q=cu, max_q=max(q_lens, default=0))
+    return dict(
+        q=q.to(dtype),
+        k_cache=k.to(dtype),
+        v_cache=v.to(dtype),
+        page_table=table.to(torch.int32),
+        kv_start_page=torch.tensor(start, **i32),
+        kv_lens=torch.tensor(kv_lens, **i32),
+        cu_q=cu,
+        max_q=max(q_lens, default=0),
+    )
 
 
 def reference(a, causal, ps, kv_ranges=None):
     return torch_ops.paged_attention(
-        a["q"].double(), a["k_cache"].double(), a["v_cache"].double(), a["page_table"],
-        a["kv_start_page"], a["kv_lens"], a["cu_q"], a["max_q"], causal, SCALE, ps, kv_ranges)
+        a["q"].double(),
+        a["k_cache"].double(),
+        a["v_cache"].double(),
+        a["page_table"],
+        a["kv_start_page"],
+        a["kv_lens"],
+        a["cu_q"],
+        a["max_q"],
+        causal,
+        SCALE,
+        ps,
+        kv_ranges,
+    )
 
 
 def run(a, causal, ps, num_splits=None, out=None, kv_ranges=None):
-    if out is None:
-        out = torch.full_like(a["q"], float("nan"))  # poison: every element must be written
-    return paged_attention(a["q"], a["k_cache"], a["v_cache"], a["page_table"],
-                           a["kv_start_page"], a["kv_lens"], a["cu_q"], a["max_q"], causal,
-                           SCALE, ps, kv_ranges, out=out, num_splits=num_splits)
+    a = {k: _dev(v) for k, v in a.items()}  # the kernel runs where the GPU is, if any
+    out = torch.full_like(a["q"], float("nan")) if out is None else _dev(out)  # poison
+    kv_ranges = _dev(kv_ranges)
+    return paged_attention(
+        a["q"],
+        a["k_cache"],
+        a["v_cache"],
+        a["page_table"],
+        a["kv_start_page"],
+        a["kv_lens"],
+        a["cu_q"],
+        a["max_q"],
+        causal,
+        SCALE,
+        ps,
+        kv_ranges,
+        out=out,
+        num_splits=num_splits,
+    ).cpu()
 
 
 def check(out, ref, tol=1e-5):
@@ -114,8 +151,7 @@ def test_group_not_power_of_two_and_all_empty():
 def test_kv_ranges():
     """Per-token key windows (Mllama cross-attention masks), including empty windows."""
     a = make_paged([70, 0, 40], [3, 1, 2], 16, hq=4, hkv=2, d=32, seed=9)
-    rng = torch.tensor([[0, 70], [20, 37], [65, 200], [0, 0], [5, 6], [30, 10]],
-                       dtype=torch.int32)
+    rng = torch.tensor([[0, 70], [20, 37], [65, 200], [0, 0], [5, 6], [30, 10]], dtype=torch.int32)
     ref = reference(a, False, 16, rng)
     for splits in (1, 2):
         check(run(a, False, 16, num_splits=splits, kv_ranges=rng), ref)
@@ -171,8 +207,7 @@ def test_input_validation():
     bad("multiple of kv heads", q=torch.randn(3, 3, 32))
     bad("head_dim mismatch", q=torch.randn(3, 4, 16))
     bad("dtype mismatch", q=a["q"].double())
-    bad("dtype", q=a["q"].double(), k_cache=a["k_cache"].double(),
-        v_cache=a["v_cache"].double())
+    bad("dtype", q=a["q"].double(), k_cache=a["k_cache"].double(), v_cache=a["v_cache"].double())
     bad("k_cache", v_cache=a["v_cache"][:-16])
     bad("page_table", page_table=a["page_table"][:1])
     bad("int32 or int64", kv_lens=a["kv_lens"].float())
