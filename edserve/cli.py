@@ -11,18 +11,47 @@ import sys
 
 from edserve.config import EngineConfig, add_config_args, config_from_args
 
+OUTPUT_FORMATS = ("text", "json", "srt", "vtt", "verbose_json", "all")
+
 
 def _add_transcribe(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("transcribe", help="Transcribe audio files (Whisper).",
+    p = sub.add_parser("transcribe", help="Transcribe audio files of any length (Whisper).",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("files", nargs="+", help="Audio files (wav, flac, mp3, ogg, m4a, ...).")
-    p.add_argument("--output-format", default="text", choices=("text", "json", "srt", "vtt"),
-                   help="text: one line per file; json: one JSON object per file per line.")
+    p.add_argument("--output-format", default="text", choices=OUTPUT_FORMATS,
+                   help="text: one line per file; json: one JSON object per file per line "
+                   "(file, text, duration, language, segments); srt/vtt: subtitles; all: "
+                   "every format (needs --output-dir).")
+    p.add_argument("--output-dir", nargs="?", const="", default=None, metavar="DIR",
+                   help="Write <name>.<ext> files into DIR (no DIR: next to each input) "
+                   "instead of printing.")
     p.add_argument("--language", default=None, help="Spoken language code (default: en).")
     p.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="First temperature; windows fall back to +0.2 steps up to 1.0.")
+    p.add_argument("--initial-prompt", default=None, help="Text to condition the first window.")
+    p.add_argument("--condition-on-previous-text", action="store_true",
+                   help="Prompt each 30 s window with the previous window's text.")
     add_config_args(p, EngineConfig)
     p.set_defaults(func=_run_transcribe)
+
+
+def _write_outputs(result, fmt: str, output_dir: str | None) -> None:
+    from pathlib import Path
+
+    from edserve.whisper.formats import EXTENSIONS, FORMATTERS
+
+    formats = [f for f in FORMATTERS if fmt == "all" or f == fmt]
+    if output_dir is None:
+        sys.stdout.write(FORMATTERS[fmt](result))
+        return
+    src = Path(result.source)
+    folder = Path(output_dir) if output_dir else src.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in formats:
+        path = folder / f"{src.stem}.{EXTENSIONS[f]}"
+        path.write_text(FORMATTERS[f](result), encoding="utf-8")
+        print(f"edserve: wrote {path}", file=sys.stderr)
 
 
 def _run_transcribe(args: argparse.Namespace) -> int:
@@ -31,9 +60,12 @@ def _run_transcribe(args: argparse.Namespace) -> int:
     from edserve.audio.decode import load_audio
     from edserve.audio.errors import AudioError
     from edserve.engine.engine import Engine
-    from edserve.whisper.formats import FORMATTERS
+    from edserve.whisper.options import TranscribeOptions, temperature_schedule
     from edserve.whisper.transcribe import transcribe
 
+    if args.output_format == "all" and args.output_dir is None:
+        print("edserve: --output-format all needs --output-dir", file=sys.stderr)
+        return 2
     engine = Engine(config_from_args(args, EngineConfig))
     audios, names, failed = [], [], 0
     for path in args.files:
@@ -43,18 +75,23 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         except (AudioError, OSError) as exc:
             print(f"edserve: {exc}", file=sys.stderr)
             failed += 1
-    fmt = FORMATTERS[args.output_format]
+    timed = args.output_format not in ("text", "json")
     with tqdm(total=len(names), desc="transcribing", unit="file", file=sys.stderr,
               disable=len(names) < 2) as bar:
         try:
-            results = transcribe(engine, audios, language=args.language, task=args.task,
-                                 temperature=args.temperature, on_finish=lambda _: bar.update())
-        except (AudioError, ValueError) as exc:
+            options = TranscribeOptions(
+                language=args.language, task=args.task,
+                temperatures=temperature_schedule(args.temperature), seed=args.seed,
+                initial_prompt=args.initial_prompt, timestamps=True if timed else None,
+                condition_on_previous_text=args.condition_on_previous_text)
+            results = transcribe(engine, audios, options=options,
+                                 on_finish=lambda _: bar.update())
+        except (AudioError, ValueError, RuntimeError) as exc:
             print(f"edserve: {exc}", file=sys.stderr)
             return 2
     for name, result in zip(names, results, strict=True):
         result.source = name
-        sys.stdout.write(fmt(result))
+        _write_outputs(result, args.output_format, args.output_dir)
     return 1 if failed else 0
 
 

@@ -23,7 +23,8 @@ class ServerConfig:
     max_upload_mb: float = _f(25.0, "Largest accepted upload in MiB (larger: 413).")
     max_audio_seconds: float = _f(3600.0, "Longest accepted audio in seconds (longer: 400).")
     condition_on_previous_text: bool = _f(
-        True, "Prompt each 30 s window with the previous window's text.")
+        False, "Prompt each 30 s window with the previous window's text (<|startofprev|>); "
+        "off by default: small models tend to repeat the prompt.")
     compression_ratio_threshold: float = _f(
         2.4, "Decode a window again at a higher temperature when its text's zlib compression "
         "ratio exceeds this (repetition).")

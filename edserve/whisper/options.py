@@ -36,7 +36,9 @@ class TranscribeOptions:
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
-    condition_on_previous_text: bool = True
+    # openai-whisper defaults to True; off here because tiny models often repeat the previous
+    # window's text when prompted with it (seen on tests/data clips joined with pauses).
+    condition_on_previous_text: bool = False
     initial_prompt: str | None = None
     max_initial_timestamp: float = 1.0
     suppress_blank: bool = True

@@ -1,0 +1,40 @@
+"""Helpers shared by the server tests (audio uploads, the idle + integrity check)."""
+
+from __future__ import annotations
+
+import io
+import time
+import wave
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+DATA = Path(__file__).parent.parent / "data"
+CLIPS = ["jfk", "librivox_0870", "cards_005"]
+API_KEY = "test-key"
+MAX_UPLOAD_MB = 4.0
+MAX_AUDIO_SECONDS = 90.0
+
+
+def wav_bytes(audio: np.ndarray, rate: int = 16000) -> bytes:
+    """16-bit mono WAV of float samples in [-1, 1]."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+def integrity(http: httpx.Client) -> dict:
+    """Wait (bounded) until the engine is idle, then run the KV integrity check."""
+    for _ in range(600):
+        report = http.get("/debug/integrity").json()
+        assert report.get("ok"), report
+        if report["inflight"] == 0 and report["running"] == 0 and report["waiting"] == 0:
+            assert report["kv_slots_used"] == 0, report
+            return report
+        time.sleep(0.1)
+    raise AssertionError(f"engine never became idle: {report}")

@@ -1,0 +1,123 @@
+"""Bounded load through the ``openai`` client, and clients that disconnect mid-request."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+
+from .server_helpers import API_KEY, CLIPS, DATA, integrity
+
+# 200 requests at concurrency 32 (~1 req/s on 2 busy cores: ~3.5 min); override with
+# EDSERVE_LOAD_REQUESTS / EDSERVE_LOAD_CONCURRENCY.
+REQUESTS = int(os.environ.get("EDSERVE_LOAD_REQUESTS", "200"))
+CONCURRENCY = int(os.environ.get("EDSERVE_LOAD_CONCURRENCY", "32"))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _live_tensors() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
+
+
+def _slope(ys: list[int]) -> float:
+    """Least-squares slope of ``ys`` against their index (bytes per request)."""
+    n = len(ys)
+    mx, my = (n - 1) / 2, sum(ys) / n
+    return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum((i - mx) ** 2
+                                                                     for i in range(n))
+
+
+def test_load_identical_text_and_bounded_rss(client, http):
+    audio = {c: (DATA / f"{c}.wav").read_bytes() for c in CLIPS}
+    expected = {c: client.audio.transcriptions.create(model="whisper-1",
+                                                      file=(f"{c}.wav", audio[c])).text
+                for c in CLIPS}
+    tensors_before = _live_tensors()
+    rss: list[int] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> tuple[str, str]:
+        clip = CLIPS[i % len(CLIPS)]
+        text = client.audio.transcriptions.create(model="whisper-1",
+                                                  file=(f"{clip}.wav", audio[clip])).text
+        with lock:
+            rss.append(_rss_bytes())
+        return clip, text
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        results = list(pool.map(one, range(REQUESTS)))
+    elapsed = time.perf_counter() - start
+    assert len(results) == REQUESTS
+    for clip, text in results:
+        assert text == expected[clip], clip
+    # RSS swings by tens of MiB with each batch's activations; a leak shows as a trend.
+    second = rss[len(rss) // 2:]
+    growth = _slope(second) * len(second)
+    deciles = [rss[len(rss) * k // 10] // 2**20 for k in range(10)] + [rss[-1] // 2**20]
+    assert growth < 64 * 2**20, f"RSS trend +{growth / 2**20:.1f} MiB over the second half; " \
+        f"deciles (MiB): {deciles}"
+    integrity(http)
+    assert _live_tensors() <= tensors_before + 16  # nothing per request stays alive
+    print(f"\n{REQUESTS} requests at concurrency {CONCURRENCY}: {elapsed:.1f} s, "
+          f"{REQUESTS / elapsed:.2f} req/s, RSS deciles (MiB) {deciles}")
+
+
+@pytest.fixture
+def aborts(live_server, monkeypatch):
+    """Record the request ids the engine is asked to abort."""
+    engine = live_server[1].engine
+    seen: list[str] = []
+    original = engine.abort
+
+    def recording(rid: str) -> None:
+        seen.append(rid)
+        original(rid)
+
+    monkeypatch.setattr(engine, "abort", recording)
+    return seen
+
+
+def _wait_for(cond, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_stream_disconnect_aborts_and_frees_kv(base_url, http, long_clip, aborts):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.Client(base_url=base_url, timeout=120, headers=headers) as c:
+        with open(long_clip[0], "rb") as f:
+            with c.stream("POST", "/v1/audio/transcriptions", files={"file": f},
+                          data={"model": "whisper-1", "stream": "true"}) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if "transcript.text.delta" in line:
+                        break  # got the first segment; the rest is still being decoded
+    _wait_for(lambda: aborts)
+    report = integrity(http)
+    assert report["kv_slots_used"] == 0
+
+
+def test_request_disconnect_aborts_and_frees_kv(base_url, http, long_clip, aborts):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    data = long_clip[0].read_bytes()
+    with httpx.Client(base_url=base_url, timeout=httpx.Timeout(60, read=1.0),
+                      headers=headers) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            c.post("/v1/audio/transcriptions", files={"file": ("long.wav", data)},
+                   data={"model": "whisper-1"})
+    _wait_for(lambda: aborts)
+    integrity(http)
