@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -87,7 +86,7 @@ def run_hf(model, feats: torch.Tensor, new_tokens: int) -> float:
         out = GenerationMixin.generate(model, input_features=feats, decoder_input_ids=prompt,
                                        max_new_tokens=new_tokens, do_sample=False)
         sync(str(feats.device))
-    assert out.shape[1] == len(PROMPT) + new_tokens, out.shape
+    assert out.shape[1] == len(PROMPT) + new_tokens, out.shape  # EOS ignored: forced length
     return time.perf_counter() - t0
 
 
@@ -107,28 +106,50 @@ def run_edserve(engine, feats: torch.Tensor, new_tokens: int) -> float:
     return time.perf_counter() - t0
 
 
-@contextmanager
-def skip_attention(engine, which: str | None):
-    """Leave cross- or self-attention out of every decode step (for the time split)."""
+def attention_split_ms(engine, feats: torch.Tensor, steps: int = 10) -> tuple[float, ...]:
+    """GPU time per eager decode step: (cross-attention, self-attention, everything else).
+
+    Each attention call is wrapped in a profiler range; kernel time inside the ranges is
+    attributed to them, the remaining kernel time of the steps is "rest"."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
     backend = engine.pools.backend
-    original = backend.attend
-    if which is not None:
-        def attend(q, k_cache, v_cache, layer, batch, plan, cross):
-            if cross == (which == "cross"):
-                return torch.zeros_like(q)
-            return original(q, k_cache, v_cache, layer, batch, plan, cross)
-        backend.attend = attend
+    original = backend.forward
+
+    def forward(q, k, v, layer, batch):
+        with record_function("edserve.cross_attn" if layer.is_cross else "edserve.self_attn"):
+            return original(q, k, v, layer, batch)
+
+    for r in requests(feats, steps + 5):
+        engine.add_request(r)
+    engine.step()
+    while engine.scheduler.waiting:
+        engine.step()
+    engine.step()
+    backend.forward = forward
     try:
-        yield
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                engine.step()
+            torch.cuda.synchronize()
     finally:
-        backend.attend = original
+        backend.forward = original
+    while engine.has_work():
+        engine.step()
+    ranges = {e.key: e.device_time_total for e in prof.key_averages()}
+    kernels = sum(e.self_device_time_total for e in prof.key_averages())
+    cross = ranges.get("edserve.cross_attn", 0.0) / steps / 1000
+    self_ = ranges.get("edserve.self_attn", 0.0) / steps / 1000
+    return cross, self_, kernels / steps / 1000 - cross - self_
 
 
 def decode_step_ms(engine, feats: torch.Tensor, steps: int = 20) -> float:
     """Median wall time of one engine decode step with every request running."""
     for r in requests(feats, steps + 5):
         engine.add_request(r)
-    engine.step()  # prefill
+    engine.step()
+    while engine.scheduler.waiting:  # prefill until every request is decoding
+        engine.step()
     times = []
     dev = str(feats.device)
     for _ in range(steps):
@@ -202,14 +223,17 @@ def main() -> None:
             feats = (torch.randn(conc, ARCHS[arch]["n_mels"], 3000, generator=gen) * 0.5).to(
                 device=dev, dtype=dtype)
             floor = conc * 30 / floor_seconds(arch, conc, args.new_tokens, bw, flops)
-            run_hf(hf, feats[:1], 2)  # warm-up
+            run_hf(hf, feats, args.new_tokens)  # warm-up at the timed shape
             if dev == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             t_hf = run_hf(hf, feats, args.new_tokens)
+            t_hf1 = run_hf(hf, feats, 1)
+            hf_step = 1000 * (t_hf - t_hf1) / (args.new_tokens - 1)
             hf_rate = conc * 30 / t_hf
             peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else 0.0
             print(f"{arch:9s} {conc:4d}  {'HF generate (sdpa)':20s} {hf_rate:9.0f}  1.00 "
-                  f"{floor:11.0f}  {100 * hf_rate / floor:5.1f}  {'':7s}  {'':18s}  {peak:7.1f}")
+                  f"{floor:11.0f}  {100 * hf_rate / floor:5.1f}  {hf_step:7.2f}  {'':18s}  "
+                  f"{peak:7.1f}")
             rows.append(dict(arch=arch, conc=conc, system="hf", rate=hf_rate, floor=floor))
             for spec in args.configs:
                 strategy, ps, mode = spec.split(":")
@@ -227,15 +251,9 @@ def main() -> None:
                 peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else 0.0
                 step = decode_step_ms(engine, feats)
                 split = ""
-                if args.split:
-                    engine.runner.graph_runner = None  # eager, so stages can be left out
-                    full = decode_step_ms(engine, feats)
-                    with skip_attention(engine, "cross"):
-                        no_cross = decode_step_ms(engine, feats)
-                    with skip_attention(engine, "self"):
-                        no_self = decode_step_ms(engine, feats)
-                    cross, self_ = full - no_cross, full - no_self
-                    split = f"{cross:5.2f}/{self_:5.2f}/{full - cross - self_:5.2f}"
+                if args.split and dev == "cuda":
+                    engine.runner.graph_runner = None  # eager, so the profiler sees kernels
+                    split = "{:5.3f}/{:5.3f}/{:5.3f}".format(*attention_split_ms(engine, feats))
                 engine.check_integrity()
                 name = f"edserve {strategy} ps{ps} {mode}"
                 print(f"{arch:9s} {conc:4d}  {name:20s} {rate:9.0f} {rate / hf_rate:5.2f} "

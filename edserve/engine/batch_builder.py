@@ -109,15 +109,15 @@ def build_prefill(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
 def build_decode(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
     """One new slot per running request at column ``row_len``; None (no change) on shortage."""
     rtp, dev = pools.req_to_token_pool, pools.device
+    col_list = [r.row_len for r in reqs]  # column of each new token
+    if max(col_list) >= rtp.max_context_len:
+        raise RuntimeError("decode step past max_context_len (scheduler limit violated)")
     rows = _int_tensor([r.req_pool_idx for r in reqs], dev, torch.int64)
-    cols = _int_tensor([r.row_len for r in reqs], dev, torch.int64)  # column of the new token
+    cols = _int_tensor(col_list, dev, torch.int64)
     last_loc = rtp.req_to_token[rows, cols - 1].long()
     locs = pools.allocator.alloc_decode(cols + 1, last_loc)
     if locs is None:
         return None
-    if int(cols.max()) >= rtp.max_context_len:
-        pools.allocator.free(locs)
-        raise RuntimeError("decode step past max_context_len (scheduler limit violated)")
     rtp.req_to_token[rows, cols] = locs.to(torch.int32)
     for r in reqs:
         r.kv_len += 1

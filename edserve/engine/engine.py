@@ -82,7 +82,7 @@ class Engine:
         eos = self.model.config.eos_token_id
         limits = SchedulerLimits(
             max_running_requests=self.pools.req_to_token_pool.size,
-            max_prefill_tokens=max(8192, self.max_row_len),
+            max_prefill_tokens=max(config.max_prefill_tokens, self.max_row_len),
             eos_token_id=eos,
             max_decoder_len=self.max_decoder_len)
         graphs = None
