@@ -1,0 +1,131 @@
+"""AsyncEngine: concurrent submits share the engine, streams match generate, cancellation
+aborts (KV freed), KV exhaustion queues instead of failing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from whisper_fixtures import make_random_whisper
+
+from edserve.engine.async_engine import AsyncEngine
+from edserve.engine.engine import Engine
+from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_random_whisper(tmp_path_factory.mktemp("async_whisper"))
+
+
+def _requests(n: int, new_tokens: int = 12, seed: int = 0) -> list[GenerateRequest]:
+    g = torch.Generator().manual_seed(seed)
+    return [GenerateRequest([50257], torch.randn(80, 3000, generator=g) * 0.5,
+                            SamplingParams(max_new_tokens=new_tokens + i % 3, ignore_eos=True))
+            for i in range(n)]
+
+
+def _run(aengine: AsyncEngine, coro):
+    try:
+        return asyncio.run(coro)
+    finally:
+        aengine.shutdown()
+
+
+def _idle_check(engine: Engine) -> None:
+    engine.check_integrity()
+    assert engine.pools.allocator.available_size() == engine.pools.allocator.size
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def test_concurrent_generate_matches_sync(model_dir):
+    reference = Engine(model=str(model_dir)).generate(_requests(6))
+    engine = Engine(model=str(model_dir), max_running_requests=4)
+    aengine = AsyncEngine(engine).start()
+
+    async def main():
+        return await asyncio.gather(*(aengine.generate(r) for r in _requests(6)))
+
+    outs = _run(aengine, main())
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+    assert all(o.finish_reason == FinishReason.LENGTH for o in outs)
+    _idle_check(engine)
+
+
+def test_stream_deltas_match_output(model_dir):
+    engine = Engine(model=str(model_dir))
+    aengine = AsyncEngine(engine).start()
+
+    async def main():
+        tokens, last = [], None
+        async for delta in aengine.stream(_requests(1, 9)[0]):
+            tokens += delta.token_ids
+            last = delta
+        return tokens, last
+
+    tokens, last = _run(aengine, main())
+    assert last.finished and last.output.token_ids == tokens and len(tokens) == 9
+    _idle_check(engine)
+
+
+def test_cancel_aborts_and_frees_kv(model_dir):
+    engine = Engine(model=str(model_dir))
+    aengine = AsyncEngine(engine).start()
+    aborted = []
+    original = engine.abort
+    engine.abort = lambda rid: (aborted.append(rid), original(rid))
+
+    async def main():
+        req = _requests(1, 400)[0]
+        stream = aengine.stream(req)
+        async for delta in stream:
+            if delta.token_ids:
+                break  # the consumer goes away mid-stream
+        await stream.aclose()
+        long = asyncio.ensure_future(aengine.generate(_requests(1, 400, seed=1)[0]))
+        await asyncio.sleep(0.3)
+        long.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await long
+        for _ in range(400):  # bounded wait for the engine thread to process the aborts
+            if aengine.num_inflight == 0 and not engine.has_work():
+                break
+            await asyncio.sleep(0.05)
+        await aengine.call(engine.check_integrity)
+        return req.rid
+
+    rid = _run(aengine, main())
+    assert rid in aborted and len(aborted) == 2
+    _idle_check(engine)
+
+
+def test_kv_exhaustion_queues(model_dir):
+    probe = Engine(model=str(model_dir), page_size="1")
+    need = probe.make_req(_requests(1, 20)[0]).reserved_slots
+    engine = Engine(model=str(model_dir), page_size="1", max_total_tokens=2 * need + 10)
+    aengine = AsyncEngine(engine).start()
+
+    async def main():
+        return await asyncio.gather(*(aengine.generate(r) for r in _requests(7, 18)))
+
+    outs = _run(aengine, main())
+    assert all(o.finish_reason == FinishReason.LENGTH and o.error is None for o in outs)
+    _idle_check(engine)
+
+
+def test_invalid_request_raises_and_call_runs_on_engine_thread(model_dir):
+    engine = Engine(model=str(model_dir))
+    aengine = AsyncEngine(engine).start()
+
+    async def main():
+        with pytest.raises(ValueError):
+            await aengine.generate(GenerateRequest([], torch.zeros(80, 3000)))
+        import threading
+
+        name = await aengine.call(lambda: threading.current_thread().name)
+        assert name == "edserve-engine"
+        assert aengine.is_alive and aengine.num_inflight == 0
+
+    _run(aengine, main())
+    assert not aengine.is_alive
