@@ -6,6 +6,7 @@ import gc
 import os
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -27,7 +28,9 @@ def _rss_bytes() -> int:
 
 def _live_tensors() -> int:
     gc.collect()
-    return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
+    with warnings.catch_warnings():  # isinstance() on some torch module objects warns
+        warnings.simplefilter("ignore")
+        return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor))
 
 
 def _slope(ys: list[int]) -> float:
