@@ -24,3 +24,44 @@ def test_serve_flags_build_both_configs():
         (0, "k", 2.0, 60.0)
     assert server.condition_on_previous_text and server.host == "127.0.0.1"
     assert engine.page_size == "16"
+
+
+def test_edserve_serve_subprocess(tmp_path):
+    """The real command: starts, binds 127.0.0.1, transcribes, exits on SIGTERM."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+    import openai
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "edserve", "serve", "--port", str(port),
+                             "--api-key", "k", "--max-running-requests", "2"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, timeout=120)
+        clip = Path(__file__).parent.parent / "data" / "cards_005.wav"
+        text = client.audio.transcriptions.create(model="whisper-1", file=clip.open("rb"),
+                                                  response_format="text")
+        assert "spades" in text
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
