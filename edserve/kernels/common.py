@@ -104,7 +104,7 @@ def _store_rows(Out, PartO, PartLse, acc, m, lsum, tok, hq, row_valid, d, split,
         tl.store(ptr, o.to(Out.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "NUM_SPLITS"])
 def _combine_splits_kernel(PartO, PartLse, Out, num_tokens, num_q_heads, stride_ot, stride_oh,
                            NUM_SPLITS, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                            BLOCK_D: tl.constexpr):

