@@ -32,35 +32,40 @@ def _int_tensor(values: list[int], device: torch.device, dtype=torch.int32) -> t
 
 
 def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[int],
-                positions: torch.Tensor, out_cache_loc: torch.Tensor,
+                positions: torch.Tensor | None, out_cache_loc: torch.Tensor,
                 encoder_out_cache_loc: torch.Tensor | None) -> ForwardBatch:
-    dev = pools.device
-    cu = [0]
-    for n in q_lens:
-        cu.append(cu[-1] + n)
+    """positions None: one new token per request, at position ``kv_len - 1`` (decode)."""
+    B = len(reqs)
     seq = [r.kv_len for r in reqs]
+    enc = [r.encoder_len for r in reqs]
+    cu = [0] * (B + 1)
+    host: list[int] = []  # one host->device copy for every per-request index
+    for i, (r, n) in enumerate(zip(reqs, q_lens, strict=True)):
+        cu[i + 1] = cu[i] + n
+        host += (r.req_pool_idx, seq[i], seq[i] - n, enc[i], r.enc_region)
+    cols = torch.tensor(host, dtype=torch.int64).view(B, 5).t().contiguous().to(pools.device)
     batch = ForwardBatch(
         mode=mode,
-        req_pool_indices=_int_tensor([r.req_pool_idx for r in reqs], dev, torch.int64),
-        seq_lens=_int_tensor(seq, dev),
-        prefix_lens=_int_tensor([s - n for s, n in zip(seq, q_lens, strict=True)], dev),
-        cu_q=_int_tensor(cu, dev),
+        req_pool_indices=cols[0],
+        seq_lens=cols[1],
+        prefix_lens=cols[2],
+        cu_q=_int_tensor(cu, pools.device),
         max_q=max(q_lens),
-        positions=positions,
+        positions=cols[1] - 1 if positions is None else positions,
         out_cache_loc=out_cache_loc,
-        encoder_lens=_int_tensor([r.encoder_len for r in reqs], dev),
-        encoder_offsets=_int_tensor([r.enc_region for r in reqs], dev),
+        encoder_lens=cols[3],
+        encoder_offsets=cols[4],
         req_to_token=pools.req_to_token_pool.req_to_token,
         kv_pool=pools.kv_pool,
         attn_backend=pools.backend,
         page_size=pools.kv_pool.page_size,
         encoder_out_cache_loc=encoder_out_cache_loc,
         seq_lens_cpu=seq,
-        encoder_lens_cpu=[r.encoder_len for r in reqs],
+        encoder_lens_cpu=enc,
     )
     ranges = _cross_ranges(reqs, mode, q_lens)
     if ranges is not None:
-        batch.cross_kv_ranges = _int_tensor(ranges, dev).view(-1, 2)
+        batch.cross_kv_ranges = _int_tensor(ranges, pools.device).view(-1, 2)
     return batch
 
 
@@ -109,11 +114,12 @@ def build_prefill(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
 def build_decode(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
     """One new slot per running request at column ``row_len``; None (no change) on shortage."""
     rtp, dev = pools.req_to_token_pool, pools.device
-    col_list = [r.row_len for r in reqs]  # column of each new token
-    if max(col_list) >= rtp.max_context_len:
+    host: list[int] = []
+    for r in reqs:
+        host += (r.req_pool_idx, r.row_len)  # row, column of the new token
+    if max(host[1::2]) >= rtp.max_context_len:
         raise RuntimeError("decode step past max_context_len (scheduler limit violated)")
-    rows = _int_tensor([r.req_pool_idx for r in reqs], dev, torch.int64)
-    cols = _int_tensor(col_list, dev, torch.int64)
+    rows, cols = torch.tensor(host, dtype=torch.int64).view(-1, 2).t().contiguous().to(dev)
     last_loc = rtp.req_to_token[rows, cols - 1].long()
     locs = pools.allocator.alloc_decode(cols + 1, last_loc)
     if locs is None:
@@ -121,9 +127,8 @@ def build_decode(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
     rtp.req_to_token[rows, cols] = locs.to(torch.int32)
     for r in reqs:
         r.kv_len += 1
-    positions = _int_tensor([r.kv_len - 1 for r in reqs], dev, torch.int64)
-    return _make_batch(pools, ForwardMode.DECODE, reqs, [1] * len(reqs), positions,
-                       locs.long(), None)
+    return _make_batch(pools, ForwardMode.DECODE, reqs, [1] * len(reqs), None, locs.long(),
+                       None)
 
 
 def release(pools: Pools, reqs: list[Req]) -> None:

@@ -134,7 +134,8 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------
     def make_req(self, request: GenerateRequest,
-                 on_delta: Callable[[TokenDelta], None] | None = None) -> Req:
+                 on_delta: Callable[[TokenDelta], None] | None = None,
+                 stream: bool = True) -> Req:
         """Validate a request and wrap it for the scheduler (raises ValueError when invalid)."""
         n = len(request.prompt_ids)
         if n == 0:
@@ -148,14 +149,16 @@ class Engine:
         max_new = min(max_new, self.max_decoder_len - n)
         ps = self.page_size
         reserved = -(-(enc_region + n + max_new) // ps) * ps
-        return Req(request, enc_len, enc_region, max_new, reserved, on_delta,
+        return Req(request, enc_len, enc_region, max_new, reserved, on_delta, stream,
                    generator=make_generator(request.sampling.seed),
                    encoder_input=request.encoder_input)
 
     def add_request(self, request: GenerateRequest,
-                    on_delta: Callable[[TokenDelta], None] | None = None) -> str:
-        """Thread-safe submit; ``on_delta`` is called on the stepping thread."""
-        self._inbox.put(("add", self.make_req(request, on_delta)))
+                    on_delta: Callable[[TokenDelta], None] | None = None,
+                    stream: bool = True) -> str:
+        """Thread-safe submit; ``on_delta`` is called on the stepping thread, for every new
+        token when ``stream``, else only with the final output."""
+        self._inbox.put(("add", self.make_req(request, on_delta, stream)))
         return request.rid
 
     def abort(self, rid: str) -> None:
@@ -193,7 +196,7 @@ class Engine:
                     on_finish(delta.output)
 
         for r in requests:
-            self.add_request(r, collect)
+            self.add_request(r, collect, stream=False)
         while self.has_work():
             self.step()
         return [outputs[r.rid] for r in requests]

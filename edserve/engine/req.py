@@ -19,6 +19,7 @@ class Req:
     max_new_tokens: int
     reserved_slots: int  # KV slots promised at admission (whole pages): decode never runs dry
     on_delta: Callable[[TokenDelta], None] | None = None
+    stream: bool = True  # False: on_delta hears only the final delta (no per-token calls)
     req_pool_idx: int | None = None  # row in req_to_token (set by ReqToTokenPool.alloc)
     kv_len: int = 0  # decoder tokens whose K/V are in the pool
     output_ids: list[int] = field(default_factory=list)

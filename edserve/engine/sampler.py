@@ -14,17 +14,21 @@ from edserve.engine.req import Req
 def sample(logits: torch.Tensor, reqs: list[Req]) -> tuple[list[int], list[float]]:
     """logits: [B, V] (one row per request) -> (token ids, their log-probabilities)."""
     logits = logits.float()
+    sampled = []
     for i, req in enumerate(reqs):
-        for proc in req.request.logits_processors:
+        request = req.request
+        for proc in request.logits_processors:
             proc(req.output_ids, logits[i])
-    logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
+        if request.sampling.temperature > 0:
+            sampled.append(i)
     tokens = torch.argmax(logits, dim=-1)  # [B] greedy unless a request samples
-    for i, req in enumerate(reqs):
-        sp = req.request.sampling
-        if sp.temperature > 0:
-            tokens[i] = _sample_one(logits[i], sp.temperature, sp.top_p, req.generator)
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-    return tokens.tolist(), chosen.tolist()
+    for i in sampled:
+        sp = reqs[i].request.sampling
+        tokens[i] = _sample_one(logits[i], sp.temperature, sp.top_p, reqs[i].generator)
+    # log p(token) = logit - logsumexp(logits): no [B, V] log-softmax is materialised.
+    chosen = logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    out = torch.stack([tokens.double(), chosen.double()]).tolist()  # the step's one sync
+    return [int(t) for t in out[0]], out[1]
 
 
 def _sample_one(logits: torch.Tensor, temperature: float, top_p: float,

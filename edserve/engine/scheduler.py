@@ -117,14 +117,12 @@ class Scheduler:
         self._commit(reqs, tokens, logprobs)
 
     def _commit(self, reqs: list[Req], tokens: list[int], logprobs: list[float]) -> None:
-        done: list[Req] = []
         for req, tok, lp in zip(reqs, tokens, logprobs, strict=True):
             sp = req.request.sampling
             stop = (tok == self.limits.eos_token_id and not sp.ignore_eos) \
                 or tok in sp.stop_token_ids
             if stop:
                 req.stop_logprob = lp
-                done.append(req)
                 self._finish_running(req, FinishReason.STOP, [])
                 continue
             req.output_ids.append(tok)
@@ -134,7 +132,7 @@ class Scheduler:
                 or req.kv_len + 1 >= self.limits.max_decoder_len
             if at_limit:
                 self._finish_running(req, FinishReason.LENGTH, [tok])
-            elif req.on_delta is not None:
+            elif req.stream and req.on_delta is not None:
                 req.on_delta(TokenDelta(req.rid, [tok]))
 
     def _finish_running(self, req: Req, reason: FinishReason, last: list[int]) -> None:

@@ -188,6 +188,8 @@ def check_common(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def check_index(name: str, t: torch.Tensor) -> None:
     if t.dtype not in _INDEX_DTYPES:
         raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
+    if t.dim() == 1 and t.numel() > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (the kernels index it as a flat array)")
 
 
 def block_m_for(max_q: int, group: int) -> tuple[int, int]:

@@ -192,3 +192,10 @@ def test_input_validation():
     bad("kv_lens", kv_lens=a["kv_lens"][:1])
     bad("max_q", max_q=1.5)
     bad("kv_ranges", kv_ranges=torch.zeros(2, 2, dtype=torch.int32))
+
+
+def test_strided_index_tensor_is_refused():
+    a = make_flat([5, 9], [1, 1], 1, hq=2, hkv=2, d=32)
+    a["kv_lens"] = torch.tensor([[5, 0], [9, 0]], dtype=torch.int32)[:, 0]  # stride 2
+    with pytest.raises(ValueError, match="kv_lens must be contiguous"):
+        run(a, False)
