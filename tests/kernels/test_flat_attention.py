@@ -196,6 +196,7 @@ def test_input_validation():
 
 def test_strided_index_tensor_is_refused():
     a = make_flat([5, 9], [1, 1], 1, hq=2, hkv=2, d=32)
-    a["kv_lens"] = torch.tensor([[5, 0], [9, 0]], dtype=torch.int32)[:, 0]  # stride 2
+    a = {k: _dev(v) for k, v in a.items()}
+    a["kv_lens"] = torch.tensor([[5, 0], [9, 0]], dtype=torch.int32, device=DEV)[:, 0]  # stride 2
     with pytest.raises(ValueError, match="kv_lens must be contiguous"):
         run(a, False)
