@@ -9,8 +9,8 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 for part in "$@"; do
   echo "=== $part $(date -u +%H:%M:%S)"
   case $part in
-    tests) timeout 260 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/mem_cache tests/layers \
-             tests/engine/test_triton_engine.py tests/engine/test_gpu.py -rs 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    tests) timeout 260 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py tests/kernels tests/mem_cache tests/layers \
+             tests/engine/test_triton_engine.py -rs 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     kernels) python3 benchmarks/gpu_kernels.py --dtypes bfloat16 --budget-s 100 2>&1 | tee "$OUT/kernels.log" | tail -60 ;;
     tiny) python3 benchmarks/whisper_gpu.py --arch tiny.en --split --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/tiny.log" ;;
     large) timeout 330 python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 1 16 64 --split --configs flat:1:graph flat:128:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large.log" ;;
