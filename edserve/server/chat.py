@@ -27,6 +27,7 @@ from edserve.multimodal.chat_api import ChatDecoder, finish_reason, is_mllama, n
 from edserve.multimodal.chat_api import prepare_chat as _prepare_chat
 from edserve.multimodal.errors import ImageInputError
 from edserve.multimodal.mllama_chat import ChatFormatError
+from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError, error_body
 
 router = APIRouter()
@@ -163,11 +164,6 @@ def _usage(gen_request: Any, decoder: ChatDecoder) -> dict[str, int]:
     return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
 
 
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _complete(aengine: Any, gen_request: Any, decoder: ChatDecoder) -> dict:
     result: dict = {}
     async for _ in _deltas(aengine, gen_request, decoder, result):
@@ -177,19 +173,11 @@ async def _complete(aengine: Any, gen_request: Any, decoder: ChatDecoder) -> dic
 
 async def _non_streaming(request: Request, p: ChatParams, gen_request: Any,
                          decoder: ChatDecoder, head: dict) -> Response:
-    work = asyncio.ensure_future(_complete(request.app.state.aengine, gen_request, decoder))
-    watch = asyncio.ensure_future(_wait_disconnect(request))
     try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for fut in (work, watch):
-            if not fut.done():
-                fut.cancel()
-    if not work.done() or work.cancelled():
-        await asyncio.gather(work, return_exceptions=True)  # let the abort run
+        result = await unless_disconnected(
+            request, _complete(request.app.state.aengine, gen_request, decoder))
+    except ClientGone:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    try:
-        result = work.result()
     except RuntimeError as exc:
         raise APIError(500, str(exc), None, "engine_error") from None
     message = {"role": "assistant", "content": decoder.text}

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from edserve.audio.decode import load_audio
 from edserve.audio.errors import AudioError, EmptyAudioError
 from edserve.audio.mel import SAMPLE_RATE
+from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError, error_body
 from edserve.server.params import TranscriptionParams
 from edserve.server.text_stream import TextStream
@@ -99,11 +100,6 @@ async def _collect(aengine: Any, task: LongformTask) -> Transcription:
     return task.result()
 
 
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def run(request: Request, params: TranscriptionParams, task_name: str) -> Response:
     """Transcribe and render; aborts the engine work if the client goes away first."""
     state = request.app.state
@@ -112,19 +108,10 @@ async def run(request: Request, params: TranscriptionParams, task_name: str) -> 
     if params.stream:
         return StreamingResponse(_sse(state, task), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    work = asyncio.ensure_future(_collect(state.aengine, task))
-    watch = asyncio.ensure_future(_wait_disconnect(request))
     try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for fut in (work, watch):
-            if not fut.done():
-                fut.cancel()
-    if not work.done() or work.cancelled():
-        await asyncio.gather(work, return_exceptions=True)  # let the abort run
+        result = await unless_disconnected(request, _collect(state.aengine, task))
+    except ClientGone:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    try:
-        result = work.result()
     except RuntimeError as exc:
         raise APIError(500, f"transcription failed: {exc}", None, "engine_error") from None
     state.metrics.latency.labels(task_name).observe(time.perf_counter() - start)
