@@ -74,7 +74,9 @@ class EngineConfig:
         "requests).",
     )
     context_length: int | None = _f(
-        None, "Longest decoder sequence per request; default: the model's limit."
+        None,
+        "Longest decoder sequence per request; default: the model's limit, at most 8192 "
+        "(Whisper: 448; long-context text models would otherwise size a huge KV pool).",
     )
     cuda_graph: bool = _f(
         False, "Capture decode steps in CUDA graphs (aligned and flat strategies only)."

@@ -36,6 +36,7 @@ from edserve.models.weights import load_checkpoint
 logger = logging.getLogger("edserve")
 
 _EXTRA_COLS = 4  # slack columns per req_to_token row
+_DEFAULT_MAX_CONTEXT = 8192  # decoder positions when --context-length is not given
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -97,7 +98,7 @@ class Engine:
     @property
     def max_decoder_len(self) -> int:
         limit = self.model.max_decoder_len
-        return min(limit, self.config.context_length or limit)
+        return min(limit, self.config.context_length or _DEFAULT_MAX_CONTEXT)
 
     @property
     def max_row_len(self) -> int:
@@ -142,7 +143,7 @@ class Engine:
             raise ValueError("prompt_ids must not be empty")
         if n >= self.max_decoder_len:
             raise ValueError(f"prompt of {n} tokens leaves no room in the decoder's "
-                             f"{self.max_decoder_len} positions")
+                             f"{self.max_decoder_len} positions (see --context-length)")
         enc_len = self.model.encoder_len(request.encoder_input)  # validates the input
         enc_region = self.pools.backend.encoder_region(enc_len)
         max_new = request.sampling.max_new_tokens or self.config.max_new_tokens

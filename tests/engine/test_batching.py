@@ -118,3 +118,15 @@ def test_seeded_sampling_is_reproducible(random_whisper):
 
     assert run(3) == run(3)
     assert run(3) != run(4)
+
+
+def test_context_length_bounds_decoder_positions(random_whisper):
+    assert Engine(model=str(random_whisper), max_running_requests=1).max_decoder_len == 448
+    engine = Engine(model=str(random_whisper), max_running_requests=1, context_length=100)
+    assert engine.max_decoder_len == 100
+    with pytest.raises(ValueError, match="see --context-length"):
+        engine.add_request(GenerateRequest([50257] * 100, torch.zeros(80, 3000)))
+    [out] = engine.generate([GenerateRequest(PROMPT, torch.zeros(80, 3000),
+                                             SamplingParams(max_new_tokens=500, ignore_eos=True))])
+    assert len(out.token_ids) == 100 - len(PROMPT)  # stopped by the context, not by the pool
+    assert out.finish_reason == FinishReason.LENGTH
