@@ -80,6 +80,8 @@ class Scheduler:
         return sum(r.reserved_slots - _ceil(r.row_len, ps) for r in self.running)
 
     def _admit(self) -> list[Req]:
+        if not self.waiting:
+            return []
         budget = self.pools.allocator.available_size() - self._outstanding_reservations()
         rows = self.pools.req_to_token_pool.available_size()
         room = self.limits.max_running_requests - len(self.running)
