@@ -43,8 +43,10 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class SelfAttention(nn.Module):
-    def __init__(self, cfg: MllamaTextConfig, layer_id: int) -> None:
+class _Projections(nn.Module):
+    """q/k/v/o projections (HF names, no biases) and the attention site, for either kind."""
+
+    def __init__(self, cfg: MllamaTextConfig, layer_id: int, is_cross: bool) -> None:
         super().__init__()
         H, Hq, Hkv, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, \
             cfg.head_dim
@@ -53,7 +55,12 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(H, Hkv * D, bias=False)
         self.v_proj = nn.Linear(H, Hkv * D, bias=False)
         self.o_proj = nn.Linear(Hq * D, H, bias=False)
-        self.attn = Attention(layer_id, Hq, Hkv, D, D ** -0.5, is_cross=False)
+        self.attn = Attention(layer_id, Hq, Hkv, D, D ** -0.5, is_cross=is_cross)
+
+
+class SelfAttention(_Projections):
+    def __init__(self, cfg: MllamaTextConfig, layer_id: int) -> None:
+        super().__init__(cfg, layer_id, is_cross=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch) -> torch.Tensor:
@@ -79,22 +86,14 @@ class SelfAttentionDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(_Projections):
     """Attention of text tokens over projected vision states: q/k RMSNorm over head_dim, no
     RoPE. K/V are computed once per request (prefill) and stored in its encoder region."""
 
     def __init__(self, cfg: MllamaTextConfig, layer_id: int) -> None:
-        super().__init__()
-        H, Hq, Hkv, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, \
-            cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = Hq, Hkv, D
-        self.q_proj = nn.Linear(H, Hq * D, bias=False)
-        self.k_proj = nn.Linear(H, Hkv * D, bias=False)
-        self.v_proj = nn.Linear(H, Hkv * D, bias=False)
-        self.o_proj = nn.Linear(Hq * D, H, bias=False)
-        self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
-        self.attn = Attention(layer_id, Hq, Hkv, D, D ** -0.5, is_cross=True)
+        super().__init__(cfg, layer_id, is_cross=True)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
     def project_kv(self, enc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # enc: [N, H] projected vision states -> k, v: [N, Hkv, D]
