@@ -1,7 +1,20 @@
-"""Audio in: decode any container to 16 kHz mono samples, then Whisper's log-mel features."""
+"""Audio in: decode an allowed container to 16 kHz mono samples, then Whisper's log-mel.
 
-from edserve.audio.decode import load_audio
-from edserve.audio.errors import AudioDecodeError, AudioError, EmptyAudioError
+Uploads: ``load_audio(data, untrusted=True, max_seconds=..., cancel=...)``; see
+:mod:`edserve.audio.decode` for the safety rules and :mod:`edserve.audio.formats` for the
+container allow-list.
+"""
+
+from edserve.audio.decode import UNTRUSTED_DECODE_MESSAGE, UNTRUSTED_EMPTY_MESSAGE, load_audio
+from edserve.audio.errors import (
+    AudioDecodeError,
+    AudioError,
+    AudioTooLongError,
+    DecodeCancelled,
+    EmptyAudioError,
+    NonFiniteAudioError,
+)
+from edserve.audio.formats import ALLOWED_DEMUXERS
 from edserve.audio.mel import (
     N_FRAMES,
     N_SAMPLES,
@@ -13,9 +26,15 @@ from edserve.audio.mel import (
 )
 
 __all__ = [
+    "ALLOWED_DEMUXERS",
     "AudioDecodeError",
     "AudioError",
+    "AudioTooLongError",
+    "DecodeCancelled",
     "EmptyAudioError",
+    "NonFiniteAudioError",
+    "UNTRUSTED_DECODE_MESSAGE",
+    "UNTRUSTED_EMPTY_MESSAGE",
     "N_FRAMES",
     "N_SAMPLES",
     "SAMPLE_RATE",

@@ -1,4 +1,7 @@
-"""load_audio: every container PyAV can write decodes back to the same 16 kHz mono signal."""
+"""load_audio: every container PyAV can write decodes back to the same 16 kHz mono signal.
+
+Safety (allow-list, limits) is tested in test_untrusted.py, test_limits.py, test_formats.py.
+"""
 
 from __future__ import annotations
 
@@ -114,3 +117,21 @@ def test_missing_file_and_named_file_object(tmp_path):
     path.write_text("hello")
     with open(path, "rb") as f, pytest.raises(AudioDecodeError, match="notes.txt"):
         load_audio(f)
+
+
+def test_callers_file_object_is_left_open_and_untrusted_empty_names_nothing(jfk):
+    with open(JFK, "rb") as f:
+        np.testing.assert_array_equal(load_audio(f, untrusted=True), jfk)
+        assert not f.closed
+    with pytest.raises(EmptyAudioError) as excinfo:
+        load_audio(b"", untrusted=True)
+    assert str(excinfo.value) == "the upload holds no audio samples"
+
+
+def test_new_errors_are_exported():
+    import edserve.audio as audio
+
+    assert issubclass(audio.AudioTooLongError, audio.AudioError)
+    assert issubclass(audio.NonFiniteAudioError, audio.AudioError)
+    assert not issubclass(audio.DecodeCancelled, audio.AudioError)
+    assert "wav" in audio.ALLOWED_DEMUXERS and "concat" not in audio.ALLOWED_DEMUXERS
