@@ -129,16 +129,17 @@ def cases(vocab: int, image_px: int, n_img: int, n_text: int, seed: int = 0) -> 
 def run(engine, case_list, steps: int, capture: bool):
     """Greedy, EOS ignored; returns (token lists, per-request [steps, vocab] logits or None,
     seconds in ``generate``: image preprocessing is done before the clock starts)."""
+    from edserve.engine.logits_filter import LogitsRecorder
     from edserve.engine.request import SamplingParams
     from edserve.multimodal.mllama_request import make_mllama_request
 
     sp = SamplingParams(max_new_tokens=steps, ignore_eos=True)
-    logs: list[list[torch.Tensor]] = [[] for _ in case_list]
+    recorders = [LogitsRecorder() for _ in case_list]
     reqs = []
     for i, (prompt, images) in enumerate(case_list):
         r = make_mllama_request(engine.model, prompt, images, sp)
         if capture:
-            r.logits_processors.append(lambda _ids, lg, i=i: logs[i].append(lg.float().cpu()))
+            r.logits_processors.append(recorders[i])
         reqs.append(r)
     sync(str(engine.device))
     t = time.perf_counter()
@@ -146,6 +147,7 @@ def run(engine, case_list, steps: int, capture: bool):
     sync(str(engine.device))
     dt = time.perf_counter() - t
     engine.check_integrity()
+    logs = [[x.float().cpu() for x in r.rows] for r in recorders]
     return [o.token_ids for o in outs], [torch.stack(x) if x else None for x in logs], dt
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -78,10 +79,25 @@ class EngineConfig:
         "Longest decoder sequence per request; default: the model's limit, at most 8192 "
         "(Whisper: 448; long-context text models would otherwise size a huge KV pool).",
     )
-    cuda_graph: bool = _f(
-        False, "Capture decode steps in CUDA graphs (aligned and flat strategies only)."
+    cuda_graph: bool | None = _f(
+        None,
+        "Capture decode steps in CUDA graphs (aligned and flat strategies, triton kernels). "
+        "Default: on where supported (CUDA); --no-cuda-graph turns it off.",
     )
-    cuda_graph_max_bs: int = _f(64, "Largest decode batch captured in a CUDA graph.")
+    cuda_graph_max_bs: int | None = _f(
+        None, "Largest decode batch captured in a CUDA graph (default: --max-running-requests)."
+    )
+    overlap_schedule: str = _f(
+        "auto",
+        "Prepare step N+1 on the host while step N runs on the device (SGLang's overlap "
+        "scheduler; finish checks lag one step): on, off, or auto (on for CUDA).",
+        choices=("auto", "on", "off"),
+    )
+    debug_checks: bool = _f(
+        os.environ.get("EDSERVE_DEBUG_CHECKS", "") == "1",
+        "Validate every KV allocator call (costs host<->device syncs; tests turn it on; "
+        "default from EDSERVE_DEBUG_CHECKS=1).",
+    )
     max_new_tokens: int = _f(
         224, "Default cap on generated tokens per request (Whisper's limit is 448 - prompt)."
     )
@@ -123,7 +139,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type = EngineConfig,
         kw: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "")}
         if f.metadata.get("choices"):
             kw["choices"] = f.metadata["choices"]
-        if f.type in ("bool", bool):
+        if f.type in ("bool", bool, "bool | None"):
             kw["action"] = argparse.BooleanOptionalAction
         elif f.type in ("int", int, "int | None"):
             kw["type"] = int

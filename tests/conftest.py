@@ -1,4 +1,5 @@
-"""Shared test setup: Triton kernels run under the CPU interpreter when there is no GPU.
+"""Shared test setup: Triton kernels run under the CPU interpreter when there is no GPU, and
+the KV allocators validate every call (``EDSERVE_DEBUG_CHECKS=1``, off in production).
 
 ``EDSERVE_TEST_THREADS`` sets torch's CPU threads (default: up to 4); on a loaded machine, 1
 avoids thread oversubscription stalls.
@@ -6,7 +7,9 @@ avoids thread oversubscription stalls.
 
 import os
 
-import torch
+os.environ.setdefault("EDSERVE_DEBUG_CHECKS", "1")  # allocators validate every call in tests
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from edserve.engine.forward_batch import ForwardBatch, ForwardMode
+from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
 from edserve.layers.attention.encdec import EncoderDecoderBackend
 from edserve.mem_cache import KVPool, ReqToTokenPool, write_cache_indices
@@ -27,10 +28,6 @@ class Pools:
     device: torch.device
 
 
-def _int_tensor(values: list[int], device: torch.device, dtype=torch.int32) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
-
-
 def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[int],
                 positions: torch.Tensor | None, out_cache_loc: torch.Tensor,
                 encoder_out_cache_loc: torch.Tensor | None) -> ForwardBatch:
@@ -43,18 +40,18 @@ def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[i
     for i, (r, n) in enumerate(zip(reqs, q_lens, strict=True)):
         cu[i + 1] = cu[i] + n
         host += (r.req_pool_idx, seq[i], seq[i] - n, enc[i], r.enc_region)
-    cols = torch.tensor(host, dtype=torch.int64).view(B, 5).t().contiguous().to(pools.device)
+    cols = to_device(host, torch.int64, pools.device).view(B, 5).t()
     batch = ForwardBatch(
         mode=mode,
-        req_pool_indices=cols[0],
-        seq_lens=cols[1],
-        prefix_lens=cols[2],
-        cu_q=_int_tensor(cu, pools.device),
+        req_pool_indices=cols[0].contiguous(),
+        seq_lens=cols[1].contiguous(),
+        prefix_lens=cols[2].contiguous(),
+        cu_q=to_device(cu, torch.int32, pools.device),
         max_q=max(q_lens),
         positions=cols[1] - 1 if positions is None else positions,
         out_cache_loc=out_cache_loc,
-        encoder_lens=cols[3],
-        encoder_offsets=cols[4],
+        encoder_lens=cols[3].contiguous(),
+        encoder_offsets=cols[4].contiguous(),
         req_to_token=pools.req_to_token_pool.req_to_token,
         kv_pool=pools.kv_pool,
         attn_backend=pools.backend,
@@ -62,10 +59,11 @@ def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[i
         encoder_out_cache_loc=encoder_out_cache_loc,
         seq_lens_cpu=seq,
         encoder_lens_cpu=enc,
+        q_starts_cpu=cu[:-1],
     )
     ranges = _cross_ranges(reqs, mode, q_lens)
     if ranges is not None:
-        batch.cross_kv_ranges = _int_tensor(ranges, pools.device).view(-1, 2)
+        batch.cross_kv_ranges = to_device(ranges, torch.int32, pools.device).view(-1, 2)
     return batch
 
 
@@ -87,61 +85,68 @@ def build_prefill(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
     rtp, alloc, dev = pools.req_to_token_pool, pools.allocator, pools.device
     if rtp.alloc(reqs) is None:
         return None
+    B = len(reqs)
     row_lens = [r.enc_region + len(r.prompt_ids) for r in reqs]
-    zeros = torch.zeros(len(reqs), dtype=torch.int64, device=dev)
-    slots = alloc.alloc_extend(zeros, _int_tensor(row_lens, dev, torch.int64), zeros - 1,
-                               sum(row_lens))
+    host = [r.req_pool_idx for r in reqs] + row_lens
+    rows, lens = to_device(host, torch.int64, dev).view(2, B)
+    zeros = torch.zeros(B, dtype=torch.int64, device=dev)
+    slots = alloc.alloc_extend(zeros, lens, zeros - 1, sum(row_lens),
+                               seq_lens_cpu=row_lens, prefix_lens_cpu=[0] * B)
     if slots is None:
         for r in reqs:
             rtp.free(r)
         return None
-    rows = _int_tensor([r.req_pool_idx for r in reqs], dev, torch.int64)
-    no_prefix = [zeros[:0]] * len(reqs)  # Whisper/Mllama rows start empty: no reused prefix
-    write_cache_indices(rtp.req_to_token, rows, zeros, _int_tensor(row_lens, dev, torch.int64),
-                        no_prefix, slots)
+    no_prefix = [zeros[:0]] * B  # Whisper/Mllama rows start empty: no reused prefix
+    write_cache_indices(rtp.req_to_token, rows, zeros, lens, no_prefix, slots,
+                        validate=alloc.debug)
     dec_locs, enc_locs, positions = [], [], []
     start = 0
     for r, n in zip(reqs, row_lens, strict=True):
         enc_locs.append(slots[start:start + r.encoder_len])
         dec_locs.append(slots[start + r.enc_region:start + n])
-        positions.append(torch.arange(len(r.prompt_ids), device=dev))
+        positions += range(len(r.prompt_ids))
         r.kv_len = len(r.prompt_ids)
         start += n
     return _make_batch(pools, ForwardMode.EXTEND, reqs, [len(r.prompt_ids) for r in reqs],
-                       torch.cat(positions), torch.cat(dec_locs), torch.cat(enc_locs))
+                       to_device(positions, torch.int64, dev), torch.cat(dec_locs),
+                       torch.cat(enc_locs))
 
 
 def build_decode(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
     """One new slot per running request at column ``row_len``; None (no change) on shortage."""
     rtp, dev = pools.req_to_token_pool, pools.device
-    host: list[int] = []
-    for r in reqs:
-        host += (r.req_pool_idx, r.row_len)  # row, column of the new token
-    if max(host[1::2]) >= rtp.max_context_len:
+    B = len(reqs)
+    cols_host = [r.row_len for r in reqs]  # column of each new token
+    if max(cols_host) >= rtp.max_context_len:
         raise RuntimeError("decode step past max_context_len (scheduler limit violated)")
-    rows, cols = torch.tensor(host, dtype=torch.int64).view(-1, 2).t().contiguous().to(dev)
+    rows, cols = to_device([r.req_pool_idx for r in reqs] + cols_host, torch.int64,
+                           dev).view(2, B)
     last_loc = rtp.req_to_token[rows, cols - 1].long()
-    locs = pools.allocator.alloc_decode(cols + 1, last_loc)
+    locs = pools.allocator.alloc_decode(cols + 1, last_loc,
+                                        seq_lens_cpu=[c + 1 for c in cols_host])
     if locs is None:
         return None
     rtp.req_to_token[rows, cols] = locs.to(torch.int32)
     for r in reqs:
         r.kv_len += 1
-    return _make_batch(pools, ForwardMode.DECODE, reqs, [1] * len(reqs), None, locs.long(),
-                       None)
+    return _make_batch(pools, ForwardMode.DECODE, reqs, [1] * B, None, locs.long(), None)
 
 
 def release(pools: Pools, reqs: list[Req]) -> None:
-    """Return the rows and KV slots of finished/aborted requests (one grouped free)."""
+    """Return the rows and KV pages of finished/aborted requests (one grouped free, no sync).
+
+    A row owns whole pages filled from offset 0 in column order, so its pages are named by
+    the slots in columns ``0, ps, 2 ps, ...`` below ``row_len``."""
     holding = [r for r in reqs if r.req_pool_idx is not None]
     if not holding:
         return
     alloc, rtp = pools.allocator, pools.req_to_token_pool
+    ps = alloc.page_size
     alloc.free_group_begin()
     try:
         for r in holding:
             if r.row_len > 0:
-                alloc.free(rtp.req_to_token[r.req_pool_idx, :r.row_len].long())
+                alloc.free_page_starts(rtp.req_to_token[r.req_pool_idx, 0:r.row_len:ps].long())
     finally:
         alloc.free_group_end()
     for r in holding:

@@ -20,7 +20,10 @@ from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.req import Req
 from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
 from edserve.engine.runner import ModelRunner
-from edserve.engine.scheduler import Scheduler, SchedulerLimits, make_generator
+from edserve.engine.sampler import make_generator
+from edserve.engine.scheduler import Scheduler, SchedulerLimits
+from edserve.engine.step import ScheduledBatch, StepOutput
+from edserve.engine.token_history import TokenHistory
 from edserve.layers.attention import create_backend, resolve_page_size
 from edserve.mem_cache import (
     KVCacheConfig,
@@ -87,12 +90,26 @@ class Engine:
             eos_token_id=eos,
             max_decoder_len=self.max_decoder_len)
         graphs = None
-        if config.cuda_graph:
+        if self._use_cuda_graph(ops):
+            max_bs = config.cuda_graph_max_bs or limits.max_running_requests
             graphs = DecodeGraphRunner(self.model, self.pools,
-                                       min(config.cuda_graph_max_bs, limits.max_running_requests))
-        self.runner = ModelRunner(self.model, self.device, graphs)
-        self.scheduler = Scheduler(self.pools, self.runner, limits)
+                                       min(max_bs, limits.max_running_requests))
+        history = TokenHistory(self.pools.req_to_token_pool.size, self.max_decoder_len,
+                               self.device)
+        self.runner = ModelRunner(self.model, self.device, history, graphs)
+        self.scheduler = Scheduler(self.pools, limits)
+        self.overlap = config.overlap_schedule == "on" or (
+            config.overlap_schedule == "auto" and self.device.type == "cuda")
+        self._in_flight: tuple[ScheduledBatch, StepOutput] | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+
+    def _use_cuda_graph(self, ops: str) -> bool:
+        """``--cuda-graph`` unset: on where supported (CUDA, triton, aligned/flat)."""
+        wanted = self.config.cuda_graph
+        if wanted is None:
+            return self.device.type == "cuda" and ops == "triton" \
+                and self.config.encoder_kv != "ragged"
+        return wanted
 
     # ---- sizing -----------------------------------------------------------------------
     @property
@@ -129,8 +146,10 @@ class Engine:
         kv_pool = KVPool(plan.num_slots, self.page_size, m.num_kv_layers, m.num_kv_heads,
                          m.head_dim, self.dtype, self.device)
         rtp = ReqToTokenPool(plan.num_rows, plan.max_context_len, self.device)
-        allocator = PagedTokenToKVPoolAllocator(plan.num_slots, self.page_size, self.device) \
-            if self.page_size > 1 else TokenToKVPoolAllocator(plan.num_slots, self.device)
+        debug = cfg.debug_checks
+        allocator = PagedTokenToKVPoolAllocator(plan.num_slots, self.page_size, self.device,
+                                                debug) if self.page_size > 1 \
+            else TokenToKVPoolAllocator(plan.num_slots, self.device, debug)
         return Pools(rtp, allocator, kv_pool, backend, self.device)
 
     # ---- requests ---------------------------------------------------------------------
@@ -151,7 +170,7 @@ class Engine:
         ps = self.page_size
         reserved = -(-(enc_region + n + max_new) // ps) * ps
         return Req(request, enc_len, enc_region, max_new, reserved, on_delta, stream,
-                   generator=make_generator(request.sampling.seed),
+                   generator=make_generator(request.sampling.seed, self.device),
                    encoder_input=request.encoder_input)
 
     def add_request(self, request: GenerateRequest,
@@ -178,11 +197,29 @@ class Engine:
                 self.scheduler.abort(payload)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or not self._inbox.empty()
+        return self.scheduler.has_work() or not self._inbox.empty() \
+            or self._in_flight is not None
 
     def step(self) -> None:
+        """schedule -> run -> update. With overlap, step N's update (which waits for its
+        tokens) runs after step N+1 has been scheduled and launched, so the host prepares the
+        next batch while the device computes this one."""
         self._drain_inbox()
-        self.scheduler.step()
+        previous, self._in_flight = self._in_flight, None
+        sched = self.scheduler.schedule()
+        if sched is not None:
+            try:
+                output = self.runner.run(sched)
+            except Exception as exc:  # a failing batch fails its requests, not the engine
+                logger.exception("forward failed")
+                self.scheduler.fail(sched, f"{type(exc).__name__}: {exc}")
+            else:
+                if self.overlap:
+                    self._in_flight = (sched, output)
+                else:
+                    self.scheduler.update(sched, output)
+        if previous is not None:
+            self.scheduler.update(*previous)
 
     def generate(self, requests: list[GenerateRequest],
                  on_finish: Callable[[GenerateOutput], None] | None = None

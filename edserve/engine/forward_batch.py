@@ -52,6 +52,7 @@ class ForwardBatch:
     # Host copies (no device syncs needed to read them).
     seq_lens_cpu: list[int] = field(default_factory=list)
     encoder_lens_cpu: list[int] = field(default_factory=list)
+    q_starts_cpu: list[int] = field(default_factory=list)  # [B] cu_q[:-1] on the host
     # Optional per-query-token visible encoder key range [T, 2] (start, end) for models whose
     # text tokens see only part of the encoder output (Mllama); None = all encoder keys.
     cross_kv_ranges: torch.Tensor | None = None

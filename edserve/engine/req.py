@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import torch
 
 from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
+
+_serials = itertools.count()
 
 
 @dataclass(eq=False)
@@ -22,6 +25,7 @@ class Req:
     stream: bool = True  # False: on_delta hears only the final delta (no per-token calls)
     req_pool_idx: int | None = None  # row in req_to_token (set by ReqToTokenPool.alloc)
     kv_len: int = 0  # decoder tokens whose K/V are in the pool
+    steps: int = 0  # forward steps scheduled (each samples one token; some may be in flight)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_logprob: float | None = None
@@ -30,6 +34,7 @@ class Req:
     error: str | None = None
     generator: torch.Generator | None = None
     encoder_input: Any = None  # dropped once the encoder has run
+    serial: int = field(default_factory=lambda: next(_serials))  # unique per Req object
 
     @property
     def rid(self) -> str:

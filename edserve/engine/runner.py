@@ -1,47 +1,63 @@
-"""Runs one batch through the model: encoder (prefill only, batched), decoder, logits, sampling."""
+"""Runs one scheduled batch: encoder (prefill only, batched), decoder, logits, sampling.
+
+``run`` only launches device work: input ids of a decode step come from the previous step's
+sampled tokens in :class:`~edserve.engine.token_history.TokenHistory` (device), and the results
+leave as a :class:`~edserve.engine.step.StepOutput` whose host copy is fetched later.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from edserve.engine.cuda_graph import DecodeGraphRunner
-from edserve.engine.forward_batch import ForwardBatch, ForwardMode
+from edserve.engine.forward_batch import ForwardMode
+from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
 from edserve.engine.sampler import sample
+from edserve.engine.step import ScheduledBatch, StepOutput
+from edserve.engine.token_history import TokenHistory
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, device: torch.device,
+    def __init__(self, model: torch.nn.Module, device: torch.device, history: TokenHistory,
                  graph_runner: DecodeGraphRunner | None = None) -> None:
         self.model = model
         self.device = device
+        self.history = history
         self.graph_runner = graph_runner
+        self.num_encoder_runs = 0  # encoder forward passes (one per prefill batch with audio)
 
     @torch.inference_mode()
-    def run(self, batch: ForwardBatch, reqs: list[Req]) -> tuple[list[int], list[float]]:
-        """Forward ``batch`` and sample one token per request."""
-        dev = self.device
-        encoder_states = None
-        if batch.mode == ForwardMode.EXTEND:
-            input_ids = torch.tensor([t for r in reqs for t in r.prompt_ids], device=dev)
+    def run(self, sched: ScheduledBatch) -> StepOutput:
+        """Forward ``sched`` and sample one token per request (device-side; no sync)."""
+        batch, reqs = sched.batch, sched.reqs
+        rows = batch.req_pool_indices  # [B] int64
+        no_speech = None
+        if sched.mode == ForwardMode.EXTEND:
+            self.history.reset(rows)
+            input_ids = sched.prompt_ids
             encoder_states = self._encode(reqs)
         else:
-            input_ids = torch.tensor([r.output_ids[-1] for r in reqs], device=dev)
-            graphs = self.graph_runner
-            if graphs is not None and graphs.can_run(batch):
-                return sample(graphs.replay(batch, input_ids), reqs)
-        batch.attn_backend.init_forward_metadata(batch)
-        hidden = self.model(input_ids, batch.positions, batch, encoder_states)  # [T, d]
-        last = batch.cu_q[1:].long() - 1  # [B] index of each request's last new token
-        logits = self.model.compute_logits(hidden[last])  # [B, V]
-        if batch.mode == ForwardMode.EXTEND:
-            self._no_speech(hidden, batch, reqs)
-        return sample(logits, reqs)
+            input_ids = self.history.last(rows)  # [B] the tokens sampled last step
+            encoder_states = None
+        graphs = self.graph_runner
+        if sched.mode == ForwardMode.DECODE and graphs is not None and graphs.can_run(batch):
+            logits = graphs.replay(batch, input_ids)
+        else:
+            batch.attn_backend.init_forward_metadata(batch)
+            hidden = self.model(input_ids, batch.positions, batch, encoder_states)  # [T, d]
+            last = batch.cu_q[1:].long() - 1  # [B] index of each request's last new token
+            logits = self.model.compute_logits(hidden[last])  # [B, V]
+            if sched.mode == ForwardMode.EXTEND:
+                no_speech = self._no_speech(hidden, sched)
+        tokens, logprobs = sample(logits, sched.sampling, self.history, rows)
+        return StepOutput(tokens, logprobs, no_speech).start_copy()
 
     def _encode(self, reqs: list[Req]) -> torch.Tensor | None:
         with_enc = [r for r in reqs if r.encoder_len > 0]
         if not with_enc:
             return None
+        self.num_encoder_runs += 1
         states = self.model.encode([r.encoder_input for r in with_enc])
         for r, s in zip(with_enc, states, strict=True):
             if s.shape[0] != r.encoder_len:
@@ -50,11 +66,17 @@ class ModelRunner:
             r.encoder_input = None  # encoded once; the cross K/V now live in the pool
         return torch.cat(states)
 
-    def _no_speech(self, hidden: torch.Tensor, batch: ForwardBatch, reqs: list[Req]) -> None:
-        starts = batch.cu_q[:-1].tolist()
-        for r, start in zip(reqs, starts, strict=True):
-            pos, tok = r.request.no_speech_pos, r.request.no_speech_token
-            if pos is None or tok is None:
-                continue
-            logits = self.model.compute_logits(hidden[start + pos][None]).float()
-            r.no_speech_prob = float(torch.softmax(logits, -1)[0, tok])
+    def _no_speech(self, hidden: torch.Tensor, sched: ScheduledBatch) -> torch.Tensor | None:
+        """[B] softmax(logits at each request's ``no_speech_pos``)[no_speech_token]; NaN for
+        requests that do not ask (Whisper's no-speech probability)."""
+        picks = [(i, start + r.request.no_speech_pos, r.request.no_speech_token)
+                 for i, (r, start) in enumerate(zip(sched.reqs, sched.batch.q_starts_cpu,
+                                                    strict=True))
+                 if r.request.no_speech_pos is not None and r.request.no_speech_token is not None]
+        if not picks:
+            return None
+        dev = hidden.device
+        which, pos, tok = (to_device(c, torch.int64, dev) for c in zip(*picks, strict=True))
+        probs = torch.softmax(self.model.compute_logits(hidden[pos]).float(), dim=-1)  # [k, V]
+        out = torch.full((len(sched.reqs),), float("nan"), device=dev)
+        return out.index_copy_(0, which, probs.gather(1, tok[:, None])[:, 0])

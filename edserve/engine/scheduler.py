@@ -1,10 +1,19 @@
-"""Continuous batching: admit while rows and pages are free, prefill new requests (encoder
-batched), then decode everything running; finished or aborted requests free their row and
-pages at once.
+"""Continuous batching, as ``schedule()`` and ``update(outputs)`` around the model runner.
+
+``schedule`` decides what runs next and prepares it on the host: admit waiting requests while
+rows and pages are free (their prefill batch, encoder batched), else one decode step for every
+running request; it allocates rows and slots and builds the batch. ``update`` takes a step's
+sampled tokens: append, finish on a stop token or a length limit, free rows and pages. The
+scheduler never calls the model, so it can be driven with made-up tokens in tests.
 
 Admission reserves each request's worst case (encoder region + prompt + max new tokens, in
 whole pages) against the allocator's free slots, so a running request can never run out of KV
 mid-decode: an exhausted pool makes new requests wait, it never fails or evicts running ones.
+
+Overlap scheduling calls ``schedule`` for step N+1 before ``update`` for step N, so finish
+checks lag one step: a request that stopped at step N has already been given step N+1, whose
+token ``update`` ignores. Length limits are known without tokens, so a request at its limit is
+never scheduled past it (its reservation always covers every scheduled step).
 """
 
 from __future__ import annotations
@@ -17,9 +26,11 @@ import torch
 
 from edserve.engine.batch_builder import Pools, build_decode, build_prefill, release
 from edserve.engine.forward_batch import ForwardMode
+from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
 from edserve.engine.request import FinishReason, TokenDelta
-from edserve.engine.runner import ModelRunner
+from edserve.engine.sampler import SamplingPlan, plan_sampling
+from edserve.engine.step import ScheduledBatch, StepOutput
 
 logger = logging.getLogger("edserve")
 
@@ -33,13 +44,14 @@ class SchedulerLimits:
 
 
 class Scheduler:
-    def __init__(self, pools: Pools, runner: ModelRunner, limits: SchedulerLimits) -> None:
+    def __init__(self, pools: Pools, limits: SchedulerLimits) -> None:
         self.pools = pools
-        self.runner = runner
         self.limits = limits
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.num_generated_tokens = 0  # for metrics
+        self._plan_key: tuple[int, ...] = ()  # decode batch the cached sampling plan is for
+        self._plan: SamplingPlan | None = None
 
     # ---- queue management -------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -67,13 +79,46 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    # ---- one engine step -------------------------------------------------------------
-    def step(self) -> None:
+    # ---- schedule ---------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        """The next step's batch (rows and slots allocated), or None when nothing can run."""
         new = self._admit()
         if new:
-            self._run(new, ForwardMode.EXTEND)
-        elif self.running:
-            self._run(list(self.running), ForwardMode.DECODE)
+            return self._prefill(new)
+        reqs = [r for r in self.running if not self._at_length_limit(r)]
+        if not reqs:
+            return None
+        batch = build_decode(self.pools, reqs)
+        if batch is None:  # cannot happen with reservations
+            logger.warning("KV allocation failed for a decode batch; retrying later")
+            return None
+        for r in reqs:
+            r.steps += 1
+        return ScheduledBatch(ForwardMode.DECODE, reqs, batch, self._decode_plan(reqs))
+
+    def _prefill(self, reqs: list[Req]) -> ScheduledBatch | None:
+        batch = build_prefill(self.pools, reqs)
+        if batch is None:  # cannot happen with reservations; keep requests queued if it does
+            logger.warning("KV allocation failed for a prefill batch; retrying later")
+            self.waiting.extendleft(reversed(reqs))
+            return None
+        self.running.extend(reqs)
+        for r in reqs:
+            r.steps = 1
+        dev = self.pools.device
+        prompt = to_device([t for r in reqs for t in r.prompt_ids], torch.int64, dev)
+        return ScheduledBatch(ForwardMode.EXTEND, reqs, batch, plan_sampling(reqs, dev), prompt)
+
+    def _decode_plan(self, reqs: list[Req]) -> SamplingPlan:
+        key = tuple(r.serial for r in reqs)
+        if key != self._plan_key or self._plan is None:
+            self._plan_key, self._plan = key, plan_sampling(reqs, self.pools.device)
+        return self._plan
+
+    def _at_length_limit(self, req: Req) -> bool:
+        """True once the steps scheduled so far yield the request's last allowed token."""
+        return req.steps >= req.max_new_tokens \
+            or len(req.prompt_ids) + req.steps >= self.limits.max_decoder_len
 
     def _outstanding_reservations(self) -> int:
         ps = self.pools.kv_pool.page_size
@@ -98,41 +143,33 @@ class Scheduler:
             tokens += need
         return admitted
 
-    def _run(self, reqs: list[Req], mode: ForwardMode) -> None:
-        build = build_prefill if mode == ForwardMode.EXTEND else build_decode
-        batch = build(self.pools, reqs)
-        if batch is None:  # cannot happen with reservations; keep requests queued if it does
-            logger.warning("KV allocation failed for a %s batch; retrying later", mode.name)
-            if mode == ForwardMode.EXTEND:
-                self.waiting.extendleft(reversed(reqs))
-            return
-        if mode == ForwardMode.EXTEND:
-            self.running.extend(reqs)
-        try:
-            tokens, logprobs = self.runner.run(batch, reqs)
-        except Exception as exc:  # a failing batch fails its requests, not the engine
-            logger.exception("forward failed")
-            for req in reqs:
+    # ---- update -----------------------------------------------------------------------
+    def fail(self, sched: ScheduledBatch, error: str) -> None:
+        """The runner could not run ``sched``: its requests fail, the engine goes on."""
+        for req in sched.reqs:
+            if req.finish_reason is None:
                 self.running.remove(req)
-                self._finish(req, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
-            return
-        self._commit(reqs, tokens, logprobs)
+                self._finish(req, FinishReason.ERROR, error)
 
-    def _commit(self, reqs: list[Req], tokens: list[int], logprobs: list[float]) -> None:
-        for req, tok, lp in zip(reqs, tokens, logprobs, strict=True):
+    def update(self, sched: ScheduledBatch, output: StepOutput) -> None:
+        """Commit one step's tokens (waits for them: the step's one device->host sync)."""
+        tokens, logprobs, no_speech = output.fetch()
+        for req, tok, lp, ns in zip(sched.reqs, tokens, logprobs, no_speech, strict=True):
+            if req.finish_reason is not None:
+                continue  # finished or aborted while this step was in flight
+            if sched.mode == ForwardMode.EXTEND:
+                req.no_speech_prob = ns
             sp = req.request.sampling
-            stop = (tok == self.limits.eos_token_id and not sp.ignore_eos) \
-                or tok in sp.stop_token_ids
-            if stop:
+            if (tok == self.limits.eos_token_id and not sp.ignore_eos) \
+                    or tok in sp.stop_token_ids:
                 req.stop_logprob = lp
                 self._finish_running(req, FinishReason.STOP, [])
                 continue
             req.output_ids.append(tok)
             req.logprobs.append(lp)
             self.num_generated_tokens += 1
-            at_limit = len(req.output_ids) >= req.max_new_tokens \
-                or req.kv_len + 1 >= self.limits.max_decoder_len
-            if at_limit:
+            n = len(req.output_ids)
+            if n >= req.max_new_tokens or len(req.prompt_ids) + n >= self.limits.max_decoder_len:
                 self._finish_running(req, FinishReason.LENGTH, [tok])
             elif req.stream and req.on_delta is not None:
                 req.on_delta(TokenDelta(req.rid, [tok]))
@@ -153,11 +190,3 @@ class Scheduler:
 
 def _ceil(n: int, page_size: int) -> int:
     return (n + page_size - 1) // page_size * page_size
-
-
-def make_generator(seed: int | None) -> torch.Generator | None:
-    if seed is None:
-        return None
-    gen = torch.Generator()
-    gen.manual_seed(seed)
-    return gen

@@ -176,6 +176,7 @@ def write_cache_indices(
     prefix_tensors: list[torch.Tensor],
     out_cache_loc: torch.Tensor,
     use_triton: bool | None = None,
+    validate: bool = True,
 ) -> None:
     """Fill each request's row as ``[prefix slots | new slots]`` (see the module docstring).
 
@@ -183,15 +184,23 @@ def write_cache_indices(
     prefix_tensors[i]: [prefix_lens[i]]; out_cache_loc: [sum(seq_lens - prefix_lens)].
     ``use_triton=None`` picks Triton on CUDA, torch otherwise. Raises
     ``ContextOverflowError`` if a seq_len exceeds the columns; nothing is written on error.
+    ``validate=False`` skips the checks and their host sync (the engine's hot path, whose
+    lengths come from its own bookkeeping).
     """
     dev = req_to_token.device
     if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
         raise ValueError("req_to_token must be a 2-D int32 tensor")
     rows = _index(req_pool_indices, "req_pool_indices", dev)
     loc = _index(out_cache_loc, "out_cache_loc", dev)
-    batch = _check_batch(
-        req_to_token, prefix_lens, seq_lens, prefix_tensors, num_new=loc.numel(), rows=rows
-    )
+    if validate:
+        batch = _check_batch(
+            req_to_token, prefix_lens, seq_lens, prefix_tensors, num_new=loc.numel(), rows=rows
+        )
+    else:
+        prefix, seq = _index(prefix_lens, "prefix_lens", dev), _index(seq_lens, "seq_lens", dev)
+        parts = [p.reshape(-1).to(device=dev, dtype=torch.int64) for p in prefix_tensors]
+        data = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=dev)
+        batch = _Batch(prefix, seq, data, _exclusive_cumsum(prefix), loc.numel())
     _write(req_to_token, rows, batch, loc, _resolve_use_triton(use_triton, dev))
 
 

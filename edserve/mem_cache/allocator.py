@@ -14,6 +14,7 @@ with the mask; free pages + pages owned by requests == ``num_pages``. Every misu
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import torch
 
@@ -50,7 +51,11 @@ class BaseAllocator(ABC):
     slots.
     """
 
-    def __init__(self, size: int, page_size: int, device: str | torch.device = "cpu"):
+    def __init__(self, size: int, page_size: int, device: str | torch.device = "cpu",
+                 debug: bool = True):
+        """``debug``: validate every call's arguments (costs a host<->device sync per call).
+        The engine turns it off on its hot path (``--debug-checks``); tests keep it on."""
+        self.debug = debug
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if size < page_size:
@@ -111,26 +116,32 @@ class BaseAllocator(ABC):
         seq_lens: torch.Tensor,
         last_loc: torch.Tensor,
         extend_num_tokens: int,
+        seq_lens_cpu: Sequence[int] | None = None,
+        prefix_lens_cpu: Sequence[int] | None = None,
     ) -> torch.Tensor | None:
         """Slots for positions ``prefix_lens[i] .. seq_lens[i]-1`` of each request.
 
         prefix_lens, seq_lens, last_loc: [B]; ``last_loc[i]`` is the slot of position
         ``prefix_lens[i]-1`` (-1 when the prefix is empty). Returns int64
         [extend_num_tokens] (request order), or ``None`` with state untouched on shortage.
+        ``seq_lens_cpu`` / ``prefix_lens_cpu``: the same lengths on the host; with ``debug``
+        off they size the allocation without reading the device (no sync).
         """
 
     @abstractmethod
-    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
+    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor,
+                     seq_lens_cpu: Sequence[int] | None = None) -> torch.Tensor | None:
         """One slot per request for position ``seq_lens[i]-1`` (lengths *after* the token).
 
         last_loc: [B] slot of position ``seq_lens[i]-2`` (-1 when ``seq_lens[i] == 1``).
-        Returns int64 [B] or ``None`` with state untouched on shortage.
+        Returns int64 [B] or ``None`` with state untouched on shortage. ``seq_lens_cpu``: as
+        in :meth:`alloc_extend`.
         """
 
     def _take_pages(self, n: int) -> torch.Tensor:
         pages = self._free_pages[:n]
         self._free_pages = self._free_pages[n:]
-        self._is_free[pages] = False
+        self._is_free.index_fill_(0, pages, False)  # a fill, not a host scalar: no sync
         return pages
 
     def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
@@ -154,8 +165,29 @@ class BaseAllocator(ABC):
         if idx.numel() == 0:
             return
         pages = self._validate_free(idx)
+        self._queue_or_release(pages)
+
+    def free_page_starts(self, first_slots: torch.Tensor) -> None:
+        """Return whole pages, each named once by its first slot (``slot % page_size == 0``).
+
+        The sync-free free of the engine's hot path: with ``debug`` off nothing is checked
+        (one slot per page, from a row's ``req_to_token[row, 0:len:page_size]``); with it on,
+        the arguments are validated as in :meth:`free`.
+        """
+        idx = _as_index(first_slots, "free_page_starts: first_slots", self.device)
+        if idx.numel() == 0:
+            return
+        if self.debug:
+            pages = self._validate_free(idx)
+            if pages.numel() != idx.numel():
+                raise AlignmentError("free_page_starts: every slot must start its own page")
+        else:
+            pages = torch.div(idx, self.page_size, rounding_mode="floor")
+        self._queue_or_release(pages)
+
+    def _queue_or_release(self, pages: torch.Tensor) -> None:
         if self._free_group is not None:
-            self._pending[pages] = True
+            self._pending.index_fill_(0, pages, True)
             self._free_group.append(pages)
         else:
             self._release(pages)
@@ -173,11 +205,11 @@ class BaseAllocator(ABC):
         group, self._free_group = self._free_group, None
         if group:
             pages = torch.cat(group)
-            self._pending[pages] = False
+            self._pending.index_fill_(0, pages, False)
             self._release(pages)
 
     def _release(self, pages: torch.Tensor) -> None:
-        self._is_free[pages] = True
+        self._is_free.index_fill_(0, pages, True)
         self._free_pages = torch.cat([pages, self._free_pages])  # prepend: LIFO reuse
 
     def _validate_free(self, idx: torch.Tensor) -> torch.Tensor:
@@ -271,8 +303,8 @@ class TokenToKVPoolAllocator(BaseAllocator):
     plain ``alloc``.
     """
 
-    def __init__(self, size: int, device: str | torch.device = "cpu"):
-        super().__init__(size, 1, device)
+    def __init__(self, size: int, device: str | torch.device = "cpu", debug: bool = True):
+        super().__init__(size, 1, device, debug)
 
     def alloc_extend(
         self,
@@ -280,10 +312,15 @@ class TokenToKVPoolAllocator(BaseAllocator):
         seq_lens: torch.Tensor,
         last_loc: torch.Tensor,
         extend_num_tokens: int,
+        seq_lens_cpu: Sequence[int] | None = None,
+        prefix_lens_cpu: Sequence[int] | None = None,
     ) -> torch.Tensor | None:
-        check_extend_args(self, prefix_lens, seq_lens, last_loc, extend_num_tokens)
+        if self.debug:
+            check_extend_args(self, prefix_lens, seq_lens, last_loc, extend_num_tokens)
         return self.alloc(extend_num_tokens)
 
-    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
-        check_decode_args(self, seq_lens, last_loc)
+    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor,
+                     seq_lens_cpu: Sequence[int] | None = None) -> torch.Tensor | None:
+        if self.debug:
+            check_decode_args(self, seq_lens, last_loc)
         return self.alloc(int(seq_lens.numel()))

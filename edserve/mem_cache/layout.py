@@ -33,6 +33,11 @@ def _index(t: torch.Tensor, name: str, device: torch.device) -> torch.Tensor:
     return t.to(device=device, dtype=torch.int64)
 
 
+def as_index(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """int64 on ``device``, unchecked (the sync-free path: callers pass 1-D integer tensors)."""
+    return torch.as_tensor(t).to(device=device, dtype=torch.int64)
+
+
 def _owned_page_bad(alloc: BaseAllocator, loc: torch.Tensor) -> torch.Tensor:
     """[B] bool: ``loc`` is not a slot of a handed-out page."""
     ps = alloc.page_size

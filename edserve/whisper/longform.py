@@ -76,11 +76,11 @@ class LongformTask:
             if options.initial_prompt else []
         self._all_tokens: list[int] = list(initial)
         self._prompt_reset_since = 0
-        suppress = [SuppressBlank(tokenizer)] if options.suppress_blank else []
-        self._processors = suppress + [SuppressTokens(default_suppress_tokens(tokenizer))]
+        suppress = [SuppressBlank.of(tokenizer)] if options.suppress_blank else []
+        self._processors = suppress + [SuppressTokens.of(default_suppress_tokens(tokenizer))]
         if self.timestamps:
             self._processors.append(
-                ApplyTimestampRules(tokenizer, options.max_initial_timestamp, TIME_PRECISION))
+                ApplyTimestampRules.of(tokenizer, options.max_initial_timestamp, TIME_PRECISION))
 
     @property
     def done(self) -> bool:

@@ -51,14 +51,15 @@ def test_pool_for_two_requests_still_completes_ten(random_whisper):
                                                                     ignore_eos=True))
             for r in _requests(10)]
     peak = 0
-    step = engine.scheduler.step
+    schedule = engine.scheduler.schedule
 
-    def watched_step():
+    def watched_schedule():
         nonlocal peak
-        step()
+        sched = schedule()
         peak = max(peak, len(engine.scheduler.running))
+        return sched
 
-    engine.scheduler.step = watched_step
+    engine.scheduler.schedule = watched_schedule
     outs = engine.generate(reqs)
     assert peak == 2  # back-pressure: never more than the pool holds
     assert all(o.finish_reason == FinishReason.LENGTH and len(o.token_ids) == 8 for o in outs)

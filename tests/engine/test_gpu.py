@@ -23,24 +23,17 @@ STEPS = 16
 NEAR_TIE = 0.05  # fp32 logit margin between the top two tokens below which bf16 may differ
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.rows: list[torch.Tensor] = []
-
-    def __call__(self, generated: list[int], logits: torch.Tensor) -> None:
-        self.rows.append(logits.detach().float().cpu())
-
-
 def _run(engine, feats):
+    from edserve.engine.logits_filter import LogitsRecorder
     from edserve.engine.request import GenerateRequest, SamplingParams
 
-    recs = [Recorder() for _ in feats]
+    recs = [LogitsRecorder() for _ in feats]
     sp = SamplingParams(max_new_tokens=STEPS, ignore_eos=True)
     reqs = [GenerateRequest([50257, 50362], f, sp, logits_processors=[r])
             for f, r in zip(feats, recs, strict=True)]
     outs = engine.generate(reqs)
     engine.check_integrity()
-    return [o.token_ids for o in outs], [r.rows for r in recs]
+    return [o.token_ids for o in outs], [[x.float().cpu() for x in r.rows] for r in recs]
 
 
 @pytest.fixture(scope="module", params=["tiny.en", "large-v3"])

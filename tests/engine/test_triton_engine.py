@@ -7,16 +7,8 @@ import pytest
 import torch
 
 from edserve.engine.engine import Engine
+from edserve.engine.logits_filter import LogitsRecorder
 from edserve.engine.request import GenerateRequest, SamplingParams
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.rows: list[torch.Tensor] = []
-
-    def __call__(self, generated: list[int], logits: torch.Tensor) -> None:
-        self.rows.append(logits.clone())
-
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
 TOL = 1e-3 if DEVICE == "cuda" else 1e-4
@@ -26,7 +18,7 @@ def _run(folder, ops, strategy, page_size, mels):
     engine = Engine(model=str(folder), attention_backend=ops, encoder_kv=strategy,
                     page_size=page_size, max_running_requests=2, device=DEVICE,
                     dtype="float32")
-    recs = [Recorder() for _ in mels]
+    recs = [LogitsRecorder() for _ in mels]
     reqs = [GenerateRequest([50257, 50362], m, SamplingParams(max_new_tokens=4, ignore_eos=True),
                             logits_processors=[r]) for m, r in zip(mels, recs, strict=True)]
     return [o.token_ids for o in engine.generate(reqs)], recs

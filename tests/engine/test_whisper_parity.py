@@ -8,6 +8,7 @@ import torch
 from whisper_fixtures import hf_greedy
 
 from edserve.engine.engine import Engine
+from edserve.engine.logits_filter import LogitsRecorder
 from edserve.engine.request import GenerateRequest, SamplingParams
 
 STEPS = 12
@@ -30,16 +31,6 @@ def mels():
 @pytest.fixture(scope="module")
 def hf_reference(hf_model, mels):
     return [hf_greedy(hf_model, m, PROMPT, STEPS) for m in mels]
-
-
-class LogitsRecorder:
-    """A logits processor that records the raw logits it sees (changes nothing)."""
-
-    def __init__(self) -> None:
-        self.rows: list[torch.Tensor] = []
-
-    def __call__(self, generated: list[int], logits: torch.Tensor) -> None:
-        self.rows.append(logits.clone())
 
 
 def test_encoder_output_matches_hf(random_whisper, hf_model, mels):

@@ -1,4 +1,5 @@
-"""openai-whisper's logit filters as engine logits processors.
+"""The per-request logit filters edserve used before batching: the test oracle for
+:mod:`edserve.whisper.logits` (a line-by-line port of openai-whisper's filters).
 
 Each processor is a callable ``(generated, logits) -> None`` that edits one request's
 next-token logits ``[V]`` in place; ``generated`` holds the tokens sampled so far (prompt

@@ -1,0 +1,69 @@
+"""The logits-filter interface: batched edits of next-token logits before sampling.
+
+A request lists its filters in ``GenerateRequest.logits_processors``. Once per step the sampler
+groups the batch's rows by their filter list (lists that compare equal share a group) and calls
+each filter of a group once, in list order, on that group's ``[n, V]`` logits. Filters are
+therefore written as tensor ops over rows: no Python loop per request and no host<->device sync
+(never ``if tensor:``, ``.item()``, ``.tolist()``, or ``t[idx] = python_scalar`` on a device).
+
+Value-typed filters (frozen dataclasses whose fields are the settings) compare equal across
+requests, so every Whisper window of every request that uses the same settings is filtered in
+one call. A filter that must see one request only (a test recorder) keeps identity equality.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class FilterContext:
+    """What a filter may read about its group's rows (all on the logits' device)."""
+
+    history: torch.Tensor  # [n, C] int64: tokens sampled so far per row (prompt excluded)
+    lengths: torch.Tensor  # [n] int64: valid entries of each history row
+    rids: tuple[str, ...]  # the rows' request ids, in row order (host; for recorders)
+
+    def last(self, back: int = 1) -> torch.Tensor:
+        """[n] the ``back``-th last sampled token of each row (-1 where there is none)."""
+        idx = (self.lengths - back).clamp(min=0)[:, None]
+        tok = self.history.gather(1, idx)[:, 0]
+        return torch.where(self.lengths >= back, tok, torch.full_like(tok, -1))
+
+
+class LogitsFilter(ABC):
+    """Edits ``logits`` ``[n, V]`` (float32) of one group of rows in place."""
+
+    @abstractmethod
+    def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
+        """In place; tensor ops only (see the module doc)."""
+
+
+def vocab_mask(ids: tuple[int, ...], vocab: int, device: torch.device,
+               cache: dict) -> torch.Tensor:
+    """``[V]`` bool, True at ``ids`` (ids outside ``0..V-1`` ignored). Built once per
+    (V, device) and kept in the calling filter's ``cache`` (one upload, then none)."""
+    key = (vocab, str(device))
+    mask = cache.get(key)
+    if mask is None:
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[[i for i in ids if 0 <= i < vocab]] = True
+        mask = cache[key] = mask.to(device)
+    return mask
+
+
+class LogitsRecorder(LogitsFilter):
+    """Keeps a copy of every logits row it is shown, unchanged (tests and debugging).
+
+    One instance per request: it compares by identity, so it forms its own group and each
+    ``apply`` sees that request's single row. ``rows`` holds ``[V]`` tensors on the device.
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[torch.Tensor] = []
+
+    def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
+        self.rows.extend(logits.detach().clone().unbind(0))

@@ -1,0 +1,112 @@
+"""openai-whisper's logit filters, batched: each acts on ``[n, V]`` logits with tensor ops.
+
+They run in the order openai-whisper applies them: :class:`SuppressBlank`,
+:class:`SuppressTokens`, :class:`ApplyTimestampRules`. Each is a frozen dataclass of its
+settings, so equal settings compare equal and the sampler filters every request that shares
+them in one call (see :mod:`edserve.engine.logits_filter`). ``ctx.history`` holds the tokens
+sampled so far (prompt excluded), so "the first sampled position" is ``ctx.lengths == 0``.
+No filter syncs with the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from edserve.engine.logits_filter import FilterContext, LogitsFilter, vocab_mask
+from edserve.tokenizer import WhisperTokenizer
+
+NEG_INF = float("-inf")
+
+
+def _cache() -> dict:
+    return field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class SuppressTokens(LogitsFilter):
+    """Forbid a fixed set of tokens at every position."""
+
+    ids: tuple[int, ...]
+    _masks: dict = _cache()
+
+    @classmethod
+    def of(cls, ids: list[int] | tuple[int, ...]) -> SuppressTokens:
+        return cls(tuple(sorted(set(ids))))
+
+    def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
+        logits.masked_fill_(vocab_mask(self.ids, logits.shape[-1], logits.device, self._masks),
+                            NEG_INF)
+
+
+@dataclass(frozen=True)
+class SuppressBlank(LogitsFilter):
+    """At the first sampled position, forbid a blank (``" "``) and end-of-text."""
+
+    ids: tuple[int, ...]
+    _masks: dict = _cache()
+
+    @classmethod
+    def of(cls, tokenizer: WhisperTokenizer) -> SuppressBlank:
+        return cls(tuple(tokenizer.encode(" ") + [tokenizer.eot]))
+
+    def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
+        mask = vocab_mask(self.ids, logits.shape[-1], logits.device, self._masks)
+        logits.masked_fill_((ctx.lengths == 0)[:, None] & mask, NEG_INF)  # [n, V]
+
+
+def default_suppress_tokens(tokenizer: WhisperTokenizer) -> list[int]:
+    """openai-whisper's ``suppress_tokens="-1"``: non-speech symbols plus task/control tokens."""
+    return list(tokenizer.non_speech_tokens()) + [
+        tokenizer.transcribe, tokenizer.translate, tokenizer.sot, tokenizer.sot_prev,
+        tokenizer.sot_lm, tokenizer.no_speech]
+
+
+@dataclass(frozen=True)
+class ApplyTimestampRules(LogitsFilter):
+    """Whisper's timestamp grammar (openai-whisper ``ApplyTimestampRules``), over rows.
+
+    Timestamps come in pairs (except right before end-of-text) and never decrease; the first
+    sampled token is a timestamp no later than ``max_initial_index`` steps of 20 ms; when the
+    timestamp tokens together are likelier than any single text token, a timestamp is forced.
+    """
+
+    eot: int
+    no_timestamps: int
+    ts_begin: int
+    max_initial_index: int | None = 50
+
+    @classmethod
+    def of(cls, tokenizer: WhisperTokenizer, max_initial_timestamp: float | None = 1.0,
+           time_precision: float = 0.02) -> ApplyTimestampRules:
+        index = None if max_initial_timestamp is None \
+            else round(max_initial_timestamp / time_precision)
+        return cls(tokenizer.eot, tokenizer.no_timestamps, tokenizer.timestamp_begin, index)
+
+    def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
+        tb, n = self.ts_begin, ctx.lengths  # n: [R] tokens sampled per row
+        col = torch.arange(logits.shape[-1], device=logits.device)[None, :]  # [1, V]
+        last_ts = ctx.last(1) >= tb  # [R] (False when nothing was sampled)
+        penult_ts = (n < 2) | (ctx.last(2) >= tb)  # [R]
+        pair_closed = (last_ts & penult_ts)[:, None]  # text (or end) must follow
+        pair_open = (last_ts & ~penult_ts)[:, None]  # the open timestamp must be closed
+        mask = (col == self.no_timestamps) | (pair_closed & (col >= tb)) \
+            | (pair_open & (col < self.eot))  # [R, V]
+        # Timestamps never decrease, and a segment has non-zero length: forbid every
+        # timestamp below the last one sampled (below it + 1 unless a pair is open).
+        pos = torch.arange(ctx.history.shape[1], device=logits.device)[None, :]  # [1, C]
+        is_ts = (ctx.history >= tb) & (pos < n[:, None])  # [R, C]
+        where = torch.where(is_ts, pos, -1).amax(dim=1, keepdim=True)  # [R, 1] last ts index
+        last = ctx.history.gather(1, where.clamp(min=0))  # [R, 1] its token
+        upper = torch.where(pair_open, last, last + 1)
+        mask |= (where >= 0) & (col >= tb) & (col < upper)
+        first = (n == 0)[:, None]  # the text starts with an early-enough timestamp
+        mask |= first & (col < tb)
+        if self.max_initial_index is not None:
+            mask |= first & (col > tb + self.max_initial_index)
+        logits.masked_fill_(mask, NEG_INF)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        ts_mass = torch.logsumexp(logprobs[:, tb:], dim=-1)  # [R]
+        best_text = logprobs[:, :tb].amax(dim=-1)  # [R]
+        logits[:, :tb].masked_fill_((ts_mass > best_text)[:, None], NEG_INF)

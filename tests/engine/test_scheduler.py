@@ -1,0 +1,100 @@
+"""The scheduler without a model: schedule() -> made-up tokens -> update(), with exact rows,
+slots, finishes and frees (page size 4, a 6-token "encoder")."""
+
+from __future__ import annotations
+
+import torch
+
+from edserve.engine.batch_builder import Pools
+from edserve.engine.forward_batch import ForwardMode
+from edserve.engine.req import Req
+from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
+from edserve.engine.scheduler import Scheduler, SchedulerLimits
+from edserve.engine.step import StepOutput
+from edserve.layers.attention import create_backend
+from edserve.mem_cache import KVPool, PagedTokenToKVPoolAllocator, ReqToTokenPool
+
+PS, ENC, EOS = 4, 6, 99
+
+
+def _pools(slots: int = 64, rows: int = 4) -> Pools:
+    dev = torch.device("cpu")
+    return Pools(ReqToTokenPool(rows, 40, dev), PagedTokenToKVPoolAllocator(slots, PS, dev),
+                 KVPool(slots, PS, 1, 1, 4, torch.float32, dev), create_backend("flat", PS), dev)
+
+
+def _req(max_new: int, prompt=(1, 2), finished: list | None = None) -> Req:
+    request = GenerateRequest(list(prompt), None, SamplingParams(max_new_tokens=max_new))
+    reserved = -(-(ENC + len(prompt) + max_new) // PS) * PS
+    log = finished if finished is not None else []
+    return Req(request, ENC, ENC, max_new, reserved,
+               on_delta=lambda d: log.append(d) if d.finished else None)
+
+
+def _output(tokens: list[int]) -> StepOutput:
+    return StepOutput(torch.tensor(tokens), torch.zeros(len(tokens)), None).start_copy()
+
+
+def _sched(pools: Pools) -> Scheduler:
+    return Scheduler(pools, SchedulerLimits(4, 1000, EOS, 448))
+
+
+def test_prefill_then_decode_rows_slots_and_finish():
+    pools, done = _pools(), []
+    sched = _sched(pools)
+    a, b = _req(3, finished=done), _req(5, prompt=(1,), finished=done)
+    sched.add(a)
+    sched.add(b)
+    step = sched.schedule()
+    assert step.mode == ForwardMode.EXTEND and step.reqs == [a, b]
+    assert (a.req_pool_idx, b.req_pool_idx) == (1, 2)
+    # a: 6 encoder + 2 prompt columns = pages 1, 2; b: 6 + 1 -> pages 3, 4 (LIFO free list)
+    assert pools.req_to_token_pool.req_to_token[1, :8].tolist() == list(range(4, 12))
+    assert pools.req_to_token_pool.req_to_token[2, :7].tolist() == list(range(12, 19))
+    assert step.prompt_ids.tolist() == [1, 2, 1]
+    sched.update(step, _output([10, 20]))
+    assert a.output_ids == [10] and b.output_ids == [20]
+    step = sched.schedule()
+    assert step.mode == ForwardMode.DECODE
+    assert step.batch.out_cache_loc.tolist() == [20, 19]  # a: fresh page 5; b: slot 19
+    sched.update(step, _output([11, EOS]))  # b stops on end-of-text
+    assert [d.rid for d in done] == [b.rid] and done[0].output.finish_reason == FinishReason.STOP
+    assert b.req_pool_idx is None and sched.running == [a]
+    sched.update(sched.schedule(), _output([12]))  # a reaches max_new_tokens = 3
+    assert a.output_ids == [10, 11, 12] and done[-1].output.finish_reason == FinishReason.LENGTH
+    assert not sched.has_work() and sched.schedule() is None
+    assert pools.allocator.available_size() == pools.allocator.size
+    pools.allocator.check_integrity(torch.zeros(0, dtype=torch.int64))
+
+
+def test_overlap_order_ignores_tokens_of_finished_requests():
+    """schedule(N+1) before update(N): the request that stopped at N got step N+1, whose
+    token is dropped; a request at its length limit is never scheduled past it."""
+    pools, done = _pools(), []
+    sched = _sched(pools)
+    a, b = _req(2, finished=done), _req(6, finished=done)
+    sched.add(a)
+    sched.add(b)
+    s0 = sched.schedule()  # prefill
+    s1 = sched.schedule()  # decode, before s0's tokens are known
+    sched.update(s0, _output([10, EOS]))  # b stopped at step 0
+    s2 = sched.schedule()  # a has had 2 steps = max_new_tokens: only b would be left...
+    assert s2 is None  # ...but b is finished: nothing to run
+    sched.update(s1, _output([11, 77]))  # b's extra token is ignored
+    assert a.output_ids == [10, 11] and b.output_ids == []
+    assert [d.output.finish_reason for d in done] == [FinishReason.STOP, FinishReason.LENGTH]
+    assert pools.allocator.available_size() == pools.allocator.size
+    assert pools.req_to_token_pool.available_size() == 4
+
+
+def test_back_pressure_admits_what_the_pool_holds():
+    pools = _pools(slots=32)  # 8 pages; each request reserves ceil((6 + 2 + 8) / 4) = 4 pages
+    sched = _sched(pools)
+    reqs = [_req(8) for _ in range(3)]
+    for r in reqs:
+        sched.add(r)
+    step = sched.schedule()
+    assert step.reqs == reqs[:2] and list(sched.waiting) == [reqs[2]]
+    sched.abort(reqs[0].rid)
+    assert reqs[0].finish_reason == FinishReason.ABORT and reqs[0].req_pool_idx is None
+    assert sched.schedule().reqs == [reqs[2]]  # the freed reservation admits the third
