@@ -1,11 +1,12 @@
 """asyncio front of the engine: one background thread steps the engine; coroutines submit.
 
-The engine thread loops: run queued calls, then ``engine.step()`` while there is work, else
-sleep on an Event until a submit wakes it. Requests from many coroutines (HTTP handlers) join the
-same continuous batch. Deltas cross back to the event loop with ``call_soon_threadsafe`` into a
-per-request ``asyncio.Queue`` (no shared per-request state). A consumer that stops early (client
-disconnect, task cancelled) aborts its request, so its row and KV slots are freed at the next
-step.
+The engine thread loops: run at most one queued call, then ``engine.step()`` while there is
+work (so callers polling the engine thread can never starve decoding), then the step hooks
+(e.g. a stats snapshot), else sleep on an Event until a submit wakes it. Requests from many
+coroutines (HTTP handlers) join the same continuous batch. Deltas cross back to the event loop
+with ``call_soon_threadsafe`` into a per-request ``asyncio.Queue`` (no shared per-request
+state). A consumer that stops early (client disconnect, task cancelled) aborts its request,
+so its row and KV slots are freed at the next step.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+from edserve.engine.errors import RequestFailed
 from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
 
 logger = logging.getLogger("edserve")
@@ -36,6 +38,7 @@ class AsyncEngine:
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = \
             queue.SimpleQueue()
         self._inflight: dict[str, Callable[[TokenDelta], None]] = {}
+        self._hooks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="edserve-engine", daemon=True)
 
@@ -60,29 +63,43 @@ class AsyncEngine:
         return len(self._inflight)
 
     def _loop(self) -> None:
+        self._run_hooks()
         while not self._stop.is_set():
-            self._run_calls()
+            self._run_one_call()
             if self.engine.has_work():
                 try:
                     self.engine.step()
                 except Exception as exc:  # keep serving; fail what was in flight
                     logger.exception("engine step failed")
                     self._fail_inflight(f"engine step failed: {type(exc).__name__}: {exc}")
-            else:
+                self._run_hooks()
+            elif self._calls.empty():
                 self._wake.wait(self._idle_poll_s)
                 self._wake.clear()
 
-    def _run_calls(self) -> None:
-        while True:
+    def _run_one_call(self) -> None:
+        """At most one queued call per loop turn: one per engine step while there is work."""
+        try:
+            fn, fut = self._calls.get_nowait()
+        except queue.Empty:
+            return
+        if fut.set_running_or_notify_cancel():
             try:
-                fn, fut = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn())
-                except BaseException as exc:
-                    fut.set_exception(exc)
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+    def _run_hooks(self) -> None:
+        for hook in self._hooks:
+            try:
+                hook()
+            except Exception:
+                logger.exception("engine step hook failed")
+
+    def add_step_hook(self, hook: Callable[[], None]) -> None:
+        """Run ``hook()`` on the engine thread after every step (and once at start); keep it
+        cheap (no tensor work): it runs between steps."""
+        self._hooks.append(hook)
 
     def _fail_inflight(self, message: str) -> None:
         with self._lock:
@@ -94,7 +111,8 @@ class AsyncEngine:
 
     # ---- calls on the engine thread ----------------------------------------------------
     def call_soon(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-        """Run ``fn()`` on the engine thread between steps (e.g. ``engine.check_integrity``)."""
+        """Run ``fn()`` on the engine thread between steps (e.g. ``engine.check_integrity``);
+        at most one such call runs per engine step."""
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._calls.put((fn, fut))
         self._wake.set()
@@ -145,7 +163,9 @@ class AsyncEngine:
                 self._wake.set()
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        """Run ``request`` to completion; cancellation aborts it (its KV is freed)."""
+        """Run ``request`` to completion; cancellation aborts it (its KV is freed). The output
+        may still say ``FinishReason.ERROR``/``ABORT``; :class:`RequestFailed` when the stream
+        ended without one."""
         stream = self.stream(request)
         try:
             async for delta in stream:
@@ -154,4 +174,4 @@ class AsyncEngine:
                     return delta.output
         finally:
             await stream.aclose()
-        raise RuntimeError(f"request {request.rid} ended without output")
+        raise RequestFailed(f"request {request.rid} ended without output", request.rid)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edserve.engine.errors import RequestFailed
 from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
 from edserve.multimodal.mllama_chat import DEFAULT_DATE, ChatTokenizer, chat_prompt_ids
 from edserve.multimodal.mllama_request import make_mllama_request
@@ -28,6 +29,9 @@ def normalize_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     """``stop`` as a tuple of non-empty strings (ValueError otherwise)."""
     if stop is None:
         return ()
+    if not isinstance(stop, (str, list, tuple)):
+        raise ValueError(f"'stop' must be a string or a list of strings, not "
+                         f"{type(stop).__name__}")
     items = [stop] if isinstance(stop, str) else list(stop)
     if len(items) > MAX_STOP_STRINGS or not all(isinstance(s, str) and s for s in items):
         raise ValueError(f"'stop' must be a non-empty string or a list of at most "
@@ -132,12 +136,14 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
 
 
 def finish_reason(output: GenerateOutput | None, decoder: ChatDecoder) -> str:
-    """OpenAI finish reason; RuntimeError for a failed or aborted request."""
+    """OpenAI finish reason; :class:`RequestFailed` (a RuntimeError) for a failed or aborted
+    request."""
     if decoder.stopped:
         return "stop"
     if output is None or output.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
         reason = output.error if output is not None and output.error else "aborted"
-        raise RuntimeError(f"generation failed: {reason}")
+        raise RequestFailed(f"generation failed: {reason}",
+                            output.rid if output is not None else None)
     return "length" if output.finish_reason == FinishReason.LENGTH else "stop"
 
 

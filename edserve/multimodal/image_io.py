@@ -19,12 +19,33 @@ from edserve.multimodal.errors import ImageInputError
 ImageSource = Image.Image | bytes | bytearray | str | os.PathLike
 
 
+#: Largest accepted image, in pixels (width x height), checked from the header before any
+#: pixel is decoded. Mllama resizes to at most 4 tiles of 560 px, so 40 MP is generous.
+#: (Pillow's own decompression-bomb guard, ``Image.MAX_IMAGE_PIXELS``, stays on as well.)
+MAX_IMAGE_PIXELS = 40_000_000
+
+
 def _decode_bytes(data: bytes, what: str) -> Image.Image:
+    """Open, check the declared size, then decode. Error texts are fixed phrases (no reprs,
+    no addresses)."""
     try:
         img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError:
+        raise ImageInputError(f"image ({what}) is too large: the limit is "
+                              f"{MAX_IMAGE_PIXELS // 1_000_000} megapixels") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        raise ImageInputError(f"cannot decode image ({what}): not a supported image "
+                              "format") from None
+    width, height = img.size
+    if width * height > MAX_IMAGE_PIXELS:
+        img.close()
+        raise ImageInputError(f"image ({what}) is {width}x{height} pixels; the limit is "
+                              f"{MAX_IMAGE_PIXELS // 1_000_000} megapixels")
+    try:
         img.load()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
-        raise ImageInputError(f"cannot decode image ({what}): {e}") from e
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError):
+        raise ImageInputError(f"cannot decode image ({what}): corrupt or truncated image "
+                              "data") from None
     return img
 
 
@@ -36,8 +57,8 @@ def _decode_data_url(url: str) -> Image.Image:
         raise ImageInputError("only base64-encoded data: URLs are supported for images")
     try:
         data = base64.b64decode(payload, validate=False)
-    except (binascii.Error, ValueError) as e:
-        raise ImageInputError(f"invalid base64 in data: URL: {e}") from e
+    except (binascii.Error, ValueError):
+        raise ImageInputError("invalid base64 in the data: URL") from None
     return _decode_bytes(data, "data: URL")
 
 

@@ -130,7 +130,7 @@ def _content(msg: Any, i: int, images: list[ImageSource], allow_local: bool) -> 
             images.append(_image_source(part, where, allow_local))
             out.append(IMAGE)
         else:
-            raise ChatFormatError(f"{where}: unsupported content part type {kind!r} (use "
+            raise ChatFormatError(f"{where}: unsupported content part type {kind!r:.40} (use "
                                   "'text' or 'image_url')", where)
     return "".join(out)
 
@@ -151,10 +151,14 @@ def render_chat(messages: Sequence[Any], date_string: str = DEFAULT_DATE,
         if not isinstance(msg, dict):
             raise ChatFormatError(f"messages[{i}] must be an object with 'role' and 'content'",
                                   f"messages[{i}]")
-        role = ROLES.get(msg.get("role"))  # type: ignore[arg-type]
+        raw_role = msg.get("role")
+        role = ROLES.get(raw_role) if isinstance(raw_role, str) else None
         if role is None:
+            shown = repr(raw_role) if isinstance(raw_role, str) and len(raw_role) <= 32 \
+                else f"a {type(raw_role).__name__}" if not isinstance(raw_role, str) \
+                else repr(raw_role[:32] + "...")
             raise ChatFormatError(f"messages[{i}].role must be one of system, user, assistant; "
-                                  f"got {msg.get('role')!r}", f"messages[{i}].role")
+                                  f"got {shown}", f"messages[{i}].role")
         turns.append((role, _content(msg, i, images, allow_local_images)))
     system = ""
     if turns[0][0] == "system":

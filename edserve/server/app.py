@@ -1,86 +1,97 @@
-"""The FastAPI app: OpenAI-compatible audio endpoints plus models, health, metrics.
+"""The FastAPI app: OpenAI-compatible audio and chat endpoints plus models, health, metrics.
 
-``create_app(aengine, config)`` builds an app around a running
-:class:`~edserve.engine.async_engine.AsyncEngine`; all per-request state lives in the handlers
-(the app only holds the engine, the config and the metrics registry).
+``create_app(engine, config)`` builds an app around an
+:class:`~edserve.engine.protocol.EngineClient` (an ``AsyncEngine`` is wrapped in one); the
+routes use nothing else of the engine. All per-request state lives in the handlers.
+
+Middleware, outermost first: status counting + catch-all 500 (:class:`StatusCounterMiddleware`),
+Origin/Host checks, CORS for allowed origins, the body read timeout, the body size limit.
 """
 
 from __future__ import annotations
 
-import hmac
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edserve.engine.protocol import EngineClient
 from edserve.server.body_limit import BodyLimitMiddleware
-from edserve.server.chat import require_audio_model
 from edserve.server.chat import router as chat_router
+from edserve.server.checks import check_auth, check_model, require_audio_model
 from edserve.server.config import ServerConfig
 from edserve.server.errors import APIError, api_error_handler, http_error_handler
+from edserve.server.guards import (
+    BodyTimeoutMiddleware,
+    OriginHostMiddleware,
+    PendingBudget,
+    RateLimiter,
+)
 from edserve.server.metrics import ServerMetrics, StatusCounterMiddleware
-from edserve.server.params import parse_form
+from edserve.server.params import mib_label, parse_form
 from edserve.server.transcription import run
 
 FORM_OVERHEAD = 1024 * 1024  # multipart framing + text fields on top of the file
-
-
-def _check_auth(request: Request) -> None:
-    key = request.app.state.config.api_key
-    if key is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                             key.encode()):
-        raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'",
-                       None, "invalid_api_key")
-
-
-def _check_model(request: Request, model: str) -> None:
-    cfg: ServerConfig = request.app.state.config
-    if model not in (cfg.served_model_name, "whisper-1"):
-        raise APIError(404, f"The model '{model}' does not exist; this server serves "
-                       f"'{cfg.served_model_name}'", "model", "model_not_found")
+AUDIO_MODEL_ALIASES = ("whisper-1",)
 
 
 async def _audio_endpoint(request: Request, task: str) -> Response:
-    _check_auth(request)
+    check_auth(request)
     require_audio_model(request)
-    cfg: ServerConfig = request.app.state.config
+    state = request.app.state
+    cfg: ServerConfig = state.config
     try:
         form = await request.form(max_files=4, max_fields=64, max_part_size=FORM_OVERHEAD)
     except StarletteHTTPException as exc:
         raise APIError(400, f"malformed multipart body: {exc.detail}") from None
+    held = 0
+
+    def reserve(nbytes: int) -> None:
+        nonlocal held
+        state.pending.reserve(nbytes)
+        held = nbytes
+
+    def release() -> None:
+        nonlocal held
+        state.pending.release(held)
+        held = 0
+
     try:
-        params = await parse_form(form, cfg.max_upload_bytes)
+        try:
+            params = await parse_form(form, cfg.max_upload_mb, reserve)
+        finally:
+            await form.close()
+        check_model(request, params.model, AUDIO_MODEL_ALIASES)
+        return await run(request, params, task, on_prepared=release)
     finally:
-        await form.close()
-    _check_model(request, params.model)
-    return await run(request, params, task)
+        release()
 
 
-def _integrity(aengine: Any) -> dict[str, Any]:
-    """On the engine thread: the KV integrity check plus what is held right now."""
-    engine = aengine.engine
-    engine.check_integrity()
-    alloc = engine.pools.allocator
-    return {"ok": True, "kv_slots_used": alloc.size - alloc.available_size(),
-            "kv_slots_total": alloc.size, "running": len(engine.scheduler.running),
-            "waiting": len(engine.scheduler.waiting), "inflight": aengine.num_inflight}
-
-
-def create_app(aengine: Any, config: ServerConfig | None = None) -> FastAPI:
+def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
+    """``engine``: an :class:`EngineClient`, or a started ``AsyncEngine`` to wrap in one."""
     config = config or ServerConfig()
+    client = engine if isinstance(engine, EngineClient) \
+        else EngineClient(engine, config.served_model_name)
     app = FastAPI(title="edserve", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.aengine = aengine
+    app.state.engine = client
     app.state.config = config
-    app.state.metrics = metrics = ServerMetrics(aengine)
+    app.state.metrics = metrics = ServerMetrics(client)
+    app.state.pending = PendingBudget(config.max_pending_audio_bytes)
+    debug_limiter = RateLimiter(config.debug_rate_limit)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_upload_bytes + FORM_OVERHEAD)
-
+    # add_middleware prepends: the last added is the outermost.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_upload_bytes + FORM_OVERHEAD,
+                       limit_label=mib_label(config.max_upload_mb))
+    app.add_middleware(BodyTimeoutMiddleware, timeout=config.body_timeout)
+    if config.origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.origins),
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"])
+    app.add_middleware(OriginHostMiddleware, origins=config.origins, bind_host=config.host)
     app.add_middleware(StatusCounterMiddleware, counter=metrics.requests)
     app.include_router(chat_router)
 
@@ -94,14 +105,14 @@ def create_app(aengine: Any, config: ServerConfig | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
-        _check_auth(request)
+        check_auth(request)
         card = {"id": config.served_model_name, "object": "model", "created": 0,
                 "owned_by": "edserve"}
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        alive = aengine.is_alive
+        alive = client.is_alive
         return JSONResponse({"status": "ok" if alive else "engine stopped"},
                             status_code=200 if alive else 503)
 
@@ -111,12 +122,16 @@ def create_app(aengine: Any, config: ServerConfig | None = None) -> FastAPI:
 
     if config.enable_debug_endpoints:
         @app.get("/debug/integrity")
-        async def integrity() -> JSONResponse:
+        async def integrity(request: Request) -> JSONResponse:
+            check_auth(request)
+            debug_limiter.check()
+            started = time.perf_counter()
             try:
-                report = await aengine.call(lambda: _integrity(aengine))
+                report = await client.integrity()
             except Exception as exc:
-                raise APIError(500, f"integrity check failed: {exc}", None,
-                               "integrity_error") from None
+                raise APIError(500, f"integrity check failed: {type(exc).__name__}: {exc}",
+                               None, "integrity_error") from None
+            report["seconds"] = round(time.perf_counter() - started, 4)
             return JSONResponse(report)
 
     return app

@@ -7,10 +7,9 @@ bytes), so the client, still sending, gets the 413 instead of a reset connection
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from edserve.server.errors import error_body
+from edserve.server.errors import send_error
 
 Scope = dict[str, Any]
 
@@ -20,11 +19,14 @@ class _TooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    """Pure ASGI middleware; ``max_bytes`` bounds the whole body (file + form fields)."""
+    """Pure ASGI middleware; ``max_bytes`` bounds the whole body (file + form fields).
+    ``limit_label`` is the limit as users configured it ("25 MiB"), for the error text."""
 
-    def __init__(self, app: Any, max_bytes: int, drain_cap: int | None = None) -> None:
+    def __init__(self, app: Any, max_bytes: int, limit_label: str,
+                 drain_cap: int | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.limit_label = limit_label
         self.drain_cap = drain_cap if drain_cap is not None else 8 * max_bytes
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -67,12 +69,5 @@ class BodyLimitMiddleware:
                 break
             seen += len(message.get("body", b""))
             more = message.get("more_body", False)
-        mib = self.max_bytes / (1024 * 1024)
-        body = json.dumps(error_body(
-            413, f"request body exceeds the {mib:.1f} MiB upload limit", "file",
-            "file_too_large")).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, f"request body exceeds the {self.limit_label} upload limit",
+                         "file", "file_too_large", close=True)

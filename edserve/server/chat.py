@@ -12,7 +12,6 @@ so does a matched ``stop`` string.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 import uuid
@@ -21,16 +20,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
-from edserve.multimodal.chat_api import ChatDecoder, finish_reason, is_mllama, normalize_stop
+from edserve.engine.errors import RequestFailed
+from edserve.multimodal.chat_api import ChatDecoder, finish_reason, normalize_stop
 from edserve.multimodal.chat_api import prepare_chat as _prepare_chat
 from edserve.multimodal.errors import ImageInputError
 from edserve.multimodal.mllama_chat import ChatFormatError
+from edserve.server.checks import check_auth, check_model, read_json, show
 from edserve.server.disconnect import ClientGone, unless_disconnected
-from edserve.server.errors import APIError, error_body
+from edserve.server.errors import APIError
+from edserve.server.sse import sse_response
 
 router = APIRouter()
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
 
 
 @dataclass(frozen=True)
@@ -46,13 +49,6 @@ class ChatParams:
     include_usage: bool
 
 
-def require_audio_model(request: Request) -> None:
-    """400 when the served model cannot take audio (called by the audio endpoints)."""
-    if is_mllama(request.app.state.aengine.engine):
-        raise APIError(400, "this server serves a Llama-3.2-Vision (Mllama) model, which does "
-                       "not take audio; use /v1/chat/completions", "model", "unsupported_task")
-
-
 def _number(body: dict, name: str, default: float, lo: float, hi: float,
             lo_open: bool = False) -> float:
     v = body.get(name)
@@ -61,19 +57,18 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float,
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
             or not (lo < v if lo_open else lo <= v) or v > hi:
         rng = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
-        raise APIError(400, f"'{name}' must be a number in {rng}, got {v!r}", name,
+        raise APIError(400, f"'{name}' must be a number in {rng}, got {show(v)}", name,
                        "invalid_value")
     return float(v)
 
 
-def _int(body: dict, name: str, lo: int | None) -> int | None:
+def _int(body: dict, name: str, lo: int, hi: int = 2**31 - 1) -> int | None:
     v = body.get(name)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or (lo is not None and v < lo):
-        bound = f" >= {lo}" if lo is not None else ""
-        raise APIError(400, f"'{name}' must be an integer{bound}, got {v!r}", name,
-                       "invalid_value")
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise APIError(400, f"'{name}' must be an integer in [{lo}, {hi}], got {show(v)}",
+                       name, "invalid_value")
     return v
 
 
@@ -97,37 +92,37 @@ def parse_params(body: Any) -> ChatParams:
         max_tokens = _int(body, "max_tokens", 1)
     try:
         stop = normalize_stop(body.get("stop"))
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         raise APIError(400, str(exc), "stop", "invalid_value") from None
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise APIError(400, "'stream' must be a boolean", "stream", "invalid_value")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
-        raise APIError(400, "'stream_options' must be an object", "stream_options")
+        raise APIError(400, "'stream_options' must be an object", "stream_options",
+                       "invalid_value")
+    if not isinstance(opts.get("include_usage", False), bool):
+        raise APIError(400, "'stream_options.include_usage' must be a boolean",
+                       "stream_options", "invalid_value")
     return ChatParams(
         model=body["model"], messages=messages, max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True), seed=_int(body, "seed", None),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        seed=_int(body, "seed", SEED_MIN, SEED_MAX),
         stop=stop, stream=stream, include_usage=bool(opts.get("include_usage")))
 
 
-def _prepare(engine: Any, p: ChatParams):
+def _prepare(client: Any, p: ChatParams):
     """Worker thread: template, tokenize, decode images, dry-run the engine's validation."""
-    request, tok = _prepare_chat(engine, p.messages, p.max_tokens, p.temperature, p.seed,
+    request, tok = _prepare_chat(client, p.messages, p.max_tokens, p.temperature, p.seed,
                                  p.top_p, allow_local_images=False)
-    req = engine.make_req(request)  # ValueError: prompt too long for the context
-    total = engine.pools.allocator.size
-    if req.reserved_slots > total:
-        raise ValueError(f"prompt + max_tokens need {req.reserved_slots} KV slots but the cache "
-                         f"holds {total}; lower max_tokens")
+    client.validate(request)  # ValueError: prompt too long, or can never fit the KV cache
     return request, tok
 
 
 async def prepare(request: Request, p: ChatParams):
-    engine = request.app.state.aengine.engine
     try:
-        return await asyncio.to_thread(_prepare, engine, p)
+        return await asyncio.to_thread(_prepare, request.app.state.engine, p)
     except ImageInputError as exc:
         raise APIError(400, str(exc), "messages", "invalid_image") from None
     except ChatFormatError as exc:
@@ -136,11 +131,11 @@ async def prepare(request: Request, p: ChatParams):
         raise APIError(400, str(exc), None, "invalid_value") from None
 
 
-async def _deltas(aengine: Any, gen_request: Any, decoder: ChatDecoder,
+async def _deltas(client: Any, gen_request: Any, decoder: ChatDecoder,
                   result: dict) -> AsyncIterator[str]:
     """Text deltas of one request; ``result["finish_reason"]`` is set at the end. Leaving
     early (stop string, disconnect, cancellation) aborts the engine request."""
-    stream = aengine.stream(gen_request)
+    stream = client.stream(gen_request)
     output = None
     try:
         async for delta in stream:
@@ -164,9 +159,9 @@ def _usage(gen_request: Any, decoder: ChatDecoder) -> dict[str, int]:
     return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
 
 
-async def _complete(aengine: Any, gen_request: Any, decoder: ChatDecoder) -> dict:
+async def _complete(client: Any, gen_request: Any, decoder: ChatDecoder) -> dict:
     result: dict = {}
-    async for _ in _deltas(aengine, gen_request, decoder, result):
+    async for _ in _deltas(client, gen_request, decoder, result):
         pass
     return result
 
@@ -175,10 +170,10 @@ async def _non_streaming(request: Request, p: ChatParams, gen_request: Any,
                          decoder: ChatDecoder, head: dict) -> Response:
     try:
         result = await unless_disconnected(
-            request, _complete(request.app.state.aengine, gen_request, decoder))
+            request, _complete(request.app.state.engine, gen_request, decoder))
     except ClientGone:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    except RuntimeError as exc:
+    except RequestFailed as exc:
         raise APIError(500, str(exc), None, "engine_error") from None
     message = {"role": "assistant", "content": decoder.text}
     return JSONResponse({**head, "object": "chat.completion", "choices": [
@@ -186,55 +181,38 @@ async def _non_streaming(request: Request, p: ChatParams, gen_request: Any,
          "finish_reason": result["finish_reason"]}], "usage": _usage(gen_request, decoder)})
 
 
-def _chunk(head: dict, delta: dict, finish: str | None) -> str:
-    body = {**head, "object": "chat.completion.chunk",
+def _chunk(head: dict, delta: dict, finish: str | None) -> dict:
+    return {**head, "object": "chat.completion.chunk",
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-async def _sse(aengine: Any, p: ChatParams, gen_request: Any, decoder: ChatDecoder,
-               head: dict) -> AsyncIterator[str]:
+async def _chunks(client: Any, p: ChatParams, gen_request: Any, decoder: ChatDecoder,
+                  head: dict) -> AsyncIterator[dict]:
     yield _chunk(head, {"role": "assistant", "content": ""}, None)
     result: dict = {}
-    try:
-        async for text in _deltas(aengine, gen_request, decoder, result):
-            yield _chunk(head, {"content": text}, None)
-    except RuntimeError as exc:
-        yield f"data: {json.dumps(error_body(500, str(exc), None, 'engine_error'))}\n\n"
-        yield "data: [DONE]\n\n"
-        return
+    async for text in _deltas(client, gen_request, decoder, result):
+        yield _chunk(head, {"content": text}, None)
     yield _chunk(head, {}, result["finish_reason"])
     if p.include_usage:
-        usage = {**head, "object": "chat.completion.chunk", "choices": [],
-                 "usage": _usage(gen_request, decoder)}
-        yield f"data: {json.dumps(usage)}\n\n"
-    yield "data: [DONE]\n\n"
+        yield {**head, "object": "chat.completion.chunk", "choices": [],
+               "usage": _usage(gen_request, decoder)}
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    from edserve.server.app import _check_auth  # app.py includes this router
-
-    _check_auth(request)
+    check_auth(request)
     state = request.app.state
-    if not is_mllama(state.aengine.engine):
+    if not state.engine.is_mllama:
         raise APIError(400, "this server serves a Whisper (speech) model; "
                        "/v1/chat/completions needs a Llama-3.2-Vision (Mllama) model. Use "
                        "/v1/audio/transcriptions", "model", "unsupported_task")
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise APIError(400, "the request body is not valid JSON") from None
-    p = parse_params(body)
-    if p.model != state.config.served_model_name:
-        raise APIError(404, f"The model '{p.model}' does not exist; this server serves "
-                       f"'{state.config.served_model_name}'", "model", "model_not_found")
+    p = parse_params(await read_json(request))
+    check_model(request, p.model)
     gen_request, tok = await prepare(request, p)
     decoder = ChatDecoder(tok, p.stop)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": p.model, "system_fingerprint": None}
     if p.stream:
-        return StreamingResponse(_sse(state.aengine, p, gen_request, decoder, head),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return sse_response(_chunks(state.engine, p, gen_request, decoder, head), "generation",
+                            done=True)
     return await _non_streaming(request, p, gen_request, decoder, head)

@@ -35,8 +35,38 @@ class ServerConfig:
         0.6, "Skip a window as silence when its no-speech probability exceeds this and its "
         "average log-probability is below --logprob-threshold.")
     enable_debug_endpoints: bool = _f(
-        False, "Serve GET /debug/integrity (runs the KV-cache integrity check; for tests).")
+        False, "Serve GET /debug/integrity (runs the KV-cache integrity check; for tests). "
+        "Needs the API key when one is set; rate-limited by --debug-rate-limit.")
+    debug_rate_limit: float = _f(
+        5.0, "Most /debug/* requests per second (more: 429 with Retry-After).")
+    max_pending_audio_mb: float = _f(
+        256.0, "Most MiB of uploaded audio held by requests still being decoded or waiting "
+        "to be; a request that would exceed it gets 503 with Retry-After.")
+    allowed_origins: str | None = _f(
+        None, "Comma-separated browser origins allowed to call the API (CORS), e.g. "
+        "'https://app.example.com'; '*' allows any. Default: none, a request with an Origin "
+        "header is refused (403).")
+    max_connections: int = _f(
+        512, "Most open HTTP connections (also capped below the open-file limit); beyond it "
+        "the oldest idle connection is closed, and requests beyond it get 503.")
+    timeout_keep_alive: float = _f(
+        5.0, "Seconds an idle keep-alive connection stays open between requests.")
+    header_timeout: float = _f(
+        10.0, "Seconds a connection may take to send a complete request head (slow or silent "
+        "connections are closed).")
+    body_timeout: float = _f(
+        30.0, "Most seconds between two chunks of a request body (slower uploads: 408).")
 
     @property
     def max_upload_bytes(self) -> int:
         return int(self.max_upload_mb * 1024 * 1024)
+
+    @property
+    def max_pending_audio_bytes(self) -> int:
+        return int(self.max_pending_audio_mb * 1024 * 1024)
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        """``allowed_origins`` as a tuple (lower-case, no trailing slash)."""
+        raw = self.allowed_origins or ""
+        return tuple(o.strip().rstrip("/").lower() for o in raw.split(",") if o.strip())

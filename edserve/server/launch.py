@@ -14,6 +14,7 @@ from edserve.config import EngineConfig
 from edserve.engine.async_engine import AsyncEngine
 from edserve.server.app import create_app
 from edserve.server.config import ServerConfig
+from edserve.server.connections import connection_cap, guarded_protocol, install_log_limits
 
 
 def build(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[AsyncEngine, Any]:
@@ -24,18 +25,27 @@ def build(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[Asy
     return aengine, create_app(aengine, server_config)
 
 
+def uvicorn_options(cfg: ServerConfig) -> dict[str, Any]:
+    """Timeouts and connection limits for ``uvicorn.Config`` (see :mod:`.connections`)."""
+    cap = connection_cap(cfg.max_connections)
+    install_log_limits()
+    return {"http": guarded_protocol(cfg.header_timeout, cap), "limit_concurrency": cap,
+            "timeout_keep_alive": cfg.timeout_keep_alive, "ws": "none"}
+
+
 def serve(engine_config: EngineConfig, server_config: ServerConfig,
           log_level: str = "info") -> None:
     aengine, app = build(engine_config, server_config)
     try:
         uvicorn.run(app, host=server_config.host, port=server_config.port,
-                    log_level=log_level.lower(), timeout_keep_alive=30)
+                    log_level=log_level.lower(), **uvicorn_options(server_config))
     finally:
         aengine.shutdown()
 
 
 class ServerThread:
-    """Run ``app`` with uvicorn on ``host`` in a daemon thread; ``port`` 0 picks a free one."""
+    """Run ``app`` with uvicorn on ``host`` in a daemon thread; ``port`` 0 picks a free one.
+    Timeouts and limits come from ``app.state.config``."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
                  log_level: str = "warning") -> None:
@@ -43,7 +53,8 @@ class ServerThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
-        config = uvicorn.Config(app, log_level=log_level, timeout_keep_alive=30)
+        config = uvicorn.Config(app, log_level=log_level,
+                                **uvicorn_options(app.state.config))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="edserve-http", daemon=True)

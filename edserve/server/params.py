@@ -6,6 +6,7 @@ naming the offending field, before any audio is decoded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.datastructures import FormData, UploadFile
@@ -78,8 +79,15 @@ def _granularities(form: FormData) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-async def parse_form(form: FormData, max_upload_bytes: int) -> TranscriptionParams:
-    """Validate ``form``; reads the uploaded file (413 when over ``max_upload_bytes``)."""
+def mib_label(mib: float) -> str:
+    """``25.0`` -> ``"25 MiB"``: a limit as configured, for error texts."""
+    return f"{mib:g} MiB"
+
+
+async def parse_form(form: FormData, max_upload_mb: float,
+                     reserve: Callable[[int], None] = lambda n: None) -> TranscriptionParams:
+    """Validate ``form`` and read the uploaded file (413 when over ``max_upload_mb`` MiB).
+    ``reserve(nbytes)`` is called before the file is read into memory (it may refuse)."""
     upload = form.get("file")
     if upload is None:
         raise APIError(400, "'file' is required: upload the audio as a multipart file field",
@@ -97,9 +105,14 @@ async def parse_form(form: FormData, max_upload_bytes: int) -> TranscriptionPara
     params = dict(model=model, language=language, prompt=_one(form, "prompt") or None,
                   response_format=fmt, temperature=_temperature(_one(form, "temperature")),
                   granularities=_granularities(form), stream=_stream(_one(form, "stream")))
+    max_upload_bytes = int(max_upload_mb * 2**20)
+    if upload.size is not None and upload.size > max_upload_bytes:
+        raise APIError(413, f"'file' exceeds the {mib_label(max_upload_mb)} upload limit",
+                       "file", "file_too_large")
+    reserve(upload.size if upload.size is not None else max_upload_bytes)
     data = await upload.read(max_upload_bytes + 1)
     if len(data) > max_upload_bytes:
-        raise APIError(413, f"'file' exceeds the {max_upload_bytes / 2**20:.1f} MiB upload limit",
+        raise APIError(413, f"'file' exceeds the {mib_label(max_upload_mb)} upload limit",
                        "file", "file_too_large")
     if not data:
         raise APIError(400, "'file' is empty (0 bytes)", "file", "empty_file")

@@ -1,34 +1,47 @@
 """The audio endpoints: validated form -> long-form transcription -> OpenAI response or SSE.
 
-Work per request: decode the upload and compute the log-mel in a worker thread, then drive one
-:class:`~edserve.whisper.longform.LongformTask` on the shared AsyncEngine (its windows batch
-with every other request's). A client that disconnects aborts its request (KV freed).
+Work per request: decode the upload (untrusted: an allow-list of containers, stopped at
+``--max-audio-seconds``) and compute the log-mel in a worker thread, then drive one
+:class:`~edserve.whisper.longform.LongformTask` through the :class:`EngineClient` (its windows
+batch with every other request's). Decode errors are one generic 400 text (no paths). A client
+that disconnects cancels the decode and the features, or aborts its engine request (KV freed).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 from fastapi import Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from edserve.audio.decode import load_audio
-from edserve.audio.errors import AudioError, EmptyAudioError
-from edserve.audio.mel import SAMPLE_RATE
+from edserve.audio import load_audio
+from edserve.audio.errors import (
+    AudioError,
+    AudioTooLongError,
+    DecodeCancelled,
+    EmptyAudioError,
+    NonFiniteAudioError,
+)
+from edserve.engine.errors import RequestFailed
 from edserve.server.disconnect import ClientGone, unless_disconnected
-from edserve.server.errors import APIError, error_body
+from edserve.server.errors import APIError
 from edserve.server.params import TranscriptionParams
+from edserve.server.sse import sse_response
 from edserve.server.text_stream import TextStream
 from edserve.whisper.formats import to_srt, to_text, to_vtt, verbose_dict
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions, temperature_schedule
 from edserve.whisper.result import Transcription
 from edserve.whisper.transcribe import make_task, transcribe_async
+
+UNDECODABLE = "the uploaded file could not be decoded as audio (corrupt, empty, or not a " \
+    "supported audio format)"
 
 
 def check_task(tokenizer: Any, task: str, language: str | None) -> None:
@@ -58,26 +71,55 @@ def build_options(params: TranscriptionParams, task: str, cfg: Any, seed: int
         initial_prompt=params.prompt, timestamps=True if timed else None, seed=seed)
 
 
-async def prepare(app_state: Any, params: TranscriptionParams, task: str) -> LongformTask:
-    """Decode, check duration, compute features (in a worker thread)."""
-    aengine, cfg = app_state.aengine, app_state.config
-    engine = aengine.engine
-    check_task(engine.tokenizer, task, params.language)
+def decode(params: TranscriptionParams, max_seconds: float,
+           cancel: threading.Event) -> np.ndarray:
+    """Worker thread: the upload as 16 kHz samples (APIError 400 with a generic, path-free
+    text; DecodeCancelled once ``cancel`` is set)."""
     try:
-        audio = await asyncio.to_thread(load_audio, params.audio_bytes)
-    except EmptyAudioError as exc:
-        raise APIError(400, f"{params.filename}: {exc}", "file", "empty_audio") from None
-    except AudioError as exc:
-        raise APIError(400, f"{params.filename}: {exc}", "file", "invalid_audio") from None
-    seconds = len(audio) / SAMPLE_RATE
-    if seconds > cfg.max_audio_seconds:
-        raise APIError(400, f"audio is {seconds:.1f} s long; the limit is "
-                       f"{cfg.max_audio_seconds:g} s", "file", "audio_too_long")
-    options = build_options(params, task, cfg, engine.config.seed)
+        audio = load_audio(params.audio_bytes, max_seconds=max_seconds, cancel=cancel,
+                           untrusted=True)
+    except AudioTooLongError as exc:
+        raise APIError(400, f"audio is longer than the {exc.limit:g} s limit", "file",
+                       "audio_too_long") from None
+    except EmptyAudioError:
+        raise APIError(400, "the uploaded file holds no audio samples", "file",
+                       "empty_audio") from None
+    except NonFiniteAudioError:
+        raise APIError(400, "the audio contains NaN or infinite samples", "file",
+                       "invalid_audio") from None
+    except AudioError:
+        raise APIError(400, UNDECODABLE, "file", "invalid_audio") from None
+    if not np.isfinite(audio).all():
+        raise APIError(400, "the audio contains NaN or infinite samples", "file",
+                       "invalid_audio")
+    return audio
+
+
+def _featurize(client: Any, params: TranscriptionParams, task: str, cfg: Any,
+               cancel: threading.Event) -> LongformTask:
+    """Worker thread: decode, then the log-mel features (skipped once ``cancel`` is set)."""
+    audio = decode(params, cfg.max_audio_seconds, cancel)
+    if cancel.is_set():
+        raise DecodeCancelled("client gone")
+    options = build_options(params, task, cfg, client.config.seed)
     try:
-        return await asyncio.to_thread(make_task, engine, audio, options, params.filename)
-    except EmptyAudioError as exc:
-        raise APIError(400, str(exc), "file", "empty_audio") from None
+        return make_task(client, audio, options, "upload")
+    except EmptyAudioError:
+        raise APIError(400, "the uploaded file holds no audio samples", "file",
+                       "empty_audio") from None
+
+
+async def prepare(app_state: Any, params: TranscriptionParams, task: str,
+                  cancel: threading.Event) -> LongformTask:
+    """Decode, check duration, compute features (in a worker thread). Cancelling the caller
+    sets ``cancel``, which stops the decode (and skips the features) in that thread."""
+    client, cfg = app_state.engine, app_state.config
+    check_task(client.tokenizer, task, params.language)
+    try:
+        return await asyncio.to_thread(_featurize, client, params, task, cfg, cancel)
+    except BaseException:
+        cancel.set()
+        raise
 
 
 def usage(duration: float) -> dict[str, Any]:
@@ -94,46 +136,46 @@ def render(result: Transcription, params: TranscriptionParams, task: str) -> Res
     return PlainTextResponse(body)
 
 
-async def _collect(aengine: Any, task: LongformTask) -> Transcription:
-    async for _ in transcribe_async(aengine, task):
+async def _collect(client: Any, task: LongformTask) -> Transcription:
+    async for _ in transcribe_async(client, task):
         pass
     return task.result()
 
 
-async def run(request: Request, params: TranscriptionParams, task_name: str) -> Response:
-    """Transcribe and render; aborts the engine work if the client goes away first."""
+async def run(request: Request, params: TranscriptionParams, task_name: str,
+              on_prepared: Any = None) -> Response:
+    """Transcribe and render; a client that goes away cancels the decode, the features and
+    the engine work. ``on_prepared()`` runs once the upload is no longer held for decoding."""
     state = request.app.state
     start = time.perf_counter()
-    task = await prepare(state, params, task_name)
-    if params.stream:
-        return StreamingResponse(_sse(state, task), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+    cancel = threading.Event()
     try:
-        result = await unless_disconnected(request, _collect(state.aengine, task))
-    except ClientGone:
+        task = await unless_disconnected(request, prepare(state, params, task_name, cancel))
+    except (ClientGone, DecodeCancelled):
         return Response(status_code=499)  # the client is gone; nobody reads this
-    except RuntimeError as exc:
+    finally:
+        if on_prepared is not None:
+            on_prepared()
+    if params.stream:
+        return sse_response(_sse(state, task), "transcription")
+    try:
+        result = await unless_disconnected(request, _collect(state.engine, task))
+    except ClientGone:
+        return Response(status_code=499)
+    except (RequestFailed, RuntimeError) as exc:  # RuntimeError: LongformTask.feed (for now)
         raise APIError(500, f"transcription failed: {exc}", None, "engine_error") from None
     state.metrics.latency.labels(task_name).observe(time.perf_counter() - start)
     state.metrics.audio_seconds.inc(result.duration)
     return render(result, params, task_name)
 
 
-def _event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-
-async def _sse(state: Any, task: LongformTask) -> AsyncIterator[str]:
+async def _sse(state: Any, task: LongformTask) -> AsyncIterator[dict[str, Any]]:
     """OpenAI's transcription stream: ``transcript.text.delta`` events, one per accepted
     segment, then ``transcript.text.done`` with the full text (= the deltas concatenated)."""
     text = TextStream()
-    try:
-        async for segment in transcribe_async(state.aengine, task):
-            delta = text.push(segment.text)
-            if delta:
-                yield _event({"type": "transcript.text.delta", "delta": delta, "logprobs": None})
-    except RuntimeError as exc:
-        yield _event(error_body(500, f"transcription failed: {exc}", None, "engine_error"))
-        return
-    yield _event({"type": "transcript.text.done", "text": text.text, "logprobs": None,
-                  "usage": usage(task.duration)})
+    async for segment in transcribe_async(state.engine, task):
+        delta = text.push(segment.text)
+        if delta:
+            yield {"type": "transcript.text.delta", "delta": delta, "logprobs": None}
+    yield {"type": "transcript.text.done", "text": text.text, "logprobs": None,
+           "usage": usage(task.duration)}

@@ -27,6 +27,7 @@ from edserve.audio.mel import (
     SAMPLE_RATE,
     log_mel_spectrogram,
 )
+from edserve.engine.errors import RequestFailed
 from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
 from edserve.tokenizer import WhisperTokenizer
 from edserve.whisper.logits import (
@@ -114,9 +115,9 @@ class LongformTask:
     def feed(self, out: GenerateOutput) -> list[Segment]:
         """Take the output of the last request; returns the segments this window added
         ([] when the window is decoded again at a higher temperature, or skipped as silence).
-        Raises RuntimeError when the request failed or was aborted."""
+        Raises RequestFailed when the request failed or was aborted."""
         if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
-            raise RuntimeError(out.error or f"request {out.rid} was aborted")
+            raise RequestFailed(out.error or f"request {out.rid} was aborted", out.rid)
         tokens = list(out.token_ids)
         text = self.tok.decode(tokens)
         n = len(tokens)

@@ -17,6 +17,7 @@ import numpy as np
 
 from edserve.audio.decode import load_audio
 from edserve.audio.errors import EmptyAudioError
+from edserve.engine.errors import RequestFailed
 from edserve.engine.request import GenerateOutput, TokenDelta
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions, temperature_schedule
@@ -60,7 +61,7 @@ def run_tasks(engine: Any, tasks: list[LongformTask],
             if delta.finished:
                 try:
                     task.feed(delta.output)
-                except RuntimeError as exc:
+                except RequestFailed as exc:
                     failures.append(f"{task.source}: {exc}")
                     return
                 submit(task)
@@ -72,7 +73,7 @@ def run_tasks(engine: Any, tasks: list[LongformTask],
     while engine.has_work():
         engine.step()
     if failures:
-        raise RuntimeError("; ".join(failures))
+        raise RequestFailed("; ".join(failures))
 
 
 def transcribe(engine: Any, inputs: list[Any], language: str | None = None,

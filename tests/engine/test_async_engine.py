@@ -129,3 +129,65 @@ def test_invalid_request_raises_and_call_runs_on_engine_thread(model_dir):
 
     _run(aengine, main())
     assert not aengine.is_alive
+
+
+def test_engine_calls_never_starve_steps(model_dir):
+    """Many queued engine-thread calls (e.g. clients polling /debug/integrity) run one per
+    step while there is work: decoding keeps its pace."""
+    engine = Engine(model=str(model_dir))
+    aengine = AsyncEngine(engine).start()
+    steps = [0]
+    original = engine.step
+
+    def counting_step() -> None:
+        steps[0] += 1
+        original()
+
+    engine.step = counting_step
+
+    async def main():
+        job = asyncio.ensure_future(aengine.generate(_requests(1, 60)[0]))
+        while steps[0] == 0:
+            await asyncio.sleep(0.01)
+        seen = await asyncio.gather(*(aengine.call(lambda: steps[0]) for _ in range(30)))
+        await job
+        return seen
+
+    seen = _run(aengine, main())
+    busy = [s for s in seen if s < 60]  # calls that ran while the request was decoding
+    assert len(busy) >= 2 and len(set(busy)) == len(busy), seen  # one call per step
+
+
+def test_engine_client_stats_validate_and_request_failed(model_dir):
+    from edserve.engine.protocol import EngineClient, RequestFailed
+
+    engine = Engine(model=str(model_dir))
+    aengine = AsyncEngine(engine).start()
+    client = EngineClient(aengine, "tiny")
+    total = engine.pools.allocator.size
+    assert client.stats().kv_total == total and client.stats().kv_used == 0
+    assert client.max_decoder_len == engine.max_decoder_len and client.n_mels == 80
+    assert not client.is_mllama and client.model_name == "tiny"
+    with pytest.raises(ValueError):
+        client.validate(GenerateRequest([], torch.zeros(80, 3000)))
+    client.validate(_requests(1)[0])
+    seen_running = []
+    aengine.add_step_hook(lambda: seen_running.append(client.stats().running))
+
+    async def main():
+        out = await client.generate(_requests(1, 10)[0])
+        assert len(out.token_ids) == 10
+        report = await client.integrity()
+        assert report["ok"] and report["kv_slots_used"] == 0
+        req = _requests(1, 400, seed=3)[0]
+        job = asyncio.ensure_future(client.generate(req))
+        while client.stats().running == 0:
+            await asyncio.sleep(0.01)
+        client.abort(req.rid)
+        with pytest.raises(RequestFailed):
+            await job
+
+    _run(aengine, main())
+    assert max(seen_running) == 1
+    assert client.stats().generated_tokens >= 10 and client.stats().kv_used == 0
+    _idle_check(engine)

@@ -21,7 +21,8 @@ from .server_helpers import API_KEY, CLIPS, DATA, MAX_AUDIO_SECONDS, MAX_UPLOAD_
 def live_server():
     """(ServerThread, AsyncEngine); debug endpoints on, small upload/duration limits."""
     cfg = ServerConfig(api_key=API_KEY, max_upload_mb=MAX_UPLOAD_MB,
-                       max_audio_seconds=MAX_AUDIO_SECONDS, enable_debug_endpoints=True)
+                       max_audio_seconds=MAX_AUDIO_SECONDS, enable_debug_endpoints=True,
+                       debug_rate_limit=100.0)
     aengine, app = build(EngineConfig(max_running_requests=16), cfg)
     server = ServerThread(app, "127.0.0.1", 0).start()
     yield server, aengine

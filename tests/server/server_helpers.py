@@ -31,7 +31,11 @@ def wav_bytes(audio: np.ndarray, rate: int = 16000) -> bytes:
 def integrity(http: httpx.Client) -> dict:
     """Wait (bounded) until the engine is idle, then run the KV integrity check."""
     for _ in range(600):
-        report = http.get("/debug/integrity").json()
+        r = http.get("/debug/integrity")
+        if r.status_code == 429:  # rate-limited: wait as told
+            time.sleep(float(r.headers.get("retry-after", "1")))
+            continue
+        report = r.json()
         assert report.get("ok"), report
         if report["inflight"] == 0 and report["running"] == 0 and report["waiting"] == 0:
             assert report["kv_slots_used"] == 0, report

@@ -4,6 +4,7 @@ concurrency, bad inputs (4xx in OpenAI's shape; the server keeps serving), KV in
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +21,7 @@ pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 
 from tests.models.mllama.chat_tiny import png_data_url, save_chat_model  # noqa: E402
+from tests.multimodal.test_input_validation import huge_png_url  # noqa: E402
 
 MODEL, KEY = "tiny-mllama", "chat-key"
 ENGINE = dict(device="cpu", dtype="float32", context_length=128, max_running_requests=4)
@@ -41,7 +43,8 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(folder):
-    cfg = ServerConfig(api_key=KEY, served_model_name=MODEL, enable_debug_endpoints=True)
+    cfg = ServerConfig(api_key=KEY, served_model_name=MODEL, enable_debug_endpoints=True,
+                       debug_rate_limit=100.0)
     aengine, app = build(EngineConfig(model=str(folder), **ENGINE), cfg)
     srv = ServerThread(app, "127.0.0.1", 0).start()
     srv.aengine = aengine
@@ -165,9 +168,21 @@ BAD = {
     "n=2": (dict(messages=TEXT_MSG, n=2), "n=1"),
     "stop list": (dict(messages=TEXT_MSG, stop=[""]), "'stop'"),
     "too long": (dict(messages=[{"role": "user", "content": "cat " * 200}]), "positions"),
+    "stop number": (dict(messages=TEXT_MSG, stop=5), "'stop' must be a string"),
+    "stop dict": (dict(messages=TEXT_MSG, stop={"a": 1}), "'stop' must be a string"),
+    "messages string": (dict(messages="hi"), "'messages'"),
+    "role list": (dict(messages=[{"role": ["user"], "content": "hi"}]), "role must be one of"),
+    "max_tokens string": (dict(messages=TEXT_MSG, max_tokens="5"), "'max_tokens'"),
+    "top_p list": (dict(messages=TEXT_MSG, top_p=[1]), "'top_p'"),
+    "include_usage string": (dict(messages=TEXT_MSG, stream=True,
+                                  stream_options={"include_usage": "yes"}), "include_usage"),
+    "seed 2**70": (dict(messages=TEXT_MSG, seed=2**70), "'seed' must be an integer in"),
+    "huge png": (dict(messages=_image_msg(url=huge_png_url())),
+                 "13000x13000 pixels; the limit is 40 megapixels"),
 }
 
 
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_inputs_are_4xx_with_openai_shape(http, name):
     body, needle = BAD[name]
@@ -176,6 +191,17 @@ def test_bad_inputs_are_4xx_with_openai_shape(http, name):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert err["type"] == "invalid_request_error" and needle in err["message"], err
+    assert not re.search(r"0x[0-9a-f]{6,}|object at", err["message"]), err
+    assert len(err["message"]) < 300, err
+
+
+@pytest.mark.parametrize("depth", [40, 100_000])
+def test_deeply_nested_json_is_400(http, depth):
+    raw = f'{{"model": "{MODEL}", "messages": {"[" * depth + "]" * depth}}}'
+    r = http.post("/v1/chat/completions", content=raw.encode(),
+                  headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "nests deeper than" in r.json()["error"]["message"]
 
 
 def test_errors_through_openai_client_then_still_serving(server, client, http):
@@ -220,7 +246,7 @@ def test_chat_on_whisper_server_is_400():
     from edserve.server.app import create_app
 
     aengine = AsyncEngine(Engine(EngineConfig(device="cpu", max_running_requests=1)))
-    with TestClient(create_app(aengine, ServerConfig())) as tc:
+    with TestClient(create_app(aengine, ServerConfig()), base_url="http://localhost") as tc:
         r = tc.post("/v1/chat/completions", json={"model": "whisper-1", "messages": TEXT_MSG})
     assert r.status_code == 400
     assert "Whisper" in r.json()["error"]["message"]

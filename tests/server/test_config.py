@@ -65,3 +65,34 @@ def test_edserve_serve_subprocess(tmp_path):
         proc.terminate()
         proc.wait(30)
         log.close()
+
+
+def test_hardening_flags():
+    cfg = ServerConfig()
+    assert cfg.allowed_origins is None and cfg.origins == ()
+    assert cfg.max_pending_audio_bytes == 256 * 2**20 and cfg.debug_rate_limit == 5.0
+    args = build_parser().parse_args(
+        ["serve", "--allowed-origins", "https://a.example/, https://B.example",
+         "--max-connections", "64", "--header-timeout", "2.5", "--body-timeout", "3",
+         "--timeout-keep-alive", "4", "--max-pending-audio-mb", "8", "--debug-rate-limit", "1"])
+    server = config_from_args(args, ServerConfig)
+    assert server.origins == ("https://a.example", "https://b.example")
+    assert (server.max_connections, server.header_timeout, server.body_timeout,
+            server.timeout_keep_alive, server.max_pending_audio_mb, server.debug_rate_limit) \
+        == (64, 2.5, 3.0, 4.0, 8.0, 1.0)
+
+
+def test_log_rate_limit_filter():
+    import logging
+
+    from edserve.server.connections import RateLimitFilter, connection_cap
+
+    f = RateLimitFilter(("socket.accept() out of system resource",), interval=60)
+
+    def rec(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, (), None)
+
+    passed = [f.filter(rec("socket.accept() out of system resource\nsocket: x"))
+              for _ in range(100)]
+    assert passed.count(True) == 1 and f.filter(rec("something else"))
+    assert 8 <= connection_cap(10**6) < 10**6

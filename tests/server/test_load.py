@@ -1,9 +1,11 @@
-"""Bounded load through the ``openai`` client, and clients that disconnect mid-request."""
+"""Bounded load through the ``openai`` client with random client disconnects (a soak test),
+and clients that disconnect mid-request."""
 
 from __future__ import annotations
 
 import gc
 import os
+import random
 import threading
 import time
 import warnings
@@ -19,6 +21,7 @@ from .server_helpers import API_KEY, CLIPS, DATA, integrity
 # EDSERVE_LOAD_REQUESTS / EDSERVE_LOAD_CONCURRENCY.
 REQUESTS = int(os.environ.get("EDSERVE_LOAD_REQUESTS", "200"))
 CONCURRENCY = int(os.environ.get("EDSERVE_LOAD_CONCURRENCY", "32"))
+DISCONNECT_FRACTION = 0.3  # of the requests leave at a random moment
 
 
 def _rss_bytes() -> int:
@@ -41,7 +44,30 @@ def _slope(ys: list[int]) -> float:
                                                                      for i in range(n))
 
 
-def test_load_identical_text_and_bounded_rss(client, http):
+def _disconnecting(base_url: str, clip: str, data: bytes, rng: random.Random) -> str | None:
+    """A client that leaves at a random moment (plain: read timeout; stream: after the
+    first event); returns the text when the request finished first, else None."""
+    timeout = httpx.Timeout(60, read=rng.uniform(0.05, 2.0))
+    stream = rng.random() < 0.5
+    with httpx.Client(base_url=base_url, timeout=timeout,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as c:
+        try:
+            if stream:
+                with c.stream("POST", "/v1/audio/transcriptions",
+                              files={"file": (f"{clip}.wav", data)},
+                              data={"model": "whisper-1", "stream": "true"}) as r:
+                    assert r.status_code == 200
+                    next(r.iter_lines())
+                return None
+            r = c.post("/v1/audio/transcriptions", files={"file": (f"{clip}.wav", data)},
+                       data={"model": "whisper-1"})
+        except httpx.ReadTimeout:
+            return None
+    assert r.status_code == 200, r.text
+    return r.json()["text"]
+
+
+def test_load_identical_text_and_bounded_rss(client, http, base_url):
     audio = {c: (DATA / f"{c}.wav").read_bytes() for c in CLIPS}
     expected = {c: client.audio.transcriptions.create(model="whisper-1",
                                                       file=(f"{c}.wav", audio[c])).text
@@ -50,10 +76,14 @@ def test_load_identical_text_and_bounded_rss(client, http):
     rss: list[int] = []
     lock = threading.Lock()
 
-    def one(i: int) -> tuple[str, str]:
+    def one(i: int) -> tuple[str, str | None]:
         clip = CLIPS[i % len(CLIPS)]
-        text = client.audio.transcriptions.create(model="whisper-1",
-                                                  file=(f"{clip}.wav", audio[clip])).text
+        rng = random.Random(i)
+        if rng.random() < DISCONNECT_FRACTION:
+            text = _disconnecting(base_url, clip, audio[clip], rng)
+        else:
+            text = client.audio.transcriptions.create(model="whisper-1",
+                                                      file=(f"{clip}.wav", audio[clip])).text
         with lock:
             rss.append(_rss_bytes())
         return clip, text
@@ -64,7 +94,9 @@ def test_load_identical_text_and_bounded_rss(client, http):
     elapsed = time.perf_counter() - start
     assert len(results) == REQUESTS
     for clip, text in results:
-        assert text == expected[clip], clip
+        assert text is None or text == expected[clip], clip
+    left = sum(text is None for _, text in results)
+    assert left >= REQUESTS * DISCONNECT_FRACTION / 3, left
     # RSS swings by tens of MiB with each batch's activations; a leak shows as a trend.
     second = rss[len(rss) // 2:]
     growth = _slope(second) * len(second)
@@ -74,7 +106,8 @@ def test_load_identical_text_and_bounded_rss(client, http):
     integrity(http)
     live = _live_tensors()
     assert live <= tensors_before + 64, f"{live - tensors_before} more live tensors after load"
-    print(f"\n{REQUESTS} requests at concurrency {CONCURRENCY}: {elapsed:.1f} s, "
+    print(f"\n{REQUESTS} requests ({left} left early) at concurrency {CONCURRENCY}: "
+          f"{elapsed:.1f} s, "
           f"{REQUESTS / elapsed:.2f} req/s, RSS deciles (MiB) {deciles}")
 
 
