@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
-#   bash benchmarks/h200_run.sh tests|kernels|tiny|large   (several allowed, in order)
+#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large   (several allowed, in order)
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -9,8 +9,11 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 for part in "$@"; do
   echo "=== $part $(date -u +%H:%M:%S)"
   case $part in
-    tests) timeout 260 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py tests/kernels tests/mem_cache tests/layers \
-             tests/engine/test_triton_engine.py -rs 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    tests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_gpu_syncs.py tests/engine/test_gpu.py \
+             tests/engine/test_triton_engine.py tests/kernels/test_write_req_to_token.py \
+             -rs 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
+    real) (cd benchmarks && timeout 280 python3 whisper_realpath.py --arch large-v3 --concurrency 64 --config flat:128 2>&1 | grep -v "custom logits" | tee "$OUT/real_large.log" | tail -8)
+          (cd benchmarks && timeout 200 python3 whisper_realpath.py --arch tiny.en --concurrency 256 --config flat:128 2>&1 | grep -v "custom logits" | tee "$OUT/real_tiny.log" | tail -8) ;;
     kernels) python3 benchmarks/gpu_kernels.py --dtypes bfloat16 --budget-s 100 2>&1 | tee "$OUT/kernels.log" | tail -60 ;;
     tiny) python3 benchmarks/whisper_gpu.py --arch tiny.en --split --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/tiny.log" ;;
     large) timeout 330 python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 1 16 64 --split --configs flat:1:graph flat:128:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large.log" ;;

@@ -12,7 +12,7 @@ Data flow for an extend batch::
 """
 
 from edserve.mem_cache.allocation import alloc_for_extend, write_cache_indices
-from edserve.mem_cache.allocator import BaseAllocator, TokenToKVPoolAllocator
+from edserve.mem_cache.allocator import BaseAllocator
 from edserve.mem_cache.errors import (
     AlignmentError,
     ContextOverflowError,
@@ -28,6 +28,7 @@ from edserve.mem_cache.page_table import page_table_from_req_to_token
 from edserve.mem_cache.paged_allocator import PagedTokenToKVPoolAllocator
 from edserve.mem_cache.req_to_token import ReqToTokenPool
 from edserve.mem_cache.sizing import KVCacheConfig, KVCachePlan, plan_kv_cache
+from edserve.mem_cache.token_allocator import TokenToKVPoolAllocator
 
 __all__ = [
     "AlignmentError",

@@ -26,7 +26,6 @@ from edserve.mem_cache.errors import (
     KVCacheError,
     ReservedSlotError,
 )
-from edserve.mem_cache.layout import check_decode_args, check_extend_args
 
 
 def _as_index(t: torch.Tensor, name: str, device: torch.device) -> torch.Tensor:
@@ -177,12 +176,9 @@ class BaseAllocator(ABC):
         idx = _as_index(first_slots, "free_page_starts: first_slots", self.device)
         if idx.numel() == 0:
             return
-        if self.debug:
-            pages = self._validate_free(idx)
-            if pages.numel() != idx.numel():
-                raise AlignmentError("free_page_starts: every slot must start its own page")
-        else:
-            pages = torch.div(idx, self.page_size, rounding_mode="floor")
+        if self.debug and self._validate_free(idx).numel() != idx.numel():
+            raise AlignmentError("free_page_starts: every slot must start its own page")
+        pages = torch.div(idx, self.page_size, rounding_mode="floor")  # in the given order
         self._queue_or_release(pages)
 
     def _queue_or_release(self, pages: torch.Tensor) -> None:
@@ -294,33 +290,3 @@ class BaseAllocator(ABC):
             f"{type(self).__name__}(size={self.size}, page_size={self.page_size}, "
             f"available={self.available_size()})"
         )
-
-
-class TokenToKVPoolAllocator(BaseAllocator):
-    """Page size 1: hands out single slots ``1..size``; slot 0 is never handed out.
-
-    With one slot per page any layout is contiguous within a page, so extend and decode are a
-    plain ``alloc``.
-    """
-
-    def __init__(self, size: int, device: str | torch.device = "cpu", debug: bool = True):
-        super().__init__(size, 1, device, debug)
-
-    def alloc_extend(
-        self,
-        prefix_lens: torch.Tensor,
-        seq_lens: torch.Tensor,
-        last_loc: torch.Tensor,
-        extend_num_tokens: int,
-        seq_lens_cpu: Sequence[int] | None = None,
-        prefix_lens_cpu: Sequence[int] | None = None,
-    ) -> torch.Tensor | None:
-        if self.debug:
-            check_extend_args(self, prefix_lens, seq_lens, last_loc, extend_num_tokens)
-        return self.alloc(extend_num_tokens)
-
-    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor,
-                     seq_lens_cpu: Sequence[int] | None = None) -> torch.Tensor | None:
-        if self.debug:
-            check_decode_args(self, seq_lens, last_loc)
-        return self.alloc(int(seq_lens.numel()))

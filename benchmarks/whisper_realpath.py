@@ -1,0 +1,268 @@
+"""The real transcription path on the GPU: edserve with openai-whisper's logits filters vs HF
+``generate`` with its Whisper logits processors (random weights, forced length, one process).
+
+Modes (all print one table row each; HF and edserve runs alternate, medians of ``--repeats``):
+  filters  every request carries SuppressBlank + SuppressTokens + ApplyTimestampRules
+           (timestamps on); HF runs SuppressTokens(AtBegin) + WhisperTimeStampLogitsProcessor
+  driver   the actual transcription driver (audio -> log-mel -> windows -> segments) on many
+           clips of noise, one 30 s window each, filters on, no fallback
+Also per engine: decode-step time with and without the filters at full concurrency, host<->
+device syncs per decode step (``torch.cuda.set_sync_debug_mode``), the GPU-busy share of a
+decode step (torch profiler: union of kernel intervals / wall), prefill time per clip (encoder +
+prompt + cross-KV write) vs HF's encoder time per clip, and the roofline floor.
+
+  python benchmarks/whisper_realpath.py --arch large-v3 --concurrency 64
+  python benchmarks/whisper_realpath.py --dry-run      # toy model on CPU: the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import numpy as np
+import torch
+import whisper_gpu as wg
+
+from edserve.engine.request import GenerateRequest, SamplingParams
+
+
+def filters(tok):
+    from edserve.whisper.logits import (
+        ApplyTimestampRules,
+        SuppressBlank,
+        SuppressTokens,
+        default_suppress_tokens,
+    )
+
+    return [SuppressBlank.of(tok), SuppressTokens.of(default_suppress_tokens(tok)),
+            ApplyTimestampRules.of(tok)]
+
+
+def ours_requests(engine, feats, new_tokens: int, with_filters: bool):
+    tok = engine.tokenizer
+    sp = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    procs = filters(tok) if with_filters else []
+    return [GenerateRequest([tok.sot], f, sp, logits_processors=list(procs)) for f in feats]
+
+
+def run_ours(engine, feats, new_tokens: int, with_filters: bool = True) -> float:
+    dev = str(feats.device)
+    reqs = ours_requests(engine, feats, new_tokens, with_filters)
+    wg.sync(dev)
+    t0 = time.perf_counter()
+    outs = engine.generate(reqs)
+    wg.sync(dev)
+    assert all(len(o.token_ids) == new_tokens for o in outs), [o.error for o in outs]
+    return time.perf_counter() - t0
+
+
+def hf_processors(model, tok, device):
+    import copy
+
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+        WhisperTimeStampLogitsProcessor,
+    )
+
+    from edserve.whisper.logits import default_suppress_tokens
+
+    cfg = copy.deepcopy(model.generation_config)
+    cfg.eos_token_id, cfg.no_timestamps_token_id = tok.eot, tok.no_timestamps
+    cfg.max_initial_timestamp_index = 50
+    return LogitsProcessorList([
+        SuppressTokensAtBeginLogitsProcessor(tok.encode(" ") + [tok.eot], 1, device),
+        SuppressTokensLogitsProcessor(default_suppress_tokens(tok), device),
+        WhisperTimeStampLogitsProcessor(cfg, begin_index=1)])
+
+
+def run_hf(model, procs, tok, feats, new_tokens: int) -> float:
+    from transformers.generation.utils import GenerationMixin
+
+    prompt = torch.tensor([[tok.sot]] * feats.shape[0], device=feats.device)
+    model.generation_config.eos_token_id = None  # forced length
+    with torch.inference_mode():
+        wg.sync(str(feats.device))
+        t0 = time.perf_counter()
+        out = GenerationMixin.generate(model, input_features=feats, decoder_input_ids=prompt,
+                                       max_new_tokens=new_tokens, do_sample=False,
+                                       logits_processor=procs)
+        wg.sync(str(feats.device))
+    assert out.shape[1] == 1 + new_tokens, out.shape
+    return time.perf_counter() - t0
+
+
+def hf_encoder_s(model, feats) -> float:
+    with torch.inference_mode():
+        model.model.encoder(feats)
+        wg.sync(str(feats.device))
+        t0 = time.perf_counter()
+        model.model.encoder(feats)
+        wg.sync(str(feats.device))
+    return time.perf_counter() - t0
+
+
+def _steady(engine, feats, with_filters: bool):
+    """Submit requests and step until all of them decode; returns a finisher."""
+    for r in ours_requests(engine, feats, 60, with_filters):
+        engine.add_request(r)
+    engine.step()
+    while engine.scheduler.waiting:
+        engine.step()
+    for _ in range(3):
+        engine.step()
+
+
+def _drain(engine) -> None:
+    while engine.has_work():
+        engine.step()
+
+
+def prefill_s(engine, feats) -> float:
+    """Wall time of the prefill steps of ``len(feats)`` new requests (encoder + prompt +
+    cross-KV write), device work included."""
+    dev = str(feats.device)
+    for r in ours_requests(engine, feats, 2, True):
+        engine.add_request(r)
+    wg.sync(dev)
+    t0 = time.perf_counter()
+    engine.step()
+    while engine.scheduler.waiting:
+        engine.step()
+    wg.sync(dev)
+    dt = time.perf_counter() - t0
+    _drain(engine)
+    return dt
+
+
+def step_ms(engine, feats, with_filters: bool, steps: int = 20) -> float:
+    _steady(engine, feats, with_filters)
+    dev, times = str(feats.device), []
+    for _ in range(steps):
+        wg.sync(dev)
+        t0 = time.perf_counter()
+        engine.step()
+        wg.sync(dev)
+        times.append(time.perf_counter() - t0)
+    _drain(engine)
+    return 1000 * statistics.median(times)
+
+
+def syncs_per_step(engine, feats, steps: int = 10) -> float:
+    if feats.device.type != "cuda":
+        return float("nan")
+    _steady(engine, feats, True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    _drain(engine)
+    for w in caught[:3]:
+        print("#   sync:", str(w.message).splitlines()[0][:120])
+    return sum("ynchroniz" in str(w.message) for w in caught) / steps
+
+
+def gpu_busy(engine, feats, steps: int = 10) -> float:
+    """Share of the decode steps' wall time during which some kernel ran."""
+    if feats.device.type != "cuda":
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+
+    _steady(engine, feats, True)
+    wg.sync("cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        wg.sync("cuda")
+        wall_us = 1e6 * (time.perf_counter() - t0)
+    _drain(engine)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type.name == "CUDA")
+    busy, end = 0.0, -1.0
+    for s, e in spans:
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    return busy / wall_us
+
+
+def run_driver(engine, clips: list[np.ndarray], new_tokens: int) -> tuple[float, int]:
+    from edserve.whisper.options import TranscribeOptions
+    from edserve.whisper.transcribe import transcribe
+
+    opts = TranscribeOptions(temperatures=(0.0,), compression_ratio_threshold=None,
+                             logprob_threshold=None, no_speech_threshold=None,
+                             timestamps=True, max_new_tokens=new_tokens)
+    wg.sync(str(engine.device))
+    t0 = time.perf_counter()
+    results = transcribe(engine, clips, options=opts)
+    wg.sync(str(engine.device))
+    return time.perf_counter() - t0, sum(len(s.tokens) for r in results for s in r.segments)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="large-v3", choices=sorted(wg.ARCHS))
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--config", default="flat:128", help="strategy:page_size")
+    ap.add_argument("--new-tokens", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    dev = "cpu" if args.dry_run else "cuda"
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    if args.dry_run:
+        args.arch, args.concurrency, args.new_tokens, args.repeats = "toy", 2, 4, 1
+    conc, n_new = args.concurrency, args.new_tokens
+    strategy, ps = args.config.split(":")
+    bw, flops = wg.ceilings(dev)
+    hf = wg.build_hf(args.arch, dev, dtype)
+    engine = wg.make_engine(hf, args.arch, conc, n_new + 60, device=dev,
+                            dtype="bfloat16" if dev == "cuda" else "float32",
+                            encoder_kv=strategy, page_size=ps)
+    tok = engine.tokenizer
+    procs = hf_processors(hf, tok, dev)
+    gen = torch.Generator().manual_seed(conc)
+    feats = (torch.randn(conc, wg.ARCHS[args.arch]["n_mels"], 3000, generator=gen) * 0.5).to(
+        device=dev, dtype=dtype)
+    floor = conc * 30 / wg.floor_seconds(args.arch, conc, n_new, bw, flops)
+    run_hf(hf, procs, tok, feats, 3)  # warm-ups at the timed shapes
+    run_ours(engine, feats, 3)
+    t_hf, t_ours = [], []
+    for _ in range(args.repeats):  # alternate: HF's speed swings between runs
+        t_hf.append(run_hf(hf, procs, tok, feats, n_new))
+        t_ours.append(run_ours(engine, feats, n_new))
+    hf_rate = conc * 30 / statistics.median(t_hf)
+    ours_rate = conc * 30 / statistics.median(t_ours)
+    clips = [np.random.default_rng(i).standard_normal(16000 * 30).astype(np.float32) * 0.1
+             for i in range(conc)]
+    run_driver(engine, clips[:2], 3)
+    t_drv, n_tok = run_driver(engine, clips, n_new)
+    enc_hf = hf_encoder_s(hf, feats) / conc
+    pre = prefill_s(engine, feats) / conc
+    s_plain, s_filt = step_ms(engine, feats, False), step_ms(engine, feats, True)
+    syncs, busy = syncs_per_step(engine, feats), gpu_busy(engine, feats)
+    engine.check_integrity()
+    print(f"# {args.arch} conc {conc} {strategy}/{ps} overlap={engine.overlap} "
+          f"graphs={engine.runner.graph_runner is not None} bw {bw / 1e12:.2f} TB/s "
+          f"bf16 {flops / 1e12:.0f} TFLOP/s; HF runs {[round(t, 3) for t in t_hf]} s, "
+          f"edserve {[round(t, 3) for t in t_ours]} s")
+    print("arch      conc  HF a-s/s  edserve a-s/s  x HF  floor a-s/s  %floor  driver a-s/s "
+          "(tok)  step ms plain/filters  syncs/step  GPU busy  prefill/clip ms  HF enc/clip ms")
+    print(f"{args.arch:9s} {conc:4d}  {hf_rate:8.0f}  {ours_rate:13.0f}  "
+          f"{ours_rate / hf_rate:4.2f}  {floor:11.0f}  {100 * ours_rate / floor:6.1f}  "
+          f"{conc * 30 / t_drv:8.0f} ({n_tok})  {s_plain:7.2f}/{s_filt:7.2f}  {syncs:10.1f}  "
+          f"{100 * busy:7.1f}%  {1000 * pre:15.2f}  {1000 * enc_hf:14.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
