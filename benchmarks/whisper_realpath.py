@@ -165,9 +165,10 @@ def syncs_per_step(engine, feats, steps: int = 10) -> float:
         finally:
             torch.cuda.set_sync_debug_mode(0)
     _drain(engine)
-    for w in caught[:3]:
-        print("#   sync:", str(w.message).splitlines()[0][:120])
-    return sum("ynchroniz" in str(w.message) for w in caught) / steps
+    syncs = [str(w.message) for w in caught if "called a synchronizing" in str(w.message)]
+    for text in sorted(set(syncs))[:3]:
+        print("#   sync:", text.splitlines()[0][:160])
+    return len(syncs) / steps
 
 
 def gpu_busy(engine, feats, steps: int = 10) -> float:
@@ -216,6 +217,7 @@ def main() -> None:
     ap.add_argument("--config", default="flat:128", help="strategy:page_size")
     ap.add_argument("--new-tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--overlap", default="auto", choices=("auto", "on", "off"))
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"
@@ -228,7 +230,7 @@ def main() -> None:
     hf = wg.build_hf(args.arch, dev, dtype)
     engine = wg.make_engine(hf, args.arch, conc, n_new + 60, device=dev,
                             dtype="bfloat16" if dev == "cuda" else "float32",
-                            encoder_kv=strategy, page_size=ps)
+                            encoder_kv=strategy, page_size=ps, overlap_schedule=args.overlap)
     tok = engine.tokenizer
     procs = hf_processors(hf, tok, dev)
     gen = torch.Generator().manual_seed(conc)

@@ -31,7 +31,7 @@ def _count_syncs(fn) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return sum("ynchroniz" in str(w.message) for w in caught)
+    return sum("called a synchronizing" in str(w.message) for w in caught)
 
 
 @pytest.mark.parametrize("overlap", ["on", "off"])
@@ -48,6 +48,7 @@ def test_decode_step_syncs_at_most_once(tmp_path, overlap):
         sp = SamplingParams(max_new_tokens=30 + i, ignore_eos=True,
                             temperature=0.7 if i % 2 else 0.0, seed=i)
         engine.add_request(GenerateRequest([tok.sot], mel, sp, logits_processors=list(procs)))
+    assert _count_syncs(lambda: torch.ones(1, device="cuda").item()) == 1  # the probe works
     for _ in range(4):  # prefill + first decode steps (graph replay warmed up)
         engine.step()
     steps = 10
