@@ -85,28 +85,31 @@ class ApplyTimestampRules(LogitsFilter):
         return cls(tokenizer.eot, tokenizer.no_timestamps, tokenizer.timestamp_begin, index)
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
-        tb, n = self.ts_begin, ctx.lengths  # n: [R] tokens sampled per row
-        col = torch.arange(logits.shape[-1], device=logits.device)[None, :]  # [1, V]
+        # Each row's allowed tokens are [a, b) U [c, V) minus <|notimestamps|>, with [R] bounds
+        # from the row's history; one mask pass over [R, V] applies every rule at once.
+        tb, n, V = self.ts_begin, ctx.lengths, logits.shape[-1]
         last_ts = ctx.last(1) >= tb  # [R] (False when nothing was sampled)
         penult_ts = (n < 2) | (ctx.last(2) >= tb)  # [R]
-        pair_closed = (last_ts & penult_ts)[:, None]  # text (or end) must follow
-        pair_open = (last_ts & ~penult_ts)[:, None]  # the open timestamp must be closed
-        mask = (col == self.no_timestamps) | (pair_closed & (col >= tb)) \
-            | (pair_open & (col < self.eot))  # [R, V]
-        # Timestamps never decrease, and a segment has non-zero length: forbid every
-        # timestamp below the last one sampled (below it + 1 unless a pair is open).
         pos = torch.arange(ctx.history.shape[1], device=logits.device)[None, :]  # [1, C]
         is_ts = (ctx.history >= tb) & (pos < n[:, None])  # [R, C]
-        where = torch.where(is_ts, pos, -1).amax(dim=1, keepdim=True)  # [R, 1] last ts index
-        last = ctx.history.gather(1, where.clamp(min=0))  # [R, 1] its token
-        upper = torch.where(pair_open, last, last + 1)
-        mask |= (where >= 0) & (col >= tb) & (col < upper)
-        first = (n == 0)[:, None]  # the text starts with an early-enough timestamp
-        mask |= first & (col < tb)
-        if self.max_initial_index is not None:
-            mask |= first & (col > tb + self.max_initial_index)
-        logits.masked_fill_(mask, NEG_INF)
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        ts_mass = torch.logsumexp(logprobs[:, tb:], dim=-1)  # [R]
-        best_text = logprobs[:, :tb].amax(dim=-1)  # [R]
+        where = torch.where(is_ts, pos, -1).amax(dim=1)  # [R] index of the last timestamp
+        last = ctx.history.gather(1, where.clamp(min=0)[:, None])[:, 0]  # [R] its token
+        pair_open = last_ts & ~penult_ts  # the open timestamp must be closed (or end)
+        pair_closed = last_ts & penult_ts  # text (or end) must follow
+        first = n == 0  # the text starts with a timestamp <= max_initial_timestamp
+        # Timestamps never decrease, and a segment has non-zero length: none below the last
+        # one sampled (below it + 1 unless a pair is open).
+        lowest_ts = torch.where(where >= 0, torch.where(pair_open, last, last + 1), tb)
+        top = V if self.max_initial_index is None else tb + self.max_initial_index + 1
+        a = torch.where(first, tb, torch.where(pair_open, self.eot, 0))  # [R]
+        b = torch.where(first, top, tb)  # [R]
+        c = torch.where(first | pair_closed, V, lowest_ts)  # [R] (c == V: no second range)
+        col = torch.arange(V, device=logits.device)[None, :]  # [1, V]
+        allowed = ((col >= a[:, None]) & (col < b[:, None])) \
+            | (col >= c[:, None])  # [R, V]
+        logits.masked_fill_(~allowed | (col == self.no_timestamps), NEG_INF)
+        # Timestamps together likelier than any single text token: force one. (The compared
+        # log-softmax terms share their normaliser, so compare the raw logits.)
+        ts_mass = torch.logsumexp(logits[:, tb:].float(), dim=-1)  # [R]
+        best_text = logits[:, :tb].amax(dim=-1)  # [R]
         logits[:, :tb].masked_fill_((ts_mass > best_text)[:, None], NEG_INF)
