@@ -1,13 +1,22 @@
-"""Whisper (any size: tiny ... large-v3) in plain torch, with HF parameter names.
+"""Whisper (any size: tiny ... large-v3) in plain torch, with HF parameter names except for
+the fused projections.
 
-The encoder runs batched over the requests admitted in a step (fused SDPA, no KV cache). The
-decoder's self- and cross-attention go through :class:`Attention`, i.e. the paged KV pool: each
-decoder layer ``i`` uses KV-pool layer ``i`` for both its cross K/V (the row's encoder region) and
-its self K/V (the decoder region). Cross K/V are projected once, at prefill.
+The encoder runs batched over the requests admitted in a step (one stacked batch in the model's
+dtype, SDPA, no KV cache). The decoder's self- and cross-attention go through
+:class:`Attention`, i.e. the paged KV pool: each decoder layer ``i`` uses KV-pool layer ``i`` for
+both its cross K/V (the row's encoder region) and its self K/V (the decoder region).
+
+Fused projections (one GEMM each), filled from the HF-named checkpoint at load time by
+:func:`edserve.models.weights.fused.load_hf_tensors`:
+  * ``self_attn.qkv_proj`` ``[3d, d]`` (encoder and decoder self-attention; k's bias rows 0);
+  * ``decoder.cross_kv_proj`` ``[L * 2d, d]``: every decoder layer's cross k/v, so the encoder
+    output is projected for all layers at once at prefill (the cross K/V are projected once
+    per request and then live in the pool).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +26,7 @@ from torch import nn
 
 from edserve.engine.forward_batch import ForwardBatch
 from edserve.layers.attention.base import Attention
+from edserve.models.weights.fused import FusedLinear, load_hf_tensors
 
 
 @dataclass(frozen=True)
@@ -54,14 +64,29 @@ class WhisperConfig:
         return self.d_model // self.decoder_attention_heads
 
 
-class _SelfAttentionProj(nn.Module):
-    """q/k/v/out projections with HF names (k has no bias)."""
+# Largest cross K/V projection output materialised at once at prefill (bytes); above it the
+# layers are projected in groups (large-v3, 8 clips, bf16: 2 GEMMs of 16 layers).
+CROSS_KV_CHUNK_BYTES = 1 << 30
+
+
+class _SelfAttention(nn.Module):
+    """q/k/v as one GEMM (``qkv_proj`` ``[3d, d]``, filled from HF's ``q_proj``/``k_proj``/
+    ``v_proj``; k has no bias, so its bias rows are zero) and ``out_proj``."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.qkv_proj = FusedLinear(d, [("q_proj", d), ("k_proj", d), ("v_proj", d)],
+                                    no_bias=["k_proj"])
+        self.out_proj = nn.Linear(d, d)
+
+
+class _CrossAttention(nn.Module):
+    """Cross-attention's q and out projections; its k/v live in
+    :attr:`WhisperDecoder.cross_kv_proj` (all layers, one GEMM at prefill)."""
 
     def __init__(self, d: int) -> None:
         super().__init__()
         self.q_proj = nn.Linear(d, d)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d)
         self.out_proj = nn.Linear(d, d)
 
 
@@ -70,7 +95,7 @@ class WhisperEncoderLayer(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.num_heads = cfg.encoder_attention_heads
-        self.self_attn = _SelfAttentionProj(d)
+        self.self_attn = _SelfAttention(d)
         self.self_attn_layer_norm = nn.LayerNorm(d)
         self.fc1 = nn.Linear(d, cfg.encoder_ffn_dim)
         self.fc2 = nn.Linear(cfg.encoder_ffn_dim, d)
@@ -79,14 +104,10 @@ class WhisperEncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [N, S, d]
         N, S, d = x.shape
-        h = self.self_attn_layer_norm(x)
         a = self.self_attn
-
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(N, S, self.num_heads, -1).transpose(1, 2)  # [N, H, S, hd]
-
-        o = F.scaled_dot_product_attention(heads(a.q_proj(h)), heads(a.k_proj(h)),
-                                           heads(a.v_proj(h)))
+        qkv = a.qkv_proj(self.self_attn_layer_norm(x))  # [N, S, 3d]
+        q, k, v = qkv.view(N, S, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # [N, H, S, hd]
+        o = F.scaled_dot_product_attention(q, k, v)  # [N, H, S, hd]
         x = x + a.out_proj(o.transpose(1, 2).reshape(N, S, d))
         h = self.final_layer_norm(x)
         return x + self.fc2(F.gelu(self.fc1(h)))
@@ -119,9 +140,9 @@ class WhisperDecoderLayer(nn.Module):
         self.num_heads = H
         self.head_dim = d // H
         scaling = self.head_dim**-0.5
-        self.self_attn = _SelfAttentionProj(d)
+        self.self_attn = _SelfAttention(d)
         self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.encoder_attn = _SelfAttentionProj(d)
+        self.encoder_attn = _CrossAttention(d)
         self.encoder_attn_layer_norm = nn.LayerNorm(d)
         self.fc1 = nn.Linear(d, cfg.decoder_ffn_dim)
         self.fc2 = nn.Linear(cfg.decoder_ffn_dim, d)
@@ -129,26 +150,21 @@ class WhisperDecoderLayer(nn.Module):
         self.self_site = Attention(layer_id, H, H, self.head_dim, scaling, is_cross=False)
         self.cross_site = Attention(layer_id, H, H, self.head_dim, scaling, is_cross=True)
 
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        return t.view(t.shape[0], self.num_heads, self.head_dim)  # [T, H, hd]
-
     def forward(self, x: torch.Tensor, batch: ForwardBatch,
-                encoder_states: torch.Tensor | None) -> torch.Tensor:
-        # x: [T, d]; encoder_states: [sum encoder_lens, d] at prefill, else None
+                cross_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        # x: [T, d]; cross_kv: this layer's projected encoder k, v [sum encoder_lens, H, hd]
+        # at prefill (written to the pool by the cross site), else None
         T, d = x.shape
         a = self.self_attn
-        h = self.self_attn_layer_norm(x)
-        o = self.self_site(self._heads(a.q_proj(h)), self._heads(a.k_proj(h)),
-                           self._heads(a.v_proj(h)), batch)
+        qkv = a.qkv_proj(self.self_attn_layer_norm(x))  # [T, 3d]
+        q, k, v = qkv.view(T, 3, self.num_heads, self.head_dim).unbind(1)  # [T, H, hd]
+        o = self.self_site(q, k, v, batch)  # [T, H, hd]
         x = x + a.out_proj(o.reshape(T, d))
 
         c = self.encoder_attn
-        h = self.encoder_attn_layer_norm(x)
-        k = v = None
-        if encoder_states is not None:  # prefill: project the encoder output once
-            k = self._heads(c.k_proj(encoder_states))
-            v = self._heads(c.v_proj(encoder_states))
-        o = self.cross_site(self._heads(c.q_proj(h)), k, v, batch)
+        q = c.q_proj(self.encoder_attn_layer_norm(x)).view(T, self.num_heads, self.head_dim)
+        k, v = cross_kv if cross_kv is not None else (None, None)
+        o = self.cross_site(q, k, v, batch)  # [T, H, hd]
         x = x + c.out_proj(o.reshape(T, d))
 
         h = self.final_layer_norm(x)
@@ -158,11 +174,33 @@ class WhisperDecoderLayer(nn.Module):
 class WhisperDecoder(nn.Module):
     def __init__(self, cfg: WhisperConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.embed_positions = nn.Embedding(cfg.max_target_positions, cfg.d_model)
-        self.layers = nn.ModuleList(
-            WhisperDecoderLayer(cfg, i) for i in range(cfg.decoder_layers))
-        self.layer_norm = nn.LayerNorm(cfg.d_model)
+        d, L = cfg.d_model, cfg.decoder_layers
+        self.num_heads = cfg.decoder_attention_heads
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
+        self.embed_positions = nn.Embedding(cfg.max_target_positions, d)
+        self.layers = nn.ModuleList(WhisperDecoderLayer(cfg, i) for i in range(L))
+        self.layer_norm = nn.LayerNorm(d)
+        # Every layer's cross-attention k/v stacked: rows (layer, k|v) -> [L * 2d, d], filled
+        # from HF's layers.{i}.encoder_attn.{k,v}_proj (k has no bias: zero bias rows).
+        cross = [f"layers.{i}.encoder_attn.{p}_proj" for i in range(L) for p in "kv"]
+        self.cross_kv_proj = FusedLinear(d, [(c, d) for c in cross], no_bias=cross[::2])
+
+    def cross_kv(self, enc: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Cross K/V of every layer, in layer order: enc ``[S, d]`` -> (k, v) ``[S, H, hd]``.
+
+        One GEMM projects ``enc`` for all layers at once (groups of layers only when the output
+        would exceed :data:`CROSS_KV_CHUNK_BYTES`); k/v are strided views of its output."""
+        S, d = enc.shape
+        L, H = len(self.layers), self.num_heads
+        group = max(1, min(L, CROSS_KV_CHUNK_BYTES // max(1, S * 2 * d * enc.element_size())))
+        w, b = self.cross_kv_proj.weight, self.cross_kv_proj.bias  # [L * 2d, d], [L * 2d]
+        for first in range(0, L, group):
+            n = min(group, L - first)
+            rows = slice(first * 2 * d, (first + n) * 2 * d)
+            y = F.linear(enc, w[rows], b[rows]).view(S, n, 2, H, d // H)  # [S, n, 2, H, hd]
+            for i in range(n):
+                yield y[:, i, 0], y[:, i, 1]
+            del y
 
 
 class _Inner(nn.Module):
@@ -222,16 +260,20 @@ class WhisperForConditionalGeneration(nn.Module):
         p = next(self.parameters())
         for m in encoder_inputs:
             self.encoder_len(m)
-        mel = torch.stack([m.to(device=p.device, dtype=p.dtype) for m in encoder_inputs])
-        return list(self.model.encoder(mel).unbind(0))
+        dev = encoder_inputs[0].device
+        mel = torch.stack([m.to(dev) for m in encoder_inputs])  # [N, n_mels, 3000]
+        mel = mel.to(device=p.device, dtype=p.dtype)  # one transfer, in the model dtype
+        return list(self.model.encoder(mel).unbind(0))  # N x [1500, d]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 encoder_states: torch.Tensor | None) -> torch.Tensor:
         """input_ids, positions: [T] -> hidden states [T, d] (final layer norm applied)."""
         dec = self.model.decoder
         x = dec.embed_tokens(input_ids) + dec.embed_positions(positions)
+        # prefill: the encoder output projected for every layer (one GEMM), consumed in order
+        cross = dec.cross_kv(encoder_states) if encoder_states is not None else None
         for layer in dec.layers:
-            x = layer(x, batch, encoder_states)
+            x = layer(x, batch, next(cross) if cross is not None else None)
         return dec.layer_norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -239,9 +281,10 @@ class WhisperForConditionalGeneration(nn.Module):
         return F.linear(hidden, self.model.decoder.embed_tokens.weight)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load HF-named tensors; ``proj_out.weight`` is tied to the token embedding."""
-        sd = {k: v for k, v in state_dict.items() if k != "proj_out.weight"}
-        missing, unexpected = self.load_state_dict(sd, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"Whisper weights do not match the config: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
+        """Load HF-named tensors, fusing q/k/v and the cross k/v into their stacked weights
+        (see :mod:`edserve.models.weights.fused`); ``proj_out.weight`` is tied to the token
+        embedding and skipped."""
+        try:
+            load_hf_tensors(self, state_dict, ignore=["proj_out.weight"])
+        except ValueError as e:
+            raise ValueError(f"Whisper weights do not match the config: {e}") from None

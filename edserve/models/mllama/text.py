@@ -1,5 +1,9 @@
 """Mllama text decoder layers: Llama self-attention layers and gated cross-attention layers.
 
+Projections of one input run as one GEMM: self-attention q/k/v (``qkv_proj``), cross-attention
+k/v (``kv_proj``), the MLP's gate/up (``gate_up_proj``). They are :class:`FusedLinear` modules
+filled from the HF-named checkpoint at load time (:mod:`edserve.models.weights.fused`).
+
 Every attention site goes through :class:`edserve.layers.attention.base.Attention` with
 ``layer_id`` = the text layer index, so the KV pool holds one layer per text layer: self layers
 use the decoder region of a request's row, cross layers its encoder region.
@@ -15,6 +19,7 @@ from edserve.engine.forward_batch import ForwardBatch
 from edserve.layers.attention.base import Attention
 from edserve.models.mllama.config import MllamaTextConfig
 from edserve.models.mllama.rope import apply_rope
+from edserve.models.weights.fused import FusedLinear
 
 
 class RMSNorm(nn.Module):
@@ -30,46 +35,58 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def linear_residual(x: torch.Tensor, h: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
+    """``x + proj(h)`` as one ``addmm`` (``proj`` has no bias). x: [T, H]; h: [T, in]."""
+    return torch.addmm(x, h, proj.weight.t())
+
+
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(g) * u) with ``[g | u]`` = one GEMM (``gate_up_proj`` ``[2I, H]``,
+    filled from HF's ``gate_proj`` and ``up_proj``)."""
 
     def __init__(self, cfg: MllamaTextConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        H, inter = cfg.hidden_size, cfg.intermediate_size
+        self.gate_up_proj = FusedLinear(H, [("gate_proj", inter), ("up_proj", inter)],
+                                        bias=False)
+        self.down_proj = nn.Linear(inter, H, bias=False)
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, H] -> silu(g) * u: [T, I]
+        g, u = self.gate_up_proj.split(self.gate_up_proj(x))
+        return F.silu(g) * u
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(x))
 
 
-class _Projections(nn.Module):
-    """q/k/v/o projections (HF names, no biases) and the attention site, for either kind."""
+class SelfAttention(nn.Module):
+    """Llama self-attention: q/k/v as one GEMM (``qkv_proj`` ``[(Hq + 2 Hkv) D, H]``, filled
+    from HF's ``q_proj``/``k_proj``/``v_proj``), RoPE, then ``o_proj``."""
 
-    def __init__(self, cfg: MllamaTextConfig, layer_id: int, is_cross: bool) -> None:
+    def __init__(self, cfg: MllamaTextConfig, layer_id: int) -> None:
         super().__init__()
         H, Hq, Hkv, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, \
             cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = Hq, Hkv, D
-        self.q_proj = nn.Linear(H, Hq * D, bias=False)
-        self.k_proj = nn.Linear(H, Hkv * D, bias=False)
-        self.v_proj = nn.Linear(H, Hkv * D, bias=False)
+        self.qkv_proj = FusedLinear(H, [("q_proj", Hq * D), ("k_proj", Hkv * D),
+                                        ("v_proj", Hkv * D)], bias=False)
         self.o_proj = nn.Linear(Hq * D, H, bias=False)
-        self.attn = Attention(layer_id, Hq, Hkv, D, D ** -0.5, is_cross=is_cross)
+        self.attn = Attention(layer_id, Hq, Hkv, D, D ** -0.5, is_cross=False)
 
-
-class SelfAttention(_Projections):
-    def __init__(self, cfg: MllamaTextConfig, layer_id: int) -> None:
-        super().__init__(cfg, layer_id, is_cross=False)
+    def attend(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               batch: ForwardBatch) -> torch.Tensor:
+        # x: [T, H] -> attention output before o_proj: [T, Hq * D]
+        T, D = x.shape[0], self.head_dim
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
+        q = apply_rope(q.view(T, self.num_heads, D), cos, sin)
+        k = apply_rope(k.view(T, self.num_kv_heads, D), cos, sin)
+        o = self.attn(q, k, v.view(T, self.num_kv_heads, D), batch)  # [T, Hq, D]
+        return o.reshape(T, -1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch) -> torch.Tensor:
-        T = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(T, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(T, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        o = self.attn(q, k, v, batch)  # [T, Hq, D]
-        return self.o_proj(o.reshape(T, -1))
+        return self.o_proj(self.attend(x, cos, sin, batch))
 
 
 class SelfAttentionDecoderLayer(nn.Module):
@@ -82,25 +99,36 @@ class SelfAttentionDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # x: [T, H]; the residual adds are folded into o_proj's and down_proj's GEMMs
+        o = self.self_attn.attend(self.input_layernorm(x), cos, sin, batch)  # [T, Hq * D]
+        x = linear_residual(x, o, self.self_attn.o_proj)
+        h = self.mlp.act(self.post_attention_layernorm(x))  # [T, I]
+        return linear_residual(x, h, self.mlp.down_proj)
 
 
-class CrossAttention(_Projections):
+class CrossAttention(nn.Module):
     """Attention of text tokens over projected vision states: q/k RMSNorm over head_dim, no
-    RoPE. K/V are computed once per request (prefill) and stored in its encoder region."""
+    RoPE. K/V are computed once per request (prefill), as one GEMM (``kv_proj``
+    ``[2 Hkv D, H]``, filled from HF's ``k_proj``/``v_proj``), and stored in its encoder
+    region."""
 
     def __init__(self, cfg: MllamaTextConfig, layer_id: int) -> None:
-        super().__init__(cfg, layer_id, is_cross=True)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        super().__init__()
+        H, Hq, Hkv, D = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, \
+            cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = Hq, Hkv, D
+        self.q_proj = nn.Linear(H, Hq * D, bias=False)
+        self.kv_proj = FusedLinear(H, [("k_proj", Hkv * D), ("v_proj", Hkv * D)], bias=False)
+        self.o_proj = nn.Linear(Hq * D, H, bias=False)
+        self.attn = Attention(layer_id, Hq, Hkv, D, D ** -0.5, is_cross=True)
+        self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
 
     def project_kv(self, enc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # enc: [N, H] projected vision states -> k, v: [N, Hkv, D]
         N = enc.shape[0]
-        k = self.k_norm(self.k_proj(enc).view(N, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(enc).view(N, self.num_kv_heads, self.head_dim)
-        return k, v
+        kv = self.kv_proj(enc).view(N, 2, self.num_kv_heads, self.head_dim)  # [N, 2, Hkv, D]
+        return self.k_norm(kv[:, 0]), kv[:, 1]
 
     def forward(self, x: torch.Tensor, enc: torch.Tensor | None,
                 batch: ForwardBatch) -> torch.Tensor:

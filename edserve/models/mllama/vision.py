@@ -1,5 +1,6 @@
 """Mllama vision encoder: tiled ViT with gated tile/position embeddings, a local and a gated
-global transformer, and intermediate-layer features. Plain nn.Module, HF parameter names."""
+global transformer, and intermediate-layer features. Plain nn.Module, HF parameter names
+except the fused ``self_attn.qkv_proj``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edserve.models.mllama.config import MllamaVisionConfig
+from edserve.models.weights.fused import FusedLinear
 
 
 class VisionAttention(nn.Module):
@@ -18,16 +20,16 @@ class VisionAttention(nn.Module):
         D = cfg.hidden_size
         self.num_heads = cfg.attention_heads
         self.head_dim = cfg.head_dim
-        self.q_proj = nn.Linear(D, D, bias=False)
-        self.k_proj = nn.Linear(D, D, bias=False)
-        self.v_proj = nn.Linear(D, D, bias=False)
+        # q/k/v as one GEMM, filled from HF's q_proj/k_proj/v_proj at load time
+        self.qkv_proj = FusedLinear(D, [("q_proj", D), ("k_proj", D), ("v_proj", D)],
+                                    bias=False)
         self.o_proj = nn.Linear(D, D, bias=False)
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         # x: [N, L, D]; allowed: [N, 1, L, L] bool (True = may attend)
         N, L, D = x.shape
-        q, k, v = (p(x).view(N, L, self.num_heads, self.head_dim).transpose(1, 2)
-                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        qkv = self.qkv_proj(x).view(N, L, 3, self.num_heads, self.head_dim)  # [N, L, 3, H, hd]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # [N, H, L, hd]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # [N, H, L, hd]
         return self.o_proj(o.transpose(1, 2).reshape(N, L, D))
 

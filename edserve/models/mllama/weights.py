@@ -19,6 +19,7 @@ from safetensors import safe_open
 from edserve.models.mllama.config import MllamaConfig
 from edserve.models.mllama.model import MllamaModel
 from edserve.models.mllama.rope import rope_inv_freq
+from edserve.models.weights.fused import load_hf_tensors
 
 
 def hf_to_edserve_name(name: str) -> str:
@@ -33,25 +34,13 @@ def hf_to_edserve_name(name: str) -> str:
 
 
 def load_state_dict(model: MllamaModel, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy HF-named tensors into ``model``; every parameter must be covered exactly once."""
-    params = dict(model.named_parameters())
-    seen: set[str] = set()
-    unexpected = []
-    with torch.no_grad():
-        for hf_name, t in tensors.items():
-            name = hf_to_edserve_name(hf_name)
-            if name not in params:
-                unexpected.append(hf_name)
-                continue
-            p = params[name]
-            if tuple(p.shape) != tuple(t.shape):
-                raise ValueError(f"{hf_name}: shape {tuple(t.shape)} != expected {tuple(p.shape)}")
-            p.copy_(t.to(p.dtype))
-            seen.add(name)
-    missing = sorted(set(params) - seen)
-    if missing or unexpected:
-        raise ValueError(f"checkpoint mismatch: missing {missing[:8]} ({len(missing)}), "
-                         f"unexpected {unexpected[:8]} ({len(unexpected)})")
+    """Copy HF-named tensors into ``model``; every parameter row must be covered exactly once.
+
+    Fused projections (``qkv_proj``, ``kv_proj``, ``gate_up_proj``) are filled from HF's
+    separate ``q_proj``/``k_proj``/``v_proj``/``gate_proj``/``up_proj`` tensors here, at load
+    time (see :mod:`edserve.models.weights.fused`); a fused tensor under the model's own name
+    (a :class:`MllamaModel` ``state_dict()``) is accepted as well."""
+    load_hf_tensors(model, tensors, rename=hf_to_edserve_name)
 
 
 def build_from_state_dict(config: dict, tensors: dict[str, torch.Tensor],

@@ -102,3 +102,26 @@ def test_registry_builder(hf_tiny):
     assert tok is None and model.num_kv_layers == 4 and model.num_kv_heads == 2
     assert model.head_dim == 16 and model.max_encoder_len == 4 * 4 * 17
     assert torch.equal(model.lm_head.weight, hf_tiny.lm_head.weight)
+
+
+def test_fused_projections_hold_hf_rows(hf_tiny):
+    """q/k/v, cross k/v and gate/up are fused at load time; an own state_dict loads back."""
+    sd = hf_tiny.state_dict()
+    model = build_mllama(type("Ckpt", (), {"config": TINY_CONFIG, "state_dict": sd})(),
+                         torch.float32, torch.device("cpu"))[0]
+    lm = "model.language_model.layers"
+    self_layer = next(i for i in range(4) if f"{lm}.{i}.self_attn.q_proj.weight" in sd)
+    cross_layer = next(i for i in range(4) if f"{lm}.{i}.cross_attn.k_proj.weight" in sd)
+    layers = model.language_model.layers
+    torch.testing.assert_close(layers[self_layer].self_attn.qkv_proj.weight, torch.cat(
+        [sd[f"{lm}.{self_layer}.self_attn.{p}_proj.weight"] for p in "qkv"]), rtol=0, atol=0)
+    torch.testing.assert_close(layers[self_layer].mlp.gate_up_proj.weight, torch.cat(
+        [sd[f"{lm}.{self_layer}.mlp.{p}_proj.weight"] for p in ("gate", "up")]), rtol=0, atol=0)
+    torch.testing.assert_close(layers[cross_layer].cross_attn.kv_proj.weight, torch.cat(
+        [sd[f"{lm}.{cross_layer}.cross_attn.{p}_proj.weight"] for p in "kv"]), rtol=0, atol=0)
+    again = build_mllama(type("Ckpt", (), {"config": TINY_CONFIG,
+                                           "state_dict": model.state_dict()})(),
+                         torch.float32, torch.device("cpu"))[0]
+    for (na, a), (nb, b) in zip(model.state_dict().items(), again.state_dict().items(),
+                                strict=True):
+        assert na == nb and torch.equal(a, b)
