@@ -20,12 +20,15 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("files", nargs="+", help="Audio files (wav, flac, mp3, ogg, m4a, ...).")
     p.add_argument("--output-format", default="text", choices=OUTPUT_FORMATS,
                    help="text: one line per file; json: one JSON object per file per line "
-                   "(file, text, duration, language, segments); srt/vtt: subtitles; all: "
-                   "every format (needs --output-dir).")
+                   "(file, text, duration, language, language_probability, segments); "
+                   "srt/vtt: subtitles; all: every format (needs --output-dir).")
     p.add_argument("--output-dir", nargs="?", const="", default=None, metavar="DIR",
                    help="Write <name>.<ext> files into DIR (no DIR: next to each input) "
                    "instead of printing.")
-    p.add_argument("--language", default=None, help="Spoken language code (default: en).")
+    p.add_argument("--language", default=None,
+                   help="Spoken language code (en, de, ...). Default: detected from the first "
+                   "30 s by multilingual models (--model base); English-only models (tiny.en) "
+                   "use en.")
     p.add_argument("--task", default="transcribe", choices=("transcribe", "translate"))
     p.add_argument("--temperature", type=float, default=0.0,
                    help="First temperature; windows fall back to +0.2 steps up to 1.0.")

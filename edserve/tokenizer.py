@@ -176,6 +176,13 @@ class WhisperTokenizer:
         except KeyError:
             raise ValueError(f"unknown language code {code!r}") from None
 
+    def language_code(self, token: int) -> str:
+        """The id of ``<|code|>`` -> ``code``; ``ValueError`` for any other token."""
+        for code, idx in self._languages.items():
+            if idx == token:
+                return code
+        raise ValueError(f"token {token} is not a language token")
+
     def sot_sequence(
         self, language: str | None, task: str = "transcribe", timestamps: bool = False
     ) -> list[int]:
@@ -183,7 +190,8 @@ class WhisperTokenizer:
 
         ``<|notimestamps|>`` is appended when ``timestamps`` is False. English-only models accept
         only ``language`` None or "en" and task "transcribe"; a multilingual model given no
-        language gets ``[sot, task]`` (callers normally detect the language first).
+        language gets ``[sot, task]``: the long-form driver then decodes ``[sot]`` and has the
+        model choose the language token first (:mod:`edserve.whisper.language`).
         """
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")

@@ -101,3 +101,14 @@ def test_bad_files(tmp_path):
         WhisperTokenizer.from_file(stripped)
     with pytest.raises(ValueError, match="vocab_size"):
         WhisperTokenizer.from_file(TOKENIZER_JSON, vocab_size=51000)
+
+
+def test_language_code_round_trip():
+    from edserve.models.weights import default_model_folder
+    from edserve.tokenizer import WhisperTokenizer
+
+    tok = WhisperTokenizer.from_file(default_model_folder() / "tokenizer.json", 51864)
+    for code in ("en", "de", tok.all_language_codes[-1]):
+        assert tok.language_code(tok.language_token(code)) == code
+    with pytest.raises(ValueError, match="not a language token"):
+        tok.language_code(tok.sot)

@@ -26,6 +26,9 @@ class FilterContext:
     history: torch.Tensor  # [n, C] int64: tokens sampled so far per row (prompt excluded)
     lengths: torch.Tensor  # [n] int64: valid entries of each history row
     rids: tuple[str, ...]  # the rows' request ids, in row order (host; for recorders)
+    # [n] bool a filter may set (``ctx.greedy |= cond``) to make those rows choose greedily at
+    # this step even when their request samples; None when no row of the batch samples.
+    greedy: torch.Tensor | None = None
 
     def last(self, back: int = 1) -> torch.Tensor:
         """[n] the ``back``-th last sampled token of each row (-1 where there is none)."""

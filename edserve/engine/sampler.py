@@ -67,20 +67,30 @@ def sample(logits: torch.Tensor, plan: SamplingPlan, history: TokenHistory,
     ``history`` and returns (tokens [B] int64, their log-probabilities [B] float32), on the
     device."""
     logits = logits.float()
+    greedy = None  # [B] rows a filter made greedy at this step (only when some rows sample)
+    if plan.sampled is not None and plan.groups:
+        greedy = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     if plan.groups:
         hist, lens = history.view(rows)  # [B, C], [B]
         for g in plan.groups:
             if g.rows is None:
-                _apply(g.filters, logits, FilterContext(hist, lens, g.rids))
+                _apply(g.filters, logits, FilterContext(hist, lens, g.rids, greedy))
             else:
                 sub = logits.index_select(0, g.rows)
+                sub_greedy = None if greedy is None else greedy.index_select(0, g.rows)
                 ctx = FilterContext(hist.index_select(0, g.rows), lens.index_select(0, g.rows),
-                                    g.rids)
+                                    g.rids, sub_greedy)
                 _apply(g.filters, sub, ctx)
                 logits.index_copy_(0, g.rows, sub)
+                if greedy is not None:
+                    greedy.index_copy_(0, g.rows, sub_greedy)
     tokens = torch.argmax(logits, dim=-1)  # [B] greedy unless a request samples
     if plan.sampled is not None:
-        tokens.index_copy_(0, plan.sampled, _draw(logits.index_select(0, plan.sampled), plan))
+        drawn = _draw(logits.index_select(0, plan.sampled), plan)
+        if greedy is not None:
+            drawn = torch.where(greedy.index_select(0, plan.sampled),
+                                tokens.index_select(0, plan.sampled), drawn)
+        tokens.index_copy_(0, plan.sampled, drawn)
     # log p(token) = logit - logsumexp(logits): no [B, V] log-softmax is materialised.
     logprobs = logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
     history.append(rows, tokens)

@@ -6,9 +6,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from edserve.whisper.language import language_name
 from edserve.whisper.result import Segment, Transcription
-
-LANGUAGE_NAMES = {"en": "english"}  # OpenAI reports languages by name; others stay as codes
 
 
 def _clock(seconds: float, sep: str) -> str:
@@ -28,8 +27,8 @@ def segment_dict(s: Segment) -> dict[str, Any]:
 
 
 def verbose_dict(t: Transcription, task: str = "transcribe") -> dict[str, Any]:
-    """OpenAI's ``verbose_json`` body."""
-    return {"task": task, "language": LANGUAGE_NAMES.get(t.language, t.language),
+    """OpenAI's ``verbose_json`` body (``language`` by name: ``"english"``)."""
+    return {"task": task, "language": language_name(t.language),
             "duration": round(t.duration, 3), "text": t.text,
             "segments": [segment_dict(s) for s in t.segments]}
 
@@ -39,10 +38,12 @@ def to_text(t: Transcription) -> str:
 
 
 def to_json(t: Transcription) -> str:
-    """One line: ``file``, ``text``, ``duration``, ``language`` and timed ``segments``."""
+    """One line: ``file``, ``text``, ``duration``, ``language`` (code),
+    ``language_probability`` (null unless detected) and timed ``segments``."""
     segments = [{"start": s.start, "end": s.end, "text": s.text} for s in t.segments]
     return json.dumps({"file": t.source, "text": t.text, "duration": round(t.duration, 3),
-                       "language": t.language, "segments": segments},
+                       "language": t.language,
+                       "language_probability": t.language_probability, "segments": segments},
                       ensure_ascii=False) + "\n"
 
 

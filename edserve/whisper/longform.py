@@ -16,6 +16,7 @@ windows of different audios share the engine's continuous batch. Per window:
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
@@ -30,6 +31,7 @@ from edserve.audio.mel import (
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
 from edserve.tokenizer import WhisperTokenizer
+from edserve.whisper.language import detection_chain
 from edserve.whisper.logits import (
     ApplyTimestampRules,
     SuppressBlank,
@@ -73,6 +75,10 @@ class LongformTask:
         self.timestamps = options.timestamps if options.timestamps is not None \
             else self.content_frames > N_FRAMES
         self._sot_seq = tokenizer.sot_sequence(options.language, options.task, self.timestamps)
+        # No language on a multilingual model: the first window detects it in-row (language.py)
+        self._detecting = tokenizer.is_multilingual and options.language is None
+        self.language = options.language or ("en" if not tokenizer.is_multilingual else None)
+        self.language_probability: float | None = None
         initial = tokenizer.encode(" " + options.initial_prompt.strip()) \
             if options.initial_prompt else []
         self._all_tokens: list[int] = list(initial)
@@ -103,13 +109,16 @@ class LongformTask:
         features = self.mel[:, self.seek:self.seek + N_FRAMES]
         prompt = self._all_tokens[self._prompt_reset_since:]
         prefix = [self.tok.sot_prev] + prompt[-(self.n_ctx // 2 - 1):] if prompt else []
-        prompt_ids = prefix + self._sot_seq
+        sot_seq, filters, forced = self._sot_seq, list(self._processors), 0
+        if self._detecting:  # [sot] then <|lang|> (detected) + the forced rest of sot_seq
+            sot_seq, tail = self._sot_seq[:1], self._sot_seq[1:]
+            filters, forced = detection_chain(self.tok, tail, filters), 1 + len(tail)
         t = self.temperature
         sampling = SamplingParams(
             temperature=t, seed=self.opts.seed + self.seek * 7 + self._temp_index if t else None,
-            max_new_tokens=self.opts.max_new_tokens or self.n_ctx // 2)
-        return GenerateRequest(prompt_ids=prompt_ids, encoder_input=features.contiguous(),
-                               sampling=sampling, logits_processors=list(self._processors),
+            max_new_tokens=(self.opts.max_new_tokens or self.n_ctx // 2) + forced)
+        return GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=features.contiguous(),
+                               sampling=sampling, logits_processors=filters,
                                no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech)
 
     def feed(self, out: GenerateOutput) -> list[Segment]:
@@ -118,10 +127,12 @@ class LongformTask:
         Raises RequestFailed when the request failed or was aborted."""
         if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
             raise RequestFailed(out.error or f"request {out.rid} was aborted", out.rid)
-        tokens = list(out.token_ids)
+        tokens, logprobs = list(out.token_ids), list(out.logprobs)
+        if self._detecting:
+            tokens, logprobs = self._take_language(tokens, logprobs)
         text = self.tok.decode(tokens)
         n = len(tokens)
-        avg_logprob = (out.sum_logprob + (out.stop_logprob or 0.0)) / (n + 1)
+        avg_logprob = (sum(logprobs) + (out.stop_logprob or 0.0)) / (n + 1)
         ratio = compression_ratio(text)
         no_speech = out.no_speech_prob or 0.0
         o = self.opts
@@ -150,6 +161,20 @@ class LongformTask:
             s.id = len(self.segments)
             self.segments.append(s)
         return kept
+
+    def _take_language(self, tokens: list[int], logprobs: list[float]
+                       ) -> tuple[list[int], list[float]]:
+        """Read the detected language off a detecting window's output; strip the forced
+        tokens. Later windows (and fallbacks of this one) decode with that language."""
+        forced = len(self._sot_seq)  # <|lang|> + the tail of the sot sequence after <|sot|>
+        if len(tokens) < forced:
+            raise RequestFailed(f"{self.source or 'audio'}: language detection produced no "
+                                "output (max_new_tokens too small?)")
+        self.language = self.tok.language_code(tokens[0])
+        self.language_probability = math.exp(logprobs[0])
+        self._detecting = False
+        self._sot_seq = self.tok.sot_sequence(self.language, self.opts.task, self.timestamps)
+        return tokens[forced:], logprobs[forced:]
 
     def _split(self, tokens: list[int], size: int, stats: dict) -> list[Segment]:
         """Cut a window's tokens into segments at timestamp pairs and advance ``seek``."""
@@ -190,5 +215,6 @@ class LongformTask:
 
     def result(self) -> Transcription:
         return Transcription(self.source, join_text(self.segments), self.duration,
-                             self.opts.language or "en", list(self.segments))
+                             self.language or "en", list(self.segments),
+                             self.language_probability)
 

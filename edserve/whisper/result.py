@@ -26,8 +26,9 @@ class Transcription:
     source: str
     text: str
     duration: float
-    language: str
+    language: str  # code ("en"): given, detected on the first window, or "en" (English-only)
     segments: list[Segment]
+    language_probability: float | None = None  # of the detected language (None: not detected)
 
 
 def join_text(segments: list[Segment]) -> str:

@@ -63,8 +63,12 @@ def detect_format(folder: Path) -> Literal["ct2", "hf"]:
 
 
 def load_checkpoint(folder: str | Path | None = None) -> Checkpoint:
-    """Load ``folder`` (default: the embedded Whisper tiny.en); :class:`WeightsError` on failure."""
-    folder = default_model_folder() if folder is None else Path(folder)
+    """Load ``folder``: a path, or a model name / Hub id resolved by
+    :func:`edserve.models.catalog.resolve_model` (default: the embedded Whisper tiny.en);
+    :class:`WeightsError` on failure."""
+    from edserve.models.catalog import resolve_model
+
+    folder = resolve_model(folder)
     fmt = detect_format(folder)
     config, state_dict = read_ct2_whisper(folder) if fmt == "ct2" else read_hf_folder(folder)
     tokenizer_path = folder / TOKENIZER_FILE
