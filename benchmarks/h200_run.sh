@@ -2,7 +2,11 @@
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
 #   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large   (several allowed, in order)
 set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
@@ -12,8 +16,11 @@ for part in "$@"; do
     tests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_gpu_syncs.py tests/engine/test_gpu.py \
              tests/engine/test_triton_engine.py tests/kernels/test_write_req_to_token.py \
              -rs 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
-    real) (cd benchmarks && timeout 280 python3 whisper_realpath.py --arch large-v3 --concurrency 64 --config flat:128 2>&1 | grep -v "custom logits" | tee "$OUT/real_large.log" | tail -8)
-          (cd benchmarks && timeout 200 python3 whisper_realpath.py --arch tiny.en --concurrency 256 --config flat:128 2>&1 | grep -v "custom logits" | tee "$OUT/real_tiny.log" | tail -8) ;;
+    real) for spec in "large-v3 64 flat:128 on" "large-v3 64 flat:128 off" "large-v3 64 aligned:128 on" "tiny.en 256 flat:128 on" "tiny.en 256 flat:128 off"; do
+            set -- $spec
+            (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch $1 --concurrency $2 --config $3 --overlap $4 2>&1 \
+               | grep -v "custom logits" | tee -a "$OUT/real.log" | tail -3)
+          done ;;
     kernels) python3 benchmarks/gpu_kernels.py --dtypes bfloat16 --budget-s 100 2>&1 | tee "$OUT/kernels.log" | tail -60 ;;
     tiny) python3 benchmarks/whisper_gpu.py --arch tiny.en --split --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/tiny.log" ;;
     large) timeout 330 python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 1 16 64 --split --configs flat:1:graph flat:128:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large.log" ;;

@@ -67,7 +67,32 @@ class GenerateRequest:
     # Per prompt token, the visible encoder key range (start, end) (Mllama); decode tokens use
     # the last prompt token's range. None: every token sees the whole encoder output.
     cross_kv_ranges: list[tuple[int, int]] | None = None
+    # Called on the engine thread with a :class:`FinishedKV` view just before the pool frees a
+    # request that finished normally (stop or length), e.g. to read cross-attention weights for
+    # word timestamps from the encoder K still in the pool. An exception fails the request.
+    on_finished_kv: Callable[[FinishedKV], None] | None = None
     rid: str = field(default_factory=next_rid)
+
+
+@dataclass(frozen=True)
+class FinishedKV:
+    """A finished request's KV, readable until the callback returns (then it is freed).
+
+    Row layout (every encoder-KV strategy): columns ``0 .. encoder_len-1`` hold the encoder
+    tokens' slots, the decoder tokens start at column ``enc_region``.
+    """
+
+    row_slots: torch.Tensor  # [row_len] int64 KV slots of the row (device)
+    encoder_len: int
+    enc_region: int
+    kv_pool: Any  # KVPool: get_kv(layer) -> (k [slots, H, D], v [slots, H, D])
+    prompt_ids: list[int]
+    token_ids: list[int]  # generated tokens, stop token excluded
+
+    @property
+    def encoder_slots(self) -> torch.Tensor:
+        """[encoder_len] int64 slots of the encoder (cross-attention) K/V."""
+        return self.row_slots[:self.encoder_len]
 
 
 @dataclass

@@ -28,7 +28,7 @@ from edserve.engine.batch_builder import Pools, build_decode, build_prefill, rel
 from edserve.engine.forward_batch import ForwardMode
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
-from edserve.engine.request import FinishReason, TokenDelta
+from edserve.engine.request import FinishedKV, FinishReason, TokenDelta
 from edserve.engine.sampler import SamplingPlan, plan_sampling
 from edserve.engine.step import ScheduledBatch, StepOutput
 
@@ -180,12 +180,26 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: FinishReason, error: str | None = None,
                 last: list[int] | None = None) -> None:
+        hook = req.request.on_finished_kv
+        if hook is not None and reason in (FinishReason.STOP, FinishReason.LENGTH) \
+                and req.req_pool_idx is not None:
+            try:
+                hook(self._finished_kv(req))
+            except Exception as exc:  # the request fails, the engine goes on
+                logger.exception("on_finished_kv failed")
+                reason, error = FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
         release(self.pools, [req])
         req.finish_reason = reason
         req.error = error
         req.encoder_input = None
         if req.on_delta is not None:
             req.on_delta(TokenDelta(req.rid, last or [], finished=True, output=req.output()))
+
+    def _finished_kv(self, req: Req) -> FinishedKV:
+        rtp = self.pools.req_to_token_pool
+        return FinishedKV(rtp.req_to_token[req.req_pool_idx, :req.row_len].long(),
+                          req.encoder_len, req.enc_region, self.pools.kv_pool,
+                          list(req.prompt_ids), list(req.output_ids))
 
 
 def _ceil(n: int, page_size: int) -> int:

@@ -98,3 +98,28 @@ def test_back_pressure_admits_what_the_pool_holds():
     sched.abort(reqs[0].rid)
     assert reqs[0].finish_reason == FinishReason.ABORT and reqs[0].req_pool_idx is None
     assert sched.schedule().reqs == [reqs[2]]  # the freed reservation admits the third
+
+
+def test_finished_kv_hook_sees_the_row_before_it_is_freed():
+    pools = _pools()
+    sched = _sched(pools)
+    seen = []
+
+    def hook(kv):
+        seen.append((kv.encoder_slots.tolist(), kv.token_ids, kv.row_slots.numel(),
+                     pools.allocator.available_size()))
+
+    a = _req(2)
+    a.request.on_finished_kv = hook
+    b = _req(2)
+    b.request.on_finished_kv = lambda kv: (_ for _ in ()).throw(ValueError("boom"))
+    sched.add(a)
+    sched.add(b)
+    step = sched.schedule()
+    sched.update(step, _output([10, 20]))
+    sched.update(sched.schedule(), _output([11, 21]))  # both reach max_new_tokens = 2
+    enc, tokens, row_len, free_then = seen[0]
+    assert enc == list(range(4, 10)) and tokens == [10, 11] and row_len == 6 + 2 + 1
+    assert free_then < pools.allocator.size  # still held while the hook ran
+    assert b.finish_reason == FinishReason.ERROR and "boom" in b.error
+    assert pools.allocator.available_size() == pools.allocator.size
