@@ -58,10 +58,11 @@ class EngineConfig:
     max_running_requests: int = _f(
         16, "Most requests decoded together (rows of the request-to-token table)."
     )
-    max_prefill_tokens: int = _f(
-        65536,
+    max_prefill_tokens: int | None = _f(
+        None,
         "Most encoder + prompt tokens admitted in one prefill step (the encoder runs batched "
-        "over them; Whisper requests count 1500 + prompt).",
+        "over them; Whisper requests count 1500 + prompt). Default: 65536 on CPU, 262144 on "
+        "CUDA (fewer, larger encoder batches).",
     )
     max_total_tokens: int | None = _f(
         None, "Cap on KV-cache slots (tokens); default: as many as the memory budget allows."

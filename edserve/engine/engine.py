@@ -40,6 +40,7 @@ logger = logging.getLogger("edserve")
 
 _EXTRA_COLS = 4  # slack columns per req_to_token row
 _DEFAULT_MAX_CONTEXT = 8192  # decoder positions when --context-length is not given
+_DEFAULT_PREFILL_TOKENS = {False: 65536, True: 262144}  # by "on CUDA"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -86,7 +87,8 @@ class Engine:
         eos = self.model.config.eos_token_id
         limits = SchedulerLimits(
             max_running_requests=self.pools.req_to_token_pool.size,
-            max_prefill_tokens=max(config.max_prefill_tokens, self.max_row_len),
+            max_prefill_tokens=max(config.max_prefill_tokens or _DEFAULT_PREFILL_TOKENS[
+                self.device.type == "cuda"], self.max_row_len),
             eos_token_id=eos,
             max_decoder_len=self.max_decoder_len)
         graphs = None
