@@ -66,15 +66,13 @@ def _stream(raw: str | None) -> bool:
 
 
 def _granularities(form: FormData) -> tuple[str, ...]:
+    """``segment`` and/or ``word`` (word: word timestamps, ``words`` in verbose_json)."""
     values = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
     out: list[str] = []
     for v in values:
         if not isinstance(v, str) or v not in GRANULARITIES:
             raise APIError(400, f"'timestamp_granularities[]' values must be 'segment' or 'word', "
                            f"got {v!r}", "timestamp_granularities[]", "invalid_value")
-        if v == "word":
-            raise APIError(400, "word-level timestamps are not supported by this server; use "
-                           "'segment'", "timestamp_granularities[]", "unsupported_value")
         out.append(v)
     return tuple(dict.fromkeys(out))
 

@@ -60,6 +60,8 @@ def check_task(tokenizer: Any, task: str, language: str | None) -> None:
 
 def build_options(params: TranscriptionParams, task: str, cfg: Any, seed: int
                   ) -> TranscribeOptions:
+    """The long-form options of one request: timestamps for timed formats or ``segment``,
+    word timestamps for ``timestamp_granularities[]=word`` (``words`` in verbose_json)."""
     timed = params.response_format in ("srt", "vtt", "verbose_json") \
         or "segment" in params.granularities
     return TranscribeOptions(
@@ -68,7 +70,8 @@ def build_options(params: TranscriptionParams, task: str, cfg: Any, seed: int
         compression_ratio_threshold=cfg.compression_ratio_threshold,
         logprob_threshold=cfg.logprob_threshold, no_speech_threshold=cfg.no_speech_threshold,
         condition_on_previous_text=cfg.condition_on_previous_text,
-        initial_prompt=params.prompt, timestamps=True if timed else None, seed=seed)
+        initial_prompt=params.prompt, timestamps=True if timed else None, seed=seed,
+        word_timestamps="word" in params.granularities)
 
 
 def decode(params: TranscriptionParams, max_seconds: float,

@@ -30,12 +30,14 @@ NO_SPACE_LANGUAGES = {"zh", "ja", "th", "lo", "my", "yue"}
 
 @dataclass
 class WordTiming:
-    """One word: its text (leading space kept), tokens and times in seconds."""
+    """One word: its text (leading space kept), tokens, times in seconds and probability
+    (the mean of its tokens' probabilities)."""
 
     word: str
     tokens: list[int] = field(default_factory=list)
     start: float = 0.0
     end: float = 0.0
+    probability: float = 0.0
 
 
 def default_alignment_heads(num_layers: int, num_heads: int) -> list[tuple[int, int]]:
@@ -151,16 +153,23 @@ def merge_punctuations(words: list[WordTiming], prepended: str = PREPEND_PUNCTUA
     return [w for w in words if w.word]
 
 
-def word_timings(weights: np.ndarray, tok: WhisperTokenizer, text_tokens: list[int],
-                 sot_len: int, num_frames: int, language: str | None) -> list[WordTiming]:
-    """Words of ``text_tokens`` with times in seconds from the window's start.
+def find_alignment(weights: np.ndarray, tok: WhisperTokenizer, text_tokens: list[int],
+                   sot_len: int, num_frames: int, language: str | None,
+                   text_probs: list[float] | None = None) -> list[WordTiming]:
+    """openai-whisper's ``find_alignment`` on given weights: the words of ``text_tokens`` with
+    raw DTW times in seconds from the window's start (no clipping, no punctuation merging).
 
     ``weights``: ``[heads, sot_len + len(text_tokens) + 1, >= num_frames // 2]`` softmaxed
     cross-attention weights of the sequence ``sot sequence + text + eot`` (row ``r`` is the
-    query at position ``r``); ``num_frames``: the window's mel frames (10 ms each)."""
-    if not text_tokens:
+    query at position ``r``; ``sot_len`` counts every token before the text, ``<|notimestamps|>``
+    included); ``num_frames``: the window's mel frames (10 ms each). The weights are cut to the
+    window's ``num_frames // 2`` encoder positions and renormalised over them (openai-whisper
+    softmaxes the cut logits: the same numbers). ``text_probs``: per text token, its
+    probability; a word's probability is the mean over its tokens."""
+    if not text_tokens or num_frames // 2 < 1:
         return []
     w = np.asarray(weights, dtype=np.float64)[:, :, : num_frames // 2]
+    w = w / w.sum(axis=-1, keepdims=True)
     w = (w - w.mean(axis=-2, keepdims=True)) / w.std(axis=-2, keepdims=True)
     matrix = median_filter(w).mean(axis=0)[sot_len - 1:-1]  # row k predicts text_tokens[k]
     text_idx, time_idx = dtw(-matrix)
@@ -171,19 +180,35 @@ def word_timings(weights: np.ndarray, tok: WhisperTokenizer, text_tokens: list[i
     jumps = np.pad(np.diff(text_idx), (1, 0), constant_values=1).astype(bool)
     jump_times = time_idx[jumps] / FRAMES_PER_SECOND
     starts, ends = jump_times[bounds[:-1]], jump_times[bounds[1:]]
-    out = [WordTiming(word, toks, float(s), float(e))
-           for word, toks, s, e in zip(words[:-1], word_tokens[:-1], starts, ends, strict=True)]
-    return merge_punctuations(_clip_long_words(out))
+    probs = np.asarray(text_probs if text_probs is not None else [0.0] * len(text_tokens),
+                       dtype=np.float64)
+    word_probs = [float(probs[i:j].mean()) for i, j in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [WordTiming(word, toks, float(s), float(e), p) for word, toks, s, e, p in
+            zip(words[:-1], word_tokens[:-1], starts, ends, word_probs, strict=True)]
 
 
-def _clip_long_words(words: list[WordTiming]) -> list[WordTiming]:
-    """Words longer than twice the median duration (at most 1.4 s) next to a sentence end are
-    cut to that length (openai-whisper's heuristic)."""
+def median_word_duration(words: list[WordTiming]) -> float:
+    """min(0.7 s, the median of the non-zero word durations); 0 when there are none."""
     durations = np.array([w.end - w.start for w in words])
     durations = durations[durations.nonzero()]
-    if len(durations) == 0:
+    return min(0.7, float(np.median(durations))) if len(durations) else 0.0
+
+
+def word_timings(weights: np.ndarray, tok: WhisperTokenizer, text_tokens: list[int],
+                 sot_len: int, num_frames: int, language: str | None,
+                 text_probs: list[float] | None = None) -> list[WordTiming]:
+    """:func:`find_alignment`, then long words at sentence ends clipped and punctuation
+    merged (openai-whisper's ``add_word_timestamps`` before it splits words by segment)."""
+    words = find_alignment(weights, tok, text_tokens, sot_len, num_frames, language, text_probs)
+    return merge_punctuations(clip_long_words(words))
+
+
+def clip_long_words(words: list[WordTiming]) -> list[WordTiming]:
+    """Words longer than twice the median duration (at most 1.4 s) next to a sentence end are
+    cut to that length (openai-whisper's heuristic); in place, returns ``words``."""
+    if not words or not any(w.end - w.start for w in words):
         return words
-    max_duration = 2 * min(0.7, float(np.median(durations)))
+    max_duration = 2 * median_word_duration(words)
     for i in range(1, len(words)):
         if words[i].end - words[i].start > max_duration:
             if words[i].word in SENTENCE_END:

@@ -27,10 +27,15 @@ def segment_dict(s: Segment) -> dict[str, Any]:
 
 
 def verbose_dict(t: Transcription, task: str = "transcribe") -> dict[str, Any]:
-    """OpenAI's ``verbose_json`` body (``language`` by name: ``"english"``)."""
-    return {"task": task, "language": language_name(t.language),
+    """OpenAI's ``verbose_json`` body (``language`` by name: ``"english"``); with word
+    timestamps also ``words``: ``[{word, start, end}]`` (OpenAI's shape: words stripped)."""
+    body = {"task": task, "language": language_name(t.language),
             "duration": round(t.duration, 3), "text": t.text,
             "segments": [segment_dict(s) for s in t.segments]}
+    if t.words is not None:
+        body["words"] = [{"word": w.word.strip(), "start": w.start, "end": w.end}
+                         for w in t.words]
+    return body
 
 
 def to_text(t: Transcription) -> str:
@@ -39,12 +44,17 @@ def to_text(t: Transcription) -> str:
 
 def to_json(t: Transcription) -> str:
     """One line: ``file``, ``text``, ``duration``, ``language`` (code),
-    ``language_probability`` (null unless detected) and timed ``segments``."""
+    ``language_probability`` (null unless detected) and timed ``segments``; with word
+    timestamps also ``words``: ``[{word, start, end, probability}]`` (openai-whisper's shape:
+    a word keeps its leading space, so the words concatenate to the text)."""
     segments = [{"start": s.start, "end": s.end, "text": s.text} for s in t.segments]
-    return json.dumps({"file": t.source, "text": t.text, "duration": round(t.duration, 3),
-                       "language": t.language,
-                       "language_probability": t.language_probability, "segments": segments},
-                      ensure_ascii=False) + "\n"
+    body = {"file": t.source, "text": t.text, "duration": round(t.duration, 3),
+            "language": t.language, "language_probability": t.language_probability,
+            "segments": segments}
+    if t.words is not None:
+        body["words"] = [{"word": w.word, "start": w.start, "end": w.end,
+                          "probability": round(w.probability, 4)} for w in t.words]
+    return json.dumps(body, ensure_ascii=False) + "\n"
 
 
 def to_verbose_json(t: Transcription) -> str:

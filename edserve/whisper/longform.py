@@ -12,12 +12,24 @@ windows of different audios share the engine's continuous batch. Per window:
 - a window judged silent (``no_speech_prob`` high *and* low log-probability) is skipped;
 - otherwise it is cut into segments at pairs of timestamp tokens and the next window starts at
   the last complete timestamp (or at the window's end when the text ended with a timestamp).
+
+With ``word_timestamps`` each window's request carries an ``on_finished_kv`` hook: on the
+engine thread, before the row is freed, :class:`~edserve.whisper.cross_weights.Aligner` reads the
+alignment heads' cross-attention weights for ``sot sequence + <|notimestamps|> + the segments'
+text tokens + <|endoftext|>`` from the encoder K/V still in the pool (no second encoder pass)
+and stores them on the CPU; :meth:`LongformTask.feed` turns them into words
+(:mod:`edserve.whisper.words`). Segment times then follow the words and, when the window was
+decoded with timestamps and did not end on a single timestamp, the next window starts at the
+last word's end (openai-whisper's rule). Without timestamps (a clip of one window) the window
+is consumed whole.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -29,8 +41,15 @@ from edserve.audio.mel import (
     log_mel_spectrogram,
 )
 from edserve.engine.errors import RequestFailed
-from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
+from edserve.engine.request import (
+    FinishedKV,
+    FinishReason,
+    GenerateOutput,
+    GenerateRequest,
+    SamplingParams,
+)
 from edserve.tokenizer import WhisperTokenizer
+from edserve.whisper.alignment import find_alignment
 from edserve.whisper.language import detection_chain
 from edserve.whisper.logits import (
     ApplyTimestampRules,
@@ -40,8 +59,15 @@ from edserve.whisper.logits import (
 )
 from edserve.whisper.options import TranscribeOptions
 from edserve.whisper.result import Segment, Transcription, join_text
+from edserve.whisper.words import (
+    add_word_timestamps,
+    cut_points,
+    last_word_end,
+    segment_text_tokens,
+)
 
 TIME_PRECISION = 0.02  # seconds per timestamp token
+FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # mel frames (100)
 INPUT_STRIDE = 2  # mel frames per encoder position (3000 frames -> 1500 states)
 
 
@@ -55,13 +81,20 @@ class LongformTask:
     """Sequential transcription of one audio; drive with :meth:`next_request` / :meth:`feed`.
 
     ``audio``: ``[num_samples]`` float32 at 16 kHz. ``max_decoder_len``: the model's decoder
-    positions (448 for Whisper). The task is done when :meth:`next_request` returns None;
-    :meth:`result` then holds the transcription.
+    positions (448 for Whisper). ``aligner``: an :class:`~edserve.whisper.cross_weights.Aligner`
+    (``capture(kv, sot_seq, text_tokens, eot)``), required when ``options.word_timestamps``.
+    The task is done when :meth:`next_request` returns None; :meth:`result` then holds the
+    transcription.
     """
 
     def __init__(self, audio: np.ndarray, tokenizer: WhisperTokenizer, n_mels: int,
                  options: TranscribeOptions, max_decoder_len: int = 448,
-                 source: str = "") -> None:
+                 source: str = "", aligner: Any = None) -> None:
+        if options.word_timestamps and aligner is None:
+            raise ValueError("word_timestamps needs an aligner (see whisper.transcribe.make_task)")
+        self.aligner = aligner
+        self._alignments: dict[str, Any] = {}  # rid -> Alignment, set on the engine thread
+        self._last_speech = 0.0
         self.tok = tokenizer
         self.opts = options
         self.source = source
@@ -117,9 +150,28 @@ class LongformTask:
         sampling = SamplingParams(
             temperature=t, seed=self.opts.seed + self.seek * 7 + self._temp_index if t else None,
             max_new_tokens=(self.opts.max_new_tokens or self.n_ctx // 2) + forced)
-        return GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=features.contiguous(),
-                               sampling=sampling, logits_processors=filters,
-                               no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech)
+        req = GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=features.contiguous(),
+                              sampling=sampling, logits_processors=filters,
+                              no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech)
+        if self.opts.word_timestamps:
+            req.on_finished_kv = self._alignment_hook(req.rid, forced, self.language)
+        return req
+
+    def _alignment_hook(self, rid: str, forced: int, language: str | None
+                        ) -> Callable[[FinishedKV], None]:
+        """The window's ``on_finished_kv``: the alignment pass (engine thread), kept for
+        :meth:`feed`. ``forced``: tokens that precede the text (detection: <|lang|> ...)."""
+        tok, task = self.tok, self.opts.task
+
+        def hook(kv: FinishedKV) -> None:
+            tokens = list(kv.token_ids)
+            lang = tok.language_code(tokens[0]) if forced and tokens else language
+            text = segment_text_tokens(tokens[forced:], tok)
+            if text:
+                sot_seq = tok.sot_sequence(lang, task, timestamps=False)
+                self._alignments[rid] = self.aligner.capture(kv, sot_seq, text, tok.eot)
+
+        return hook
 
     def feed(self, out: GenerateOutput) -> list[Segment]:
         """Take the output of the last request; returns the segments this window added
@@ -127,6 +179,7 @@ class LongformTask:
         Raises RequestFailed when the request failed or was aborted."""
         if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
             raise RequestFailed(out.error or f"request {out.rid} was aborted", out.rid)
+        alignment = self._alignments.pop(out.rid, None)
         tokens, logprobs = list(out.token_ids), list(out.logprobs)
         if self._detecting:
             tokens, logprobs = self._take_language(tokens, logprobs)
@@ -153,7 +206,10 @@ class LongformTask:
             return []
         stats = dict(temperature=temperature, avg_logprob=avg_logprob, compression_ratio=ratio,
                      no_speech_prob=no_speech)
-        kept = [s for s in self._split(tokens, size, stats) if s.text.strip() and s.end > s.start]
+        segments = self._split(tokens, size, stats)
+        if self.opts.word_timestamps:
+            self._add_words(segments, alignment, size, tokens)
+        kept = [s for s in segments if s.text.strip() and s.end > s.start]
         self._all_tokens.extend(t for s in kept for t in s.tokens)
         if not o.condition_on_previous_text or temperature > 0.5:
             self._prompt_reset_since = len(self._all_tokens)
@@ -176,17 +232,35 @@ class LongformTask:
         self._sot_seq = self.tok.sot_sequence(self.language, self.opts.task, self.timestamps)
         return tokens[forced:], logprobs[forced:]
 
+    def _add_words(self, segments: list[Segment], alignment: Any, size: int,
+                   tokens: list[int]) -> None:
+        """Words for the window's segments (``seek`` already advanced by :meth:`_split`), then
+        the next window's start at the last word's end (openai-whisper's rule)."""
+        if not segments:
+            return
+        seek0 = segments[0].seek
+        offset = seek0 * HOP_LENGTH / SAMPLE_RATE
+        text = [t for s in segments for t in s.tokens if t < self.tok.eot]
+        raw = []
+        if alignment is not None and text:
+            sot_len = len(self.tok.sot_sequence(self.language, self.opts.task, timestamps=False))
+            raw = find_alignment(alignment.weights.numpy(), self.tok, text, sot_len, size,
+                                 self.language, alignment.text_probs)
+        add_word_timestamps(segments, raw, self.tok.eot, offset, self._last_speech)
+        _, single_ending = cut_points(tokens, self.tok.timestamp_begin)
+        end = last_word_end(segments)
+        if self.timestamps and not single_ending and end is not None and end > offset:
+            self.seek = round(end * FRAMES_PER_SECOND)
+        if end is not None:
+            self._last_speech = end
+
     def _split(self, tokens: list[int], size: int, stats: dict) -> list[Segment]:
         """Cut a window's tokens into segments at timestamp pairs and advance ``seek``."""
         tb = self.tok.timestamp_begin
-        is_ts = [t >= tb for t in tokens]
         offset = self.seek * HOP_LENGTH / SAMPLE_RATE
-        single_ending = is_ts[-2:] == [False, True]
-        cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+        cuts, single_ending = cut_points(tokens, tb)
         seek0, segments = self.seek, []
         if cuts:
-            if single_ending:
-                cuts.append(len(tokens))
             last = 0
             for cut in cuts:
                 piece = tokens[last:cut]
@@ -214,7 +288,9 @@ class LongformTask:
                        **stats)
 
     def result(self) -> Transcription:
+        words = [w for s in self.segments for w in s.words or []] \
+            if self.opts.word_timestamps else None
         return Transcription(self.source, join_text(self.segments), self.duration,
                              self.language or "en", list(self.segments),
-                             self.language_probability)
+                             self.language_probability, words)
 

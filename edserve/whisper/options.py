@@ -28,6 +28,11 @@ class TranscribeOptions:
     or its average log-probability is below ``logprob_threshold``. A window whose
     ``no_speech_prob`` exceeds ``no_speech_threshold`` while its average log-probability is
     below ``logprob_threshold`` is treated as silence and skipped.
+
+    ``word_timestamps``: time every word (openai-whisper's cross-attention + DTW method, see
+    :mod:`edserve.whisper.longform`); results then carry ``Segment.words`` and
+    ``Transcription.words``, segment times follow the words, and the next window starts at the
+    last word's end.
     """
 
     language: str | None = None
@@ -47,6 +52,7 @@ class TranscribeOptions:
     timestamps: bool | None = None
     seed: int = 0  # base seed for sampling at temperature > 0 (varied per window)
     max_new_tokens: int | None = None  # default: half the decoder context (openai's sample_len)
+    word_timestamps: bool = False
 
     def __post_init__(self) -> None:
         if not self.temperatures:

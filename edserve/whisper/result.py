@@ -6,6 +6,17 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Word:
+    """One timed word (openai-whisper's word object; times in seconds from the start, rounded
+    to 10 ms). ``word`` keeps its leading space: a segment's words concatenate to its text."""
+
+    word: str
+    start: float
+    end: float
+    probability: float = 0.0
+
+
+@dataclass
 class Segment:
     """One timed piece of text (openai-whisper's segment; times in seconds from the start)."""
 
@@ -19,6 +30,7 @@ class Segment:
     compression_ratio: float = 0.0
     no_speech_prob: float = 0.0
     seek: int = 0  # mel frame (10 ms) where this segment's 30 s window started
+    words: list[Word] | None = None  # with word timestamps (TranscribeOptions.word_timestamps)
 
 
 @dataclass
@@ -29,6 +41,7 @@ class Transcription:
     language: str  # code ("en"): given, detected on the first window, or "en" (English-only)
     segments: list[Segment]
     language_probability: float | None = None  # of the detected language (None: not detected)
+    words: list[Word] | None = None  # every segment's words in order (word timestamps only)
 
 
 def join_text(segments: list[Segment]) -> str:

@@ -37,12 +37,19 @@ def make_task(engine: Any, audio: np.ndarray, options: TranscribeOptions,
               source: str = "") -> LongformTask:
     """A :class:`LongformTask` for ``audio`` (16 kHz float32) on ``engine``'s model.
 
+    With ``options.word_timestamps`` the task gets an
+    :class:`~edserve.whisper.cross_weights.Aligner` on the engine's model and alignment heads.
     Raises EmptyAudioError for zero samples and ValueError for a language/task the model
     cannot do."""
     if len(audio) == 0:
         raise EmptyAudioError(f"{source or 'audio'}: audio is empty")
+    aligner = None
+    if options.word_timestamps:
+        from edserve.whisper.cross_weights import Aligner, model_alignment_heads
+
+        aligner = Aligner(engine.model, model_alignment_heads(engine))
     return LongformTask(audio, engine.tokenizer, engine.model.config.num_mel_bins, options,
-                        engine.max_decoder_len, source)
+                        engine.max_decoder_len, source, aligner)
 
 
 def run_tasks(engine: Any, tasks: list[LongformTask],
@@ -79,16 +86,19 @@ def run_tasks(engine: Any, tasks: list[LongformTask],
 def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
                task: str = "transcribe", temperature: float = 0.0, seed: int | None = None,
                on_finish: Callable[[Any], None] | None = None,
-               options: TranscribeOptions | None = None) -> list[Transcription]:
+               options: TranscribeOptions | None = None,
+               word_timestamps: bool = False) -> list[Transcription]:
     """Transcribe files, bytes or 16 kHz float arrays of any length, in input order.
 
-    ``temperature`` starts the fallback schedule (``temperature, +0.2, ... 1.0``).
+    ``temperature`` starts the fallback schedule (``temperature, +0.2, ... 1.0``);
+    ``word_timestamps`` times every word (``Transcription.words``, ``Segment.words``).
     ``options`` overrides all keyword settings. Raises AudioError for unusable audio.
     """
     if options is None:
         options = TranscribeOptions(language=language, task=task,
                                     temperatures=temperature_schedule(temperature),
-                                    seed=engine.config.seed if seed is None else seed)
+                                    seed=engine.config.seed if seed is None else seed,
+                                    word_timestamps=word_timestamps)
     audios = [a if isinstance(a, np.ndarray) else load_audio(a) for a in inputs]
     tasks = [make_task(engine, audio, options, _name(inputs[i], i))
              for i, audio in enumerate(audios)]

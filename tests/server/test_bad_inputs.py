@@ -102,7 +102,6 @@ def test_over_large_upload_413(http, chunked):
     ("temperature", "hot", "temperature"),
     ("temperature", "nan", "temperature"),
     ("stream", "maybe", "stream"),
-    ("timestamp_granularities[]", "word", "timestamp_granularities[]"),
     ("timestamp_granularities[]", "sentence", "timestamp_granularities[]"),
     ("language", "de", "language"),
 ])

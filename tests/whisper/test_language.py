@@ -39,7 +39,8 @@ def audios() -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def together(base_engine, audios):
-    return dict(zip(CLIPS, transcribe(base_engine, list(audios.values())), strict=True))
+    return dict(zip(CLIPS, transcribe(base_engine, list(audios.values()), word_timestamps=True),
+                    strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +86,13 @@ def test_jfk_without_language_is_the_english_text(together):
 
 
 def test_batch_invariance(base_engine, audios, together):
+    """Detection and word timestamps: 4 clips decoded together == each alone."""
     for name, audio in audios.items():
-        alone = transcribe(base_engine, [audio])[0]
+        alone = transcribe(base_engine, [audio], word_timestamps=True)[0]
         assert alone.text == together[name].text
+        words = [(w.word, w.start, w.end) for w in alone.words]
+        assert words and words == [(w.word, w.start, w.end) for w in together[name].words]
+        assert "".join(w[0] for w in words).strip() == alone.text
         assert alone.language == together[name].language
         assert alone.language_probability == pytest.approx(together[name].language_probability,
                                                            abs=1e-5)

@@ -118,3 +118,43 @@ def test_prompts_and_conditioning(tok):
     plain.next_request()
     plain.feed(_out(window + hello))
     assert plain.next_request().prompt_ids == [tok.sot]
+
+
+class _FakeAligner:
+    """Each text token k attends to encoder frames 25k..25k+24 (0.5 s per token)."""
+
+    def capture(self, kv, sot_seq, text_tokens, eot):
+        from edserve.whisper.cross_weights import Alignment
+
+        rows = len(sot_seq) + len(text_tokens) + 1
+        w = np.full((1, rows, 1500), 1e-4, dtype=np.float32)
+        for k in range(len(text_tokens) + 1):
+            w[0, len(sot_seq) - 1 + k, 25 * k:25 * (k + 1)] = 1.0
+        import torch
+
+        return Alignment(torch.from_numpy(w / w.sum(-1, keepdims=True)), [0.5] * len(text_tokens))
+
+
+def test_word_timestamps_move_segments_and_seek(tok):
+    """A window that ends on a pair of timestamps: the next window starts at the last word's
+    end (not at the last timestamp); words concatenate to the segment texts; the unfinished
+    segment's tokens are not aligned."""
+    from types import SimpleNamespace
+
+    tb, hello, world = tok.timestamp_begin, tok.encode(" hello"), tok.encode(" world there")
+    task = LongformTask(np.zeros(16000 * 45, np.float32), tok, 80,
+                        TranscribeOptions(word_timestamps=True), 448, "x", _FakeAligner())
+    req = task.next_request()
+    tokens = [tb, *hello, tb + 50, tb + 50, *world, tb + 300, tb + 300, *hello]
+    req.on_finished_kv(SimpleNamespace(token_ids=tokens))  # what the engine calls
+    segs = task.feed(GenerateOutput(req.rid, tokens, [-0.1] * len(tokens), FinishReason.STOP,
+                                    0.01, None, -0.1))
+    assert ["".join(w.word for w in s.words) for s in segs] == [" hello", " world there"]
+    words = [(w.word, w.start, w.end) for s in segs for w in s.words]
+    assert words == [(" hello", 0.0, 0.5), (" world", 0.5, 1.0), (" there", 1.0, 1.5)]
+    assert (segs[0].start, segs[0].end, segs[1].start, segs[1].end) == (0.0, 0.5, 0.5, 1.5)
+    assert task.seek == 150  # last word end 1.5 s, not the 6 s timestamp
+    assert task.result().words[-1].word == " there"
+    with pytest.raises(ValueError, match="aligner"):
+        LongformTask(np.zeros(16000, np.float32), tok, 80,
+                     TranscribeOptions(word_timestamps=True))
