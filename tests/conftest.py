@@ -16,3 +16,4 @@ if not torch.cuda.is_available():
 
 _threads = int(os.environ.get("EDSERVE_TEST_THREADS", "0")) or max(1, min(4, os.cpu_count() or 1))
 torch.set_num_threads(_threads)
+os.environ.setdefault("EDSERVE_THREADS", str(_threads))  # engines keep the test thread count

@@ -1,0 +1,139 @@
+"""Post-load model transform: int8 dynamic quantization of linear layers on CPU.
+
+Applied once, after the weights are loaded (like gpt-fast's ``quantize.py``); the model files
+know nothing about it. ``--quantization int8`` replaces every ``nn.Linear`` (including the fused
+q/k/v :class:`~edserve.models.weights.fused.FusedLinear`) by PyTorch's dynamic quantized linear
+(``torch.ao.nn.quantized.dynamic.Linear``: int8 weights, one symmetric scale per output row;
+activations quantized per call to uint8; fbgemm/x86 kernels, ``reduce_range`` for CPUs without
+VNNI). Whisper's tied output projection (the token embedding read by ``compute_logits``, 20 of
+tiny.en's 38 M parameters, read once per decode step) is quantized the same way; the embedding
+lookup itself keeps the float table.
+
+Left in float: convolutions, layer norms, attention, and Whisper's stacked cross K/V projection
+(``decoder.cross_kv_proj``, whose weight rows the model slices directly; it runs once per
+request at prefill).
+
+Measured on the 2-core AVX2 development machine (``benchmarks/cpu_whisper.py``): fbgemm's
+dynamic int8 GEMM is ~1.9x fp32 (MKL) at the encoder's shapes and ~25x at the logits GEMV
+(the int8 table fits in cache), while torchao's / ``torch._int_mm`` int8 paths are 20-50x
+slower than fp32 in eager mode there, and bfloat16 matmuls are ~5x slower than fp32 on a CPU
+without native bf16.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+QUANTIZATIONS = ("none", "int8")
+
+# Modules whose weight the model reads directly (slices rows of), so they stay float.
+KEEP_FLOAT = ("cross_kv_proj",)
+
+
+def check_supported(mode: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` naming the problem when ``mode`` cannot run on ``device``/``dtype``."""
+    if mode not in QUANTIZATIONS:
+        raise ValueError(f"--quantization must be one of {QUANTIZATIONS}, got {mode!r}")
+    if mode == "none":
+        return
+    if device.type != "cpu":
+        raise ValueError(f"--quantization {mode} runs on CPU only (PyTorch's dynamic int8 "
+                         f"linear has fbgemm/x86 CPU kernels); got --device {device}. Use "
+                         f"--quantization none (bfloat16 is the fast mode on CUDA)")
+    if dtype != torch.float32:
+        raise ValueError(f"--quantization {mode} computes int8 x int8 with float32 "
+                         f"activations; use --dtype float32 (or auto), got {dtype}")
+    engines = torch.backends.quantized.supported_engines
+    if not any(e in engines for e in ("x86", "fbgemm")):
+        raise ValueError(f"--quantization {mode}: this PyTorch build has no x86/fbgemm "
+                         f"quantized engine (has {engines})")
+
+
+def _quantized_engine() -> None:
+    if torch.backends.quantized.engine not in ("x86", "fbgemm"):
+        engines = torch.backends.quantized.supported_engines
+        torch.backends.quantized.engine = "x86" if "x86" in engines else "fbgemm"
+
+
+def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    """A dynamic int8 linear computing ``x @ weight.T + bias`` (``weight`` ``[out, in]``),
+    weights quantized per output row (symmetric, zero point 0)."""
+    with warnings.catch_warnings():  # torch.ao / quantized-tensor deprecation notices
+        warnings.simplefilter("ignore")
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        # Built 1x1, then sized: the constructor would prepack a zero weight of full size.
+        q = DynamicLinear(1, 1, bias_=bias is not None, dtype=torch.qint8)
+        q.in_features, q.out_features = w.shape[1], w.shape[0]
+        q.set_weight_bias(qweight, None if bias is None else bias.detach().float())
+    return q
+
+
+class _TiedInt8Head(nn.Module):
+    """``compute_logits`` through an int8 copy of the tied token embedding."""
+
+    def __init__(self, embedding: torch.Tensor) -> None:
+        super().__init__()
+        self.proj = int8_linear(embedding, None)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden)
+
+
+def supports(model: Any) -> bool:
+    """Whether :func:`quantize_model` can quantize ``model`` (Whisper models)."""
+    from edserve.models.whisper import WhisperForConditionalGeneration
+
+    return isinstance(model, WhisperForConditionalGeneration)
+
+
+def quantize_model(model: nn.Module, mode: str) -> nn.Module:
+    """Apply ``--quantization mode`` to a loaded model in place and return it.
+
+    ``"none"`` returns the model unchanged. ``"int8"``: see the module doc; callers check
+    :func:`check_supported` first. Only Whisper models are supported (``ValueError`` else).
+    """
+    if mode == "none":
+        return model
+    if not supports(model):
+        raise ValueError(f"--quantization {mode} supports Whisper models only, got "
+                         f"{type(model).__name__}")
+    _quantized_engine()
+    replaced = _replace_linears(model)
+    head = _TiedInt8Head(model.model.decoder.embed_tokens.weight)
+    model.int8_logits_head = head  # registered submodule (repr, .to(), memory accounting)
+    # Instance attribute shadows the class method: compute_logits(hidden) -> int8 GEMM.
+    object.__setattr__(model, "compute_logits", head.forward)
+    model.quantization = {"mode": mode, "linears": replaced}
+    return model
+
+
+def _replace_linears(root: nn.Module) -> int:
+    count = 0
+    for name, child in list(root.named_children()):
+        if name in KEEP_FLOAT:
+            continue
+        if isinstance(child, nn.Linear):
+            q = int8_linear(child.weight, child.bias)
+            parts = getattr(child, "parts", None)
+            if parts is not None:
+                q.parts = parts  # FusedLinear's row layout stays inspectable
+            setattr(root, name, q)
+            count += 1
+        else:
+            count += _replace_linears(child)
+    return count
+
+
+def describe(model: Any) -> str:
+    """``"int8 (N linears + logits)"`` or ``"none"``, for logs and benchmarks."""
+    q = getattr(model, "quantization", None)
+    return f"{q['mode']} ({q['linears']} linears + logits)" if q else "none"
