@@ -9,7 +9,9 @@ import argparse
 import logging
 import sys
 
+from edserve.batch_cli import add_batch_args, run_batch, wants_batch
 from edserve.config import EngineConfig, add_config_args, config_from_args
+from edserve.integrations.ray_cli import add_serve_ray
 
 OUTPUT_FORMATS = ("text", "json", "srt", "vtt", "verbose_json", "all")
 
@@ -17,10 +19,11 @@ OUTPUT_FORMATS = ("text", "json", "srt", "vtt", "verbose_json", "all")
 def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("transcribe", help="Transcribe audio files of any length (Whisper).",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("files", nargs="+", help="Audio files (wav, flac, mp3, ogg, m4a, ...).")
+    p.add_argument("files", nargs="+", help="Audio files (wav, flac, mp3, ogg, m4a, ...), "
+                   "folders, or manifests (.txt: one path a line; .jsonl: 'file' fields).")
     p.add_argument("--output-format", default="text", choices=OUTPUT_FORMATS,
                    help="text: one line per file; json: one JSON object per file per line "
-                   "(file, text, duration, language, language_probability, segments); "
+                   "(file, text, duration, language, language_probability, segments[, words]); "
                    "srt/vtt: subtitles; all: every format (needs --output-dir).")
     p.add_argument("--output-dir", nargs="?", const="", default=None, metavar="DIR",
                    help="Write <name>.<ext> files into DIR (no DIR: next to each input) "
@@ -35,7 +38,12 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--initial-prompt", default=None, help="Text to condition the first window.")
     p.add_argument("--condition-on-previous-text", action="store_true",
                    help="Prompt each 30 s window with the previous window's text.")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="Time every word (cross-attention alignment + DTW, as openai-whisper): "
+                   "json and verbose_json carry 'words' (start, end; json also probability); "
+                   "segment times follow the words; srt/vtt keep one cue per segment.")
     add_config_args(p, EngineConfig)
+    add_batch_args(p)
     p.set_defaults(func=_run_transcribe)
 
 
@@ -66,10 +74,19 @@ def _run_transcribe(args: argparse.Namespace) -> int:
     from edserve.whisper.options import TranscribeOptions, temperature_schedule
     from edserve.whisper.transcribe import transcribe
 
+    if wants_batch(args):  # folders, manifests, --resume, --data-parallel-size
+        return run_batch(args)
     if args.output_format == "all" and args.output_dir is None:
         print("edserve: --output-format all needs --output-dir", file=sys.stderr)
         return 2
-    engine = Engine(config_from_args(args, EngineConfig))
+    config = config_from_args(args, EngineConfig)
+    # One request per file at a time: no more KV rows than files (a smaller pool starts faster)
+    try:
+        engine = Engine(config.replace(max_running_requests=min(config.max_running_requests,
+                                                                len(args.files))))
+    except ValueError as exc:  # settings the device/model cannot run (--quantization, ...)
+        print(f"edserve: {exc}", file=sys.stderr)
+        return 2
     audios, names, failed = [], [], 0
     for path in args.files:
         try:
@@ -86,7 +103,8 @@ def _run_transcribe(args: argparse.Namespace) -> int:
                 language=args.language, task=args.task,
                 temperatures=temperature_schedule(args.temperature), seed=args.seed,
                 initial_prompt=args.initial_prompt, timestamps=True if timed else None,
-                condition_on_previous_text=args.condition_on_previous_text)
+                condition_on_previous_text=args.condition_on_previous_text,
+                word_timestamps=args.word_timestamps)
             results = transcribe(engine, audios, options=options,
                                  on_finish=lambda _: bar.update())
         except (AudioError, ValueError, RuntimeError) as exc:
@@ -122,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     _add_transcribe(sub)
     _add_serve(sub)
+    add_serve_ray(sub)
     return parser
 
 

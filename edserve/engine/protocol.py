@@ -43,6 +43,10 @@ class EngineClient:
     ``model_name``: the name the server reports (``--served-model-name``).
     """
 
+    # The engine runs in this process, so requests may carry callbacks that read the KV
+    # (``on_finished_kv``: word timestamps). Clients of remote engines say False.
+    supports_kv_hooks = True
+
     def __init__(self, aengine: AsyncEngine, model_name: str = "") -> None:
         self._aengine = aengine
         self._engine = aengine.engine

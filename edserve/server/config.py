@@ -56,6 +56,14 @@ class ServerConfig:
         "connections are closed).")
     body_timeout: float = _f(
         30.0, "Most seconds between two chunks of a request body (slower uploads: 408).")
+    data_parallel_size: int = _f(
+        1, "Engine worker processes behind this server (data parallelism): on CUDA one per "
+        "visible GPU (pinned with CUDA_VISIBLE_DEVICES), on CPU the cores split between them; "
+        "each request goes to the least-loaded worker, a worker that dies fails its requests "
+        "with 503 and is restarted. Whisper models only.")
+    drain_timeout: float = _f(
+        30.0, "On SIGINT/SIGTERM, seconds to let in-flight requests finish before the engine "
+        "(and any data-parallel worker) is stopped.")
 
     @property
     def max_upload_bytes(self) -> int:

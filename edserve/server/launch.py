@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -17,9 +18,16 @@ from edserve.server.config import ServerConfig
 from edserve.server.connections import connection_cap, guarded_protocol, install_log_limits
 
 
-def build(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[AsyncEngine, Any]:
-    """Load the engine, start its loop, and build the app around it."""
+def build(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[Any, Any]:
+    """Load the engine, start its loop, and build the app around it; returns (the engine or
+    client, with ``shutdown(timeout)``, the app). With ``data_parallel_size`` > 1: a started
+    :class:`~edserve.dp.client.DataParallelClient` over that many worker processes."""
     from edserve.engine.engine import Engine
+
+    if server_config.data_parallel_size > 1:
+        from edserve.dp.launch import build_dp
+
+        return build_dp(engine_config, server_config)
 
     aengine = AsyncEngine(Engine(engine_config)).start()
     return aengine, create_app(aengine, server_config)
@@ -30,17 +38,25 @@ def uvicorn_options(cfg: ServerConfig) -> dict[str, Any]:
     cap = connection_cap(cfg.max_connections)
     install_log_limits()
     return {"http": guarded_protocol(cfg.header_timeout, cap), "limit_concurrency": cap,
-            "timeout_keep_alive": cfg.timeout_keep_alive, "ws": "none"}
+            "timeout_keep_alive": cfg.timeout_keep_alive, "ws": "none",
+            "timeout_graceful_shutdown": cfg.drain_timeout}
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig,
           log_level: str = "info") -> None:
+    """Run until SIGINT/SIGTERM: uvicorn stops accepting and waits for in-flight requests
+    (at most ``drain_timeout`` s), then the engine (or every data-parallel worker) stops."""
     aengine, app = build(engine_config, server_config)
+    # uvicorn re-raises the signal it handled once it has shut down; without these handlers
+    # that would kill the process before the engine and its workers are stopped.
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         uvicorn.run(app, host=server_config.host, port=server_config.port,
                     log_level=log_level.lower(), **uvicorn_options(server_config))
     finally:
-        aengine.shutdown()
+        aengine.shutdown(server_config.drain_timeout)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class ServerThread:

@@ -118,6 +118,10 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     sets ``cancel``, which stops the decode (and skips the features) in that thread."""
     client, cfg = app_state.engine, app_state.config
     check_task(client.tokenizer, task, params.language)
+    if "word" in params.granularities and not client.supports_kv_hooks:
+        raise APIError(400, "word-level timestamps are not supported with "
+                       "--data-parallel-size > 1 (the KV cache lives in the workers); use "
+                       "'segment'", "timestamp_granularities[]", "unsupported_value")
     try:
         return await asyncio.to_thread(_featurize, client, params, task, cfg, cancel)
     except BaseException:

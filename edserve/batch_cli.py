@@ -1,0 +1,178 @@
+"""Batch transcription for ``edserve transcribe``: folders, manifests, ``--resume``, progress,
+and data-parallel workers (``--data-parallel-size``).
+
+Inputs: audio files; folders (every audio file below, recursively, sorted); manifests, by
+extension: ``.txt``/``.lst``/``.list`` (one path per line; ``#`` comments) or ``.jsonl`` (one
+object per line with a ``file`` field); relative paths in a manifest are relative to its
+folder. Files are decoded and transcribed concurrently (at most ``workers *
+--max-running-requests`` at once, so memory stays bounded), each written as soon as it is done
+(to a temporary name, then renamed: an interrupted run leaves no partial output), with a tqdm
+bar of files, audio hours and the real-time factor (wall time / audio time). ``--resume``
+skips inputs whose outputs all exist. Without ``--output-dir`` results are printed in input
+order as soon as every earlier input is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma",
+                    ".webm", ".mp4", ".mkv", ".mov", ".aiff", ".aif"}
+TEXT_MANIFESTS = {".txt", ".lst", ".list"}
+LOST_RETRIES = 2  # a file whose worker died is transcribed again (on another worker)
+
+
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    """``--data-parallel-size`` (help from :class:`ServerConfig`) and ``--resume``."""
+    from edserve.server.config import ServerConfig
+
+    doc = {f.name: f.metadata["help"] for f in fields(ServerConfig)}["data_parallel_size"]
+    p.add_argument("--data-parallel-size", type=int, default=1, help=doc)
+    p.add_argument("--resume", action="store_true",
+                   help="Skip inputs whose output files all exist (needs --output-dir).")
+
+
+def wants_batch(args: argparse.Namespace) -> bool:
+    """Use this module (not the one-shot path) for folders, manifests, --resume or DP."""
+    return args.resume or args.data_parallel_size > 1 or any(
+        os.path.isdir(f) or Path(f).suffix.lower() in TEXT_MANIFESTS | {".jsonl"}
+        for f in args.files)
+
+
+def read_manifest(path: Path) -> list[str]:
+    """Paths listed in a ``.txt``/``.lst``/``.list`` or ``.jsonl`` manifest."""
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if path.suffix.lower() == ".jsonl":
+            try:
+                line = json.loads(line)["file"]
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"{path}:{n}: expected a JSON object with a 'file' field"
+                                 ) from None
+        out.append(str(path.parent / line) if not os.path.isabs(line) else line)
+    return out
+
+
+def expand_inputs(items: list[str]) -> list[str]:
+    """Files, folders and manifests -> audio file paths (in order, duplicates dropped)."""
+    files: list[str] = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            files += sorted(str(p) for p in path.rglob("*")
+                            if p.is_file() and p.suffix.lower() in AUDIO_EXTENSIONS)
+        elif path.suffix.lower() in TEXT_MANIFESTS | {".jsonl"}:
+            files += read_manifest(path)
+        else:
+            files.append(item)
+    return list(dict.fromkeys(files))
+
+
+def output_paths(src: str, fmt: str, output_dir: str) -> dict[str, Path]:
+    """Format -> where ``src``'s output goes (the same names as the one-shot path)."""
+    from edserve.whisper.formats import EXTENSIONS
+
+    folder = Path(output_dir) if output_dir else Path(src).parent
+    return {f: folder / f"{Path(src).stem}.{ext}" for f, ext in EXTENSIONS.items()
+            if fmt == "all" or f == fmt}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from edserve.config import EngineConfig, config_from_args
+
+    config = config_from_args(args, EngineConfig)
+    if args.data_parallel_size > 1:
+        from edserve.dp.client import DataParallelClient
+
+        return DataParallelClient(config, args.data_parallel_size).start()
+    from edserve.engine.async_engine import AsyncEngine
+    from edserve.engine.engine import Engine
+    from edserve.engine.protocol import EngineClient
+
+    return EngineClient(AsyncEngine(Engine(config)).start())
+
+
+def _options(args: argparse.Namespace, seed: int) -> Any:
+    from edserve.whisper.options import TranscribeOptions, temperature_schedule
+
+    timed = args.output_format not in ("text", "json")
+    return TranscribeOptions(
+        language=args.language, task=args.task,
+        temperatures=temperature_schedule(args.temperature), seed=seed,
+        initial_prompt=args.initial_prompt, timestamps=True if timed else None,
+        condition_on_previous_text=args.condition_on_previous_text,
+        word_timestamps=getattr(args, "word_timestamps", False))
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    """``edserve transcribe`` over many inputs (see the module doc); the exit status."""
+    if args.output_format == "all" and args.output_dir is None:
+        return _fail("--output-format all needs --output-dir")
+    if args.resume and args.output_dir is None:
+        return _fail("--resume needs --output-dir")
+    if args.data_parallel_size > 1 and getattr(args, "word_timestamps", False):
+        return _fail("--word-timestamps is not supported with --data-parallel-size > 1")
+    try:
+        files = expand_inputs(args.files)
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+    todo = files
+    if args.output_dir is not None:
+        targets: dict[Path, str] = {}
+        for f in files:
+            for out in output_paths(f, args.output_format, args.output_dir).values():
+                if targets.setdefault(out, f) != f:
+                    return _fail(f"{f} and {targets[out]} would both write {out}")
+        if args.resume:
+            todo = [f for f in files if not all(
+                p.exists() for p in output_paths(f, args.output_format, args.output_dir).values())]
+            if len(todo) < len(files):
+                print(f"edserve: --resume: {len(files) - len(todo)} of {len(files)} inputs "
+                      "already done", file=sys.stderr)
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM: as Ctrl-C
+    client = None
+    try:
+        client = _client(args)
+        from edserve.batch_run import BatchRun
+
+        return asyncio.run(BatchRun(client, args, _options(args, args.seed)).run(todo))
+    except KeyboardInterrupt:
+        print("edserve: interrupted", file=sys.stderr)
+        return 130
+    except (RuntimeError, ValueError) as exc:
+        return _fail(str(exc))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if client is not None:
+            client.shutdown(0.0)
+
+
+def _fail(message: str) -> int:
+    print(f"edserve: {message}", file=sys.stderr)
+    return 2
+
+
+def rtf_postfix(audio_s: float, started: float) -> dict[str, str]:
+    elapsed = time.monotonic() - started
+    return {"audio_h": f"{audio_s / 3600:.3f}",
+            "rtf": f"{elapsed / audio_s:.3f}" if audio_s else "-"}

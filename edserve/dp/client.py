@@ -1,0 +1,198 @@
+""":class:`DataParallelClient`: the :class:`~edserve.engine.protocol.EngineClient` surface over
+N engine worker processes, so ``create_app`` and every route work unchanged.
+
+Requests must pickle (prompt ids, the log-mel tensor, sampling params and the batched logits
+filters all do); a request with an ``on_finished_kv`` callback (word timestamps read the KV
+cache on the engine thread) cannot run in another process and is refused with
+:class:`~edserve.engine.errors.RequestFailed`. A request whose worker dies fails with
+:class:`~edserve.dp.errors.WorkerLost` (503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from edserve.config import EngineConfig
+from edserve.dp import placement as placement_mod
+from edserve.dp import protocol as P
+from edserve.dp.errors import WorkerLost
+from edserve.dp.router import WorkerState, pick
+from edserve.dp.supervisor import Supervisor
+from edserve.engine.errors import RequestFailed
+from edserve.engine.protocol import EngineClient, EngineStats
+from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
+
+CALL_TIMEOUT_S = 60.0
+
+
+class DataParallelClient(EngineClient):
+    """``DataParallelClient(config, n).start()``; :meth:`shutdown` drains and stops workers.
+
+    ``config``: the engine settings of every worker (placed by
+    :func:`edserve.dp.placement.plan`: one GPU each, or a share of the CPU cores).
+    """
+
+    supports_kv_hooks = False  # the KV lives in the workers: no on_finished_kv callbacks
+
+    def __init__(self, config: EngineConfig, size: int, model_name: str = "",
+                 log_level: str = "WARNING", gpus: list[str] | None = None) -> None:
+        # Not EngineClient.__init__: there is no engine in this process.
+        self._config = config
+        self.size = size
+        self.model_name = model_name
+        self.supervisor = Supervisor(placement_mod.plan(config, size, gpus), log_level)
+
+    def start(self, timeout: float = 600.0) -> DataParallelClient:
+        """Start the workers; returns once every one has loaded its engine."""
+        self.supervisor.start(timeout)
+        if self._facts.is_mllama:
+            self.supervisor.shutdown(0.0)
+            raise ValueError("--data-parallel-size > 1 serves Whisper models only (Mllama "
+                             "chat prepares images with the model, which lives in the workers)")
+        return self
+
+    @property
+    def workers(self) -> list[WorkerState]:
+        return self.supervisor.workers
+
+    @property
+    def _facts(self) -> P.WorkerFacts:
+        for w in self.workers:
+            if w.facts is not None:
+                return w.facts
+        raise RuntimeError("no data-parallel worker has started")
+
+    # ---- stats ------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """The sum of the ready workers' latest snapshots."""
+        snaps = [w.stats for w in self.workers if w.ready and w.stats is not None]
+        total = {k: sum(getattr(s, k) for s in snaps) for k in
+                 ("waiting", "running", "kv_used", "kv_free", "kv_total", "generated_tokens")}
+        return EngineStats(**total, taken_at=min((s.taken_at for s in snaps),
+                                                 default=time.monotonic()))
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self.supervisor.pending)
+
+    # ---- requests -----------------------------------------------------------------------
+    @staticmethod
+    def _pickled(request: GenerateRequest, stream: bool) -> bytes:
+        if request.on_finished_kv is not None:
+            raise RequestFailed("word timestamps (and other on_finished_kv hooks) are not "
+                                "supported with --data-parallel-size > 1", request.rid)
+        try:
+            return pickle.dumps((P.GEN, request, stream), protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise ValueError(f"request {request.rid} cannot be sent to a worker process: "
+                             f"{exc}") from None
+
+    async def _deltas(self, request: GenerateRequest, stream: bool) -> AsyncIterator[TokenDelta]:
+        data = self._pickled(request, stream)
+        pending = self.supervisor.submit(request.rid, data)
+        finished = False
+        try:
+            while not finished:
+                item = await pending.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self.supervisor.forget(request.rid, abort=not finished)
+
+    def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        """Submit to the least-loaded worker and yield its deltas (last: ``finished`` with
+        ``output``); closing early aborts it there. ``ValueError`` when the worker's engine
+        refuses the request, :class:`WorkerLost` (503) when the worker dies."""
+        return self._deltas(request, True)
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        """Run to completion on one worker (only the final output crosses the socket).
+        Raises :class:`RequestFailed` when it failed or was aborted, :class:`WorkerLost` when
+        its worker died; cancelling the caller aborts it."""
+        out, deltas = None, self._deltas(request, False)
+        try:
+            async for delta in deltas:
+                out = delta.output
+        finally:
+            await deltas.aclose()
+        assert out is not None
+        if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
+            raise RequestFailed(out.error or f"request {out.rid} was aborted", out.rid)
+        return out
+
+    def abort(self, rid: str) -> None:
+        """Cancel a request on its worker (thread-safe)."""
+        self.supervisor.forget(rid, abort=True)
+
+    def validate(self, request: GenerateRequest) -> None:
+        """The engine's admission checks, run on a worker (blocking; call it off the event
+        loop): ``ValueError`` when the request is invalid or could never fit the KV cache."""
+        self._pickled(request, False)
+        w = pick(self.workers)
+        if w is None:
+            raise WorkerLost("no engine worker is available (restarting)", "no_worker")
+        self.supervisor.call(w, "validate", request).result(CALL_TIMEOUT_S)
+
+    async def integrity(self) -> dict[str, Any]:
+        """The KV-cache integrity check on every worker; totals plus ``workers`` (one report
+        each; a worker that is not ready reports ``ok: False``). Raises when one is corrupt."""
+        futures = [asyncio.wrap_future(self.supervisor.call(w, "integrity"))
+                   for w in self.workers]
+        results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True),
+                                         CALL_TIMEOUT_S)
+        reports = []
+        for w, r in zip(self.workers, results, strict=True):
+            if isinstance(r, WorkerLost):
+                reports.append({"worker": w.index, "ok": False, "status": "not ready"})
+            elif isinstance(r, BaseException):
+                raise r
+            else:
+                reports.append({"worker": w.index, **r})
+        ok = [r for r in reports if r["ok"]]
+        total = {k: sum(r[k] for r in ok) for k in
+                 ("kv_slots_used", "kv_slots_total", "running", "waiting")}
+        return {"ok": len(ok) == len(reports), **total, "inflight": self.num_inflight,
+                "workers": reports}
+
+    # ---- model facts ------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self._facts.tokenizer
+
+    @property
+    def model(self) -> Any:
+        """Only ``model.config`` (see :class:`~edserve.dp.protocol.ModelFacts`)."""
+        return P.ModelFacts(self._facts.model_config)
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._config
+
+    @property
+    def max_decoder_len(self) -> int:
+        return self._facts.max_decoder_len
+
+    @property
+    def is_mllama(self) -> bool:
+        return self._facts.is_mllama
+
+    @property
+    def n_mels(self) -> int | None:
+        return getattr(self._facts.model_config, "num_mel_bins", None)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    @property
+    def is_alive(self) -> bool:
+        """True while at least one worker serves."""
+        return not self.supervisor.closing and any(w.ready for w in self.workers)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Drain in-flight requests for at most ``timeout`` s, then stop every worker."""
+        self.supervisor.shutdown(timeout)

@@ -1,0 +1,284 @@
+"""The API process's side of the workers: sockets, one I/O thread, restarts, shutdown.
+
+The I/O thread owns the ``up`` socket: it dispatches every worker message (deltas into the
+waiting coroutine's queue through ``call_soon_threadsafe``, replies into futures, stats and
+hellos into :class:`~edserve.dp.router.WorkerState`) and polls the worker processes every
+50 ms. A worker that exits fails its in-flight requests and calls with
+:class:`~edserve.dp.errors.WorkerLost` and is started again on a fresh ``down`` endpoint
+(after ``MAX_FAILED_STARTS`` exits in a row before its hello, it is given up). Request
+submission, aborts and calls send on the ``down`` sockets from any thread under one lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from edserve.dp import procs
+from edserve.dp import protocol as P
+from edserve.dp.errors import WorkerLost
+from edserve.dp.placement import Placement
+from edserve.dp.router import WorkerState, pick
+
+logger = logging.getLogger("edserve.dp")
+MAX_FAILED_STARTS = 3
+
+
+class Pending:
+    """A request waiting for deltas: its worker and a thread-safe way to reach its queue."""
+
+    def __init__(self, worker: int) -> None:
+        self.worker = worker
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def put(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening
+            pass
+
+
+class Supervisor:
+    """Starts ``placements`` as workers and keeps them running (see the module doc)."""
+
+    def __init__(self, placements: list[Placement], log_level: str = "WARNING") -> None:
+        self.workers = [WorkerState(i, p) for i, p in enumerate(placements)]
+        self.log_level = log_level
+        self.lock = threading.RLock()
+        self.pending: dict[str, Pending] = {}
+        self.calls: dict[int, tuple[int, concurrent.futures.Future]] = {}
+        self._call_ids = itertools.count()
+        self._dir = tempfile.mkdtemp(prefix="edserve-dp-")
+        self._ctx = zmq.Context()
+        self._up = self._ctx.socket(zmq.PULL)
+        self._up.setsockopt(zmq.LINGER, 0)
+        self.up_endpoint = f"ipc://{self._dir}/up"
+        self._up.bind(self.up_endpoint)
+        self.closing = False  # no new requests; workers are not restarted
+        self._stop_io = threading.Event()
+        self._started = False
+        self._thread = threading.Thread(target=self._io_loop, name="edserve-dp-io",
+                                        daemon=True)
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    def start(self, timeout: float) -> None:
+        """Start every worker (from the I/O thread, so ``PR_SET_PDEATHSIG`` follows it) and
+        wait until all said hello; RuntimeError (after cleaning up) when one cannot start."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not all(w.ready for w in self.workers):
+            failed = [w for w in self.workers if w.given_up]
+            if failed or time.monotonic() > deadline:
+                why = "; ".join(f"worker {w.index}: {w.last_error or 'did not start'}"
+                                for w in failed or self.workers if not w.ready)
+                self.shutdown(0.0)
+                raise RuntimeError(f"data-parallel workers failed to start: {why}")
+            time.sleep(0.05)
+        self._started = True
+
+    def _spawn(self, w: WorkerState) -> None:
+        w.generation += 1
+        endpoint = f"ipc://{self._dir}/down-{w.index}-{w.generation}"
+        sock = self._ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(endpoint)
+        with self.lock:
+            w.down, w.ready, w.facts, w.stats = sock, False, None, None
+        w.proc = procs.spawn(w.index, w.placement, self.up_endpoint, endpoint, self.log_level)
+        logger.info("worker %d started (pid %d, %s)", w.index, w.proc.pid, w.placement.label)
+
+    def shutdown(self, drain_timeout: float) -> None:
+        """Stop routing, let in-flight requests finish (at most ``drain_timeout`` s), stop the
+        workers (SIGKILL whatever is still alive after the grace period), fail what is left
+        with a 503, close the sockets. Idempotent."""
+        if self._stop_io.is_set():
+            return
+        self.closing = True
+        deadline = time.monotonic() + drain_timeout
+        while self.pending and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.05)
+        with self.lock:
+            for w in self.workers:
+                self._send(w, (P.STOP, 0.0))
+        for w in self.workers:
+            if w.proc is not None:
+                procs.stop(w.proc, max(1.0, deadline - time.monotonic()) + 5.0)
+        self._stop_io.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        with self.lock:
+            for w in self.workers:
+                self._fail_worker(w, WorkerLost("the server is shutting down", "shutting_down"))
+                if w.down is not None:
+                    w.down.close()
+                    w.down = None
+        self._up.close()
+        self._ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # ---- sending ------------------------------------------------------------------------
+    def _send(self, w: WorkerState, msg: Any) -> bool:
+        """Send (caller holds the lock); False when the worker cannot take it now."""
+        if w.down is None:
+            return False
+        try:
+            w.down.send_pyobj(msg, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def submit(self, rid: str, data: bytes) -> Pending:
+        """Route one pickled ``(gen, request, stream)`` to the least-loaded worker."""
+        with self.lock:
+            w = None if self.closing else pick(self.workers)
+            if w is None:
+                raise WorkerLost("the server is shutting down" if self.closing else
+                                 "no engine worker is available (restarting)", "no_worker")
+            p = Pending(w.index)
+            try:
+                w.down.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                raise WorkerLost(f"engine worker {w.index} is not accepting requests") from None
+            self.pending[rid] = p
+            w.inflight.add(rid)
+            w.routed += 1
+            return p
+
+    def forget(self, rid: str, abort: bool) -> None:
+        """The caller stopped listening: drop the request, and abort it on its worker."""
+        with self.lock:
+            p = self.pending.pop(rid, None)
+            if p is None:
+                return
+            w = self.workers[p.worker]
+            w.inflight.discard(rid)
+            if abort:
+                self._send(w, (P.ABORT, rid))
+
+    def call(self, w: WorkerState, name: str, arg: Any = None) -> concurrent.futures.Future:
+        """Run ``name`` (``integrity``, ``validate``) on worker ``w`` between its steps."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self.lock:
+            call_id = next(self._call_ids)
+            self.calls[call_id] = (w.index, fut)
+            if not (w.ready and self._send(w, (P.CALL, call_id, name, arg))):
+                self.calls.pop(call_id)
+                fut.set_exception(WorkerLost(f"engine worker {w.index} is not ready"))
+        return fut
+
+    # ---- the I/O thread -----------------------------------------------------------------
+    def _io_loop(self) -> None:
+        for w in self.workers:
+            self._spawn(w)
+        while not self._stop_io.is_set():
+            try:
+                if self._up.poll(50):
+                    while True:
+                        try:
+                            msg = self._up.recv_pyobj(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._dispatch(msg)
+                self._check_procs()
+            except Exception:  # never let the I/O thread die: everything would hang
+                logger.exception("data-parallel I/O loop error")
+
+    def _dispatch(self, msg: tuple) -> None:
+        kind, index, *payload = msg
+        w = self.workers[index]
+        handler: Callable[..., None] = getattr(self, "_on_" + kind)
+        with self.lock:
+            handler(w, *payload)
+
+    def _on_hello(self, w: WorkerState, facts: P.WorkerFacts) -> None:
+        if w.proc is None or facts.pid != w.proc.pid:
+            return  # a predecessor's late hello
+        w.facts, w.ready, w.failed_starts, w.last_error = facts, True, 0, None
+        logger.info("worker %d ready (pid %d)", w.index, facts.pid)
+
+    def _on_failed(self, w: WorkerState, message: str) -> None:
+        w.last_error = message
+        logger.error("worker %d failed to start: %s", w.index, message)
+
+    def _on_delta(self, w: WorkerState, rid: str, delta: Any) -> None:
+        p = self.pending.get(rid)
+        if p is None or p.worker != w.index:
+            return
+        if delta.finished:
+            del self.pending[rid]
+            w.inflight.discard(rid)
+            w.finished += 1
+        p.put(delta)
+
+    def _on_reject(self, w: WorkerState, rid: str, message: str) -> None:
+        p = self.pending.pop(rid, None)
+        w.inflight.discard(rid)
+        if p is not None:
+            p.put(ValueError(message))
+
+    def _on_stats(self, w: WorkerState, stats: Any) -> None:
+        w.stats = stats
+
+    def _on_reply(self, w: WorkerState, call_id: int, ok: bool, value: Any) -> None:
+        _, fut = self.calls.pop(call_id, (None, None))
+        if fut is None:
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            exc_type, text = value
+            fut.set_exception(ValueError(text) if exc_type == "ValueError"
+                              else RuntimeError(f"worker {w.index}: {exc_type}: {text}"))
+
+    def _on_bye(self, w: WorkerState) -> None:
+        w.ready = False
+
+    def _check_procs(self) -> None:
+        for w in self.workers:
+            if w.proc is None or w.proc.poll() is None:
+                continue
+            rc = w.proc.returncode
+            with self.lock:
+                was_ready = w.ready
+                w.ready, w.proc = False, None
+                if w.down is not None:
+                    w.down.close()
+                    w.down = None
+                self._fail_worker(w, WorkerLost(
+                    f"engine worker {w.index} exited (code {rc}) while running this request; "
+                    "it is being restarted, retry the request"))
+            if self.closing:
+                continue
+            w.failed_starts = 0 if was_ready else w.failed_starts + 1
+            if not self._started or w.failed_starts >= MAX_FAILED_STARTS:
+                w.given_up = True
+                w.last_error = w.last_error or f"exited with code {rc} before it was ready"
+                logger.error("worker %d gave up: %s", w.index, w.last_error)
+                continue
+            logger.warning("worker %d exited (code %s); restarting", w.index, rc)
+            w.restarts += 1
+            self._spawn(w)
+
+    def _fail_worker(self, w: WorkerState, error: WorkerLost) -> None:
+        """Fail the requests and calls of ``w`` (caller holds the lock)."""
+        for rid in list(w.inflight):
+            p = self.pending.pop(rid, None)
+            if p is not None:
+                p.put(error)
+                w.lost += 1
+        w.inflight.clear()
+        for call_id, (index, fut) in list(self.calls.items()):
+            if index == w.index:
+                del self.calls[call_id]
+                fut.set_exception(error)

@@ -1,0 +1,244 @@
+"""One data-parallel engine worker: ``python -m edserve.dp.worker`` (started by
+:mod:`edserve.dp.procs`, never by hand).
+
+A single thread owns the engine and both sockets: it drains the messages waiting on ``down``
+(requests, aborts, calls), runs one ``engine.step()`` while there is work (calls run between
+steps), sends deltas and throttled stats ``up``, else waits up to 100 ms for a message. It
+exits when asked to stop (the ``stop`` message or SIGTERM: finish in-flight requests within the
+drain timeout, then abort the rest) or when its parent dies (``PR_SET_PDEATHSIG`` plus a
+parent-pid check: no orphans). SIGINT is ignored: the API process owns shutdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import zmq
+
+from edserve.dp import protocol as P
+
+logger = logging.getLogger("edserve.dp")
+PARENT_CHECK_S = 1.0
+IDLE_STATS_S = 1.0
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies (Linux), and exit now if it already has."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        sys.exit(0)
+
+
+def stats_of(engine: Any) -> Any:
+    from edserve.engine.protocol import EngineStats
+
+    sched, alloc = engine.scheduler, engine.pools.allocator
+    free, total = alloc.available_size(), alloc.size
+    return EngineStats(waiting=len(sched.waiting), running=len(sched.running),
+                       kv_used=total - free, kv_free=free, kv_total=total,
+                       generated_tokens=int(sched.num_generated_tokens),
+                       taken_at=time.monotonic())
+
+
+class WorkerLoop:
+    """The worker's engine loop (see the module doc); ``run()`` returns when it should exit."""
+
+    def __init__(self, index: int, engine: Any, up: zmq.Socket, down: zmq.Socket,
+                 parent_pid: int) -> None:
+        self.index, self.engine, self.up, self.down = index, engine, up, down
+        self.parent_pid = parent_pid
+        self.live: dict[str, bool] = {}  # rid -> streamed
+        self._filters: dict[Any, Any] = {}
+        self.stop_deadline: float | None = None
+        self.drain_timeout = 30.0
+        self._last_stats: tuple = ()
+        self._stats_at = 0.0
+
+    def send(self, kind: str, *payload: Any) -> None:
+        self.up.send_pyobj((kind, self.index, *payload))
+
+    # ---- messages ---------------------------------------------------------------------
+    def _drain_messages(self) -> None:
+        while True:
+            try:
+                msg = self.down.recv_pyobj(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            getattr(self, "_on_" + msg[0])(*msg[1:])
+
+    def _on_gen(self, request: Any, stream: bool) -> None:
+        from edserve.engine.request import FinishReason, GenerateOutput, TokenDelta
+
+        rid = request.rid
+        if self.stop_deadline is not None:
+            out = GenerateOutput(rid, [], [], FinishReason.ERROR, error="worker is stopping")
+            self.send(P.DELTA, rid, TokenDelta(rid, [], finished=True, output=out))
+            return
+        request.logits_processors = [self._intern(f) for f in request.logits_processors]
+
+        def deliver(delta: Any) -> None:
+            if delta.finished:
+                self.live.pop(rid, None)
+            self.send(P.DELTA, rid, delta)
+
+        try:
+            self.engine.add_request(request, deliver, stream)
+        except ValueError as exc:
+            self.send(P.REJECT, rid, str(exc))
+            return
+        self.live[rid] = stream
+
+    def _intern(self, f: Any) -> Any:
+        """One instance per distinct filter, so the sampler's per-filter caches are shared."""
+        try:
+            return self._filters.setdefault(f, f)
+        except TypeError:  # unhashable
+            return f
+
+    def _on_abort(self, rid: str) -> None:
+        self.engine.abort(rid)
+
+    def _on_call(self, call_id: int, name: str, arg: Any) -> None:
+        try:
+            value = getattr(self, "_call_" + name)(arg)
+        except Exception as exc:
+            self.send(P.REPLY, call_id, False, (type(exc).__name__, str(exc)))
+        else:
+            self.send(P.REPLY, call_id, True, value)
+
+    def _on_stop(self, drain_timeout: float) -> None:
+        self.drain_timeout = drain_timeout
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        if self.stop_deadline is None:
+            self.stop_deadline = time.monotonic() + self.drain_timeout
+
+    # ---- calls ------------------------------------------------------------------------
+    def _call_integrity(self, _: Any) -> dict[str, Any]:
+        self.engine.check_integrity()
+        s = stats_of(self.engine)
+        return {"ok": True, "kv_slots_used": s.kv_used, "kv_slots_total": s.kv_total,
+                "running": s.running, "waiting": s.waiting, "inflight": len(self.live)}
+
+    def _call_validate(self, request: Any) -> None:
+        req = self.engine.make_req(request)
+        total = self.engine.pools.allocator.size
+        if req.reserved_slots > total:
+            raise ValueError(f"prompt + max_tokens need {req.reserved_slots} KV slots but the "
+                             f"cache holds {total}; lower max_tokens")
+
+    # ---- loop -------------------------------------------------------------------------
+    def _step(self) -> None:
+        from edserve.engine.request import FinishReason, GenerateOutput, TokenDelta
+
+        try:
+            self.engine.step()
+        except Exception as exc:  # keep serving; fail what was in flight (as AsyncEngine)
+            logger.exception("engine step failed")
+            message = f"engine step failed: {type(exc).__name__}: {exc}"
+            for rid in list(self.live):
+                self.engine.abort(rid)
+                out = GenerateOutput(rid, [], [], FinishReason.ERROR, error=message)
+                self.send(P.DELTA, rid, TokenDelta(rid, [], finished=True, output=out))
+            self.live.clear()
+
+    def _send_stats(self, now: float) -> None:
+        s = stats_of(self.engine)
+        key = (s.waiting, s.running, s.kv_free, s.generated_tokens)
+        due = now - self._stats_at >= (P.STATS_INTERVAL_S if key != self._last_stats
+                                       else IDLE_STATS_S)
+        if due:
+            self.send(P.STATS, s)
+            self._last_stats, self._stats_at = key, now
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.down, zmq.POLLIN)
+        parent_checked = time.monotonic()
+        while True:
+            busy = self.engine.has_work()
+            if poller.poll(0 if busy else 100):
+                self._drain_messages()
+            if self.engine.has_work():
+                self._step()
+            now = time.monotonic()
+            self._send_stats(now)
+            if self.stop_deadline is not None:
+                if not self.live and not self.engine.has_work():
+                    return
+                if now > self.stop_deadline:
+                    for rid in list(self.live):
+                        self.engine.abort(rid)
+                    while self.engine.has_work():  # the aborts finish (and free) the rows
+                        self._step()
+                    return
+            if now - parent_checked > PARENT_CHECK_S:
+                parent_checked = now
+                if os.getppid() != self.parent_pid:
+                    return
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="edserve.dp.worker")
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--up", required=True)
+    p.add_argument("--down", required=True)
+    p.add_argument("--config", required=True, help="EngineConfig fields as JSON")
+    p.add_argument("--parent-pid", type=int, required=True)
+    p.add_argument("--log-level", default="WARNING")
+    args = p.parse_args(argv)
+    die_with_parent(args.parent_pid)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"%(levelname)s worker{args.index}: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctx = zmq.Context()
+    up, down = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    up.setsockopt(zmq.LINGER, 5000)
+    down.setsockopt(zmq.LINGER, 0)
+    up.connect(args.up)
+    down.connect(args.down)
+    try:
+        import torch
+
+        from edserve.config import EngineConfig
+        from edserve.engine.engine import Engine
+        from edserve.multimodal.chat_api import is_mllama
+
+        engine = Engine(EngineConfig(**json.loads(args.config)))
+        threads = torch.get_num_threads() if engine.device.type == "cpu" else None
+        facts = P.WorkerFacts(os.getpid(), engine.tokenizer, engine.model.config,
+                              engine.max_decoder_len, is_mllama(engine), str(engine.device),
+                              threads)
+    except Exception as exc:
+        up.send_pyobj((P.FAILED, args.index, f"{type(exc).__name__}: {exc}"))
+        up.close()
+        ctx.term()
+        return 1
+    loop = WorkerLoop(args.index, engine, up, down, args.parent_pid)
+    signal.signal(signal.SIGTERM, lambda *_: loop.request_stop())
+    loop.send(P.HELLO, facts)
+    try:
+        loop.run()
+    finally:
+        loop.send(P.BYE)
+        down.close()
+        up.close()
+        ctx.term()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
