@@ -196,6 +196,22 @@ def gpu_busy(engine, feats, steps: int = 10) -> float:
     return busy / wall_us
 
 
+def host_profile(engine, feats, steps: int = 20) -> None:
+    """cProfile of steady decode steps with the filters (host time by function)."""
+    import cProfile
+    import pstats
+
+    _steady(engine, feats, True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    prof.disable()
+    _drain(engine)
+    print(f"# host profile of {steps} decode steps (cumulative s):")
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(22)
+
+
 def run_driver(engine, clips: list[np.ndarray], new_tokens: int) -> tuple[float, int]:
     from edserve.whisper.options import TranscribeOptions
     from edserve.whisper.transcribe import transcribe
@@ -218,6 +234,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--overlap", default="auto", choices=("auto", "on", "off"))
+    ap.add_argument("--host-profile", action="store_true", help="cProfile decode steps only")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"
@@ -232,10 +249,14 @@ def main() -> None:
                             dtype="bfloat16" if dev == "cuda" else "float32",
                             encoder_kv=strategy, page_size=ps, overlap_schedule=args.overlap)
     tok = engine.tokenizer
-    procs = hf_processors(hf, tok, dev)
     gen = torch.Generator().manual_seed(conc)
     feats = (torch.randn(conc, wg.ARCHS[args.arch]["n_mels"], 3000, generator=gen) * 0.5).to(
         device=dev, dtype=dtype)
+    if args.host_profile:
+        run_ours(engine, feats, 3)
+        host_profile(engine, feats)
+        return
+    procs = hf_processors(hf, tok, dev)
     floor = conc * 30 / wg.floor_seconds(args.arch, conc, n_new, bw, flops)
     run_hf(hf, procs, tok, feats, 3)  # warm-ups at the timed shapes
     run_ours(engine, feats, 3)
