@@ -183,10 +183,6 @@ class DataParallelClient(EngineClient):
     def is_mllama(self) -> bool:
         return self._facts.is_mllama
 
-    @property
-    def n_mels(self) -> int | None:
-        return getattr(self._facts.model_config, "num_mel_bins", None)
-
     # ---- lifecycle ----------------------------------------------------------------------
     @property
     def is_alive(self) -> bool:

@@ -85,7 +85,7 @@ class Scheduler:
         new = self._admit()
         if new:
             return self._prefill(new)
-        reqs = [r for r in self.running if not self._at_length_limit(r)]
+        reqs = [r for r in self.running if not self._length_reached(r, r.steps)]
         if not reqs:
             return None
         batch = build_decode(self.pools, reqs)
@@ -115,10 +115,12 @@ class Scheduler:
             self._plan_key, self._plan = key, plan_sampling(reqs, self.pools.device)
         return self._plan
 
-    def _at_length_limit(self, req: Req) -> bool:
-        """True once the steps scheduled so far yield the request's last allowed token."""
-        return req.steps >= req.max_new_tokens \
-            or len(req.prompt_ids) + req.steps >= self.limits.max_decoder_len
+    def _length_reached(self, req: Req, tokens: int) -> bool:
+        """True once ``tokens`` generated tokens are the request's last allowed one
+        (max_new_tokens, or the model's decoder positions). ``schedule`` asks it with the
+        steps scheduled so far, ``update`` with the tokens committed: the same rule."""
+        return tokens >= req.max_new_tokens \
+            or len(req.prompt_ids) + tokens >= self.limits.max_decoder_len
 
     def _outstanding_reservations(self) -> int:
         ps = self.pools.kv_pool.page_size
@@ -168,8 +170,7 @@ class Scheduler:
             req.output_ids.append(tok)
             req.logprobs.append(lp)
             self.num_generated_tokens += 1
-            n = len(req.output_ids)
-            if n >= req.max_new_tokens or len(req.prompt_ids) + n >= self.limits.max_decoder_len:
+            if self._length_reached(req, len(req.output_ids)):
                 self._finish_running(req, FinishReason.LENGTH, [tok])
             elif req.stream and req.on_delta is not None:
                 req.on_delta(TokenDelta(req.rid, [tok]))

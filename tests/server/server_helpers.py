@@ -42,3 +42,18 @@ def integrity(http: httpx.Client) -> dict:
             return report
         time.sleep(0.1)
     raise AssertionError(f"engine never became idle: {report}")
+
+
+def wait_healthy(proc, url: str, log_path: Path, timeout: float = 120.0) -> None:
+    """Wait until the ``edserve serve`` subprocess ``proc`` answers ``GET /health`` with 200;
+    fail with its log if it exits first, or after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, log_path.read_text()
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.2)

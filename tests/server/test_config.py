@@ -6,6 +6,8 @@ from edserve.cli import build_parser
 from edserve.config import EngineConfig, config_from_args
 from edserve.server.config import ServerConfig
 
+from .server_helpers import wait_healthy
+
 
 def test_defaults_are_safe():
     cfg = ServerConfig()
@@ -31,10 +33,8 @@ def test_edserve_serve_subprocess(tmp_path):
     import socket
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
-    import httpx
     import openai
 
     with socket.socket() as s:
@@ -46,16 +46,7 @@ def test_edserve_serve_subprocess(tmp_path):
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
+        wait_healthy(proc, url, tmp_path / "serve.log")
         client = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, timeout=120)
         clip = Path(__file__).parent.parent / "data" / "cards_005.wav"
         text = client.audio.transcriptions.create(model="whisper-1", file=clip.open("rb"),

@@ -16,6 +16,8 @@ import httpx
 import numpy as np
 import pytest
 
+from .server_helpers import wait_healthy
+
 NOFILE = 256
 TIMEOUT = 1.0  # header, body and keep-alive timeouts of the test server
 
@@ -43,16 +45,7 @@ def server(tmp_path_factory):
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limit_files)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
+        wait_healthy(proc, url, log_path)
         yield url, proc, log_path
     finally:
         proc.terminate()
