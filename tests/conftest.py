@@ -1,19 +1,48 @@
 """Shared test setup: Triton kernels run under the CPU interpreter when there is no GPU, and
-the KV allocators validate every call (``EDSERVE_DEBUG_CHECKS=1``, off in production).
+the KV allocators validate every call (``EDSERVE_DEBUG_CHECKS=1``, off in production), and
+every engine a test builds must end the test idle and pass the KV integrity check.
 
 ``EDSERVE_TEST_THREADS`` sets torch's CPU threads (default: up to 4); on a loaded machine, 1
 avoids thread oversubscription stalls.
 """
 
 import os
+import weakref
 
 os.environ.setdefault("EDSERVE_DEBUG_CHECKS", "1")  # allocators validate every call in tests
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # before anything imports triton
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from edserve.engine.engine import Engine  # noqa: E402
 
 _threads = int(os.environ.get("EDSERVE_TEST_THREADS", "0")) or max(1, min(4, os.cpu_count() or 1))
 torch.set_num_threads(_threads)
 os.environ.setdefault("EDSERVE_THREADS", str(_threads))  # engines keep the test thread count
+
+
+@pytest.fixture(autouse=True)
+def engines_stay_intact(monkeypatch):
+    """After every engine test: each engine it built is idle and passes the integrity check."""
+    created: list[weakref.ref] = []
+    original = Engine.__init__
+
+    def tracking_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        created.append(weakref.ref(self))
+
+    monkeypatch.setattr(Engine, "__init__", tracking_init)
+    yield
+    for ref in created:
+        engine = ref()
+        if engine is None:
+            continue
+        assert not engine.has_work(), "engine test left requests behind"
+        engine.check_integrity()
+        alloc = engine.pools.allocator
+        assert alloc.available_size() == alloc.size, "KV slots leaked"
+        assert engine.pools.req_to_token_pool.available_size() == \
+            engine.pools.req_to_token_pool.size, "rows leaked"
