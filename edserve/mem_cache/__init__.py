@@ -9,6 +9,10 @@ Data flow for an extend batch::
     page_table_from_req_to_token(...)  -> page tables for paged attention kernels
 
 ``alloc_for_extend`` does the first three steps with no leak on shortage.
+
+Shared pages: every page has a reference count (``BaseAllocator.share`` / the frees);
+``fork_row`` / ``attach_shared`` share a prefix of a row and ``cow_last_pages`` copies a shared
+partial last page before a holder writes into it (see ``fork``).
 """
 
 from edserve.mem_cache.allocation import alloc_for_extend, write_cache_indices
@@ -21,8 +25,10 @@ from edserve.mem_cache.errors import (
     IntegrityError,
     KVCacheError,
     PoolTooSmallError,
+    RefcountError,
     ReservedSlotError,
 )
+from edserve.mem_cache.fork import attach_shared, cow_last_pages, fork_row
 from edserve.mem_cache.kv_pool import KVPool
 from edserve.mem_cache.page_table import page_table_from_req_to_token
 from edserve.mem_cache.paged_allocator import PagedTokenToKVPoolAllocator
@@ -43,10 +49,14 @@ __all__ = [
     "KVPool",
     "PagedTokenToKVPoolAllocator",
     "PoolTooSmallError",
+    "RefcountError",
     "ReqToTokenPool",
     "ReservedSlotError",
     "TokenToKVPoolAllocator",
     "alloc_for_extend",
+    "attach_shared",
+    "cow_last_pages",
+    "fork_row",
     "page_table_from_req_to_token",
     "plan_kv_cache",
     "write_cache_indices",

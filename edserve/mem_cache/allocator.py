@@ -1,14 +1,19 @@
-"""KV slot allocators: the free list behind the KV pool.
+"""KV slot allocators: the free list and per-page reference counts behind the KV pool.
 
 Both allocators keep a free list of *pages* (page size 1: a page is a slot). Page ``p`` is slots
 ``p*ps .. p*ps + ps - 1``; page 0 (slot 0 at page size 1) is padding and never handed out::
 
     free list   int64 [F]            pages, head = next handed out; frees are prepended (LIFO)
     free mask   bool  [num_pages+1]  mask[p] == (p is on the free list); mask[0] is False
+    refcount    int32 [num_pages+1]  holders of page p (rows, held encoder regions); 0 when
+                                     free, pending (freed in an open group) or p == 0
 
-Invariants (``check_integrity``): the free list holds no duplicates, never page 0, and agrees
-with the mask; free pages + pages owned by requests == ``num_pages``. Every misuse raises a
-``KVCacheError`` subclass before any state changes; running short returns ``None``.
+A page is handed out at count 1, ``share`` adds holders, the frees drop them, and it returns
+to the free list when its count reaches 0 (see ``refcount``). Invariants
+(``check_integrity``, see ``integrity``): the free list holds no duplicates, never page 0,
+and agrees with the mask; free pages have count 0 and every other page count >= 1, so free +
+handed-out pages == ``num_pages``. Every misuse raises a ``KVCacheError`` subclass before any
+state changes; running short returns ``None``.
 """
 
 from __future__ import annotations
@@ -18,28 +23,10 @@ from collections.abc import Sequence
 
 import torch
 
-from edserve.mem_cache.errors import (
-    AlignmentError,
-    DoubleFreeError,
-    IndexOutOfRangeError,
-    IntegrityError,
-    KVCacheError,
-    ReservedSlotError,
-)
-
-
-def _as_index(t: torch.Tensor, name: str, device: torch.device) -> torch.Tensor:
-    """1-D int64 copy of an integer tensor on ``device``."""
-    if not isinstance(t, torch.Tensor):
-        t = torch.as_tensor(t)
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise ValueError(f"{name} must be an integer tensor, got dtype {t.dtype}")
-    return t.reshape(-1).to(device=device, dtype=torch.int64)
-
-
-def _preview(t: torch.Tensor, n: int = 8) -> str:
-    vals = t[:n].tolist()
-    return f"{vals}{' ...' if t.numel() > n else ''}"
+from edserve.mem_cache.errors import AlignmentError, KVCacheError
+from edserve.mem_cache.index_args import as_index
+from edserve.mem_cache.integrity import check_allocator_integrity
+from edserve.mem_cache.refcount import check_page_refs, pages_at_zero, validate_free
 
 
 class BaseAllocator(ABC):
@@ -75,7 +62,8 @@ class BaseAllocator(ABC):
         # [num_pages + 1] bool; page 0 never free.
         self._is_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=self.device)
         self._is_free[0] = False
-        self._pending = torch.zeros_like(self._is_free)  # pages freed inside an open group
+        # [num_pages + 1] int32 holders per page; 0 on free pages and on page 0.
+        self._refcount = torch.zeros(self.num_pages + 1, dtype=torch.int32, device=self.device)
         self._free_group = None
 
     # ------------------------------------------------------------------ queries
@@ -90,6 +78,10 @@ class BaseAllocator(ABC):
     def free_pages(self) -> torch.Tensor:
         """A copy of the free list (pages, head first); for tests and debugging."""
         return self._free_pages.clone()
+
+    def refcounts(self) -> torch.Tensor:
+        """A copy of the reference counts, int32 [num_pages + 1]; for tests and debugging."""
+        return self._refcount.clone()
 
     # ------------------------------------------------------------------ alloc
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -141,6 +133,7 @@ class BaseAllocator(ABC):
         pages = self._free_pages[:n]
         self._free_pages = self._free_pages[n:]
         self._is_free.index_fill_(0, pages, False)  # a fill, not a host scalar: no sync
+        self._refcount.index_fill_(0, pages, 1)
         return pages
 
     def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
@@ -150,46 +143,78 @@ class BaseAllocator(ABC):
         offsets = torch.arange(ps, dtype=torch.int64, device=self.device)
         return (pages[:, None] * ps + offsets).reshape(-1)
 
-    # ------------------------------------------------------------------ free
+    # ------------------------------------------------------------------ share / free
+    def share(self, first_slots: torch.Tensor) -> None:
+        """Add one holder to each page named by its first slot (1-D int, ``slot % ps == 0``).
+
+        A page listed twice gains 2. Sync-free with ``debug`` off (nothing checked); with it
+        on, raises before changing anything if a slot is out of range, on page 0, not a page
+        start (``AlignmentError``) or names a page that is not handed out (``RefcountError``).
+        """
+        idx = as_index(first_slots, "share: first_slots", self.device)
+        if idx.numel() == 0:
+            return
+        if self.debug:
+            check_page_refs(self, idx, "share", exclusive=False)
+        self._add_refs(torch.div(idx, self.page_size, rounding_mode="floor"), 1)
+
     def free(self, indices: torch.Tensor) -> None:
-        """Return the pages holding ``indices`` (slots, any shape) to the free list.
+        """Drop one holder from each distinct page holding ``indices`` (slots, any shape);
+        pages that reach count 0 return to the free list.
 
-        Paged: frees the distinct pages ``unique(indices // page_size)``; each page's first
-        slot must be listed (a partial-page free would release tokens not listed:
-        ``AlignmentError``). Raises ``DoubleFreeError`` / ``ReservedSlotError`` /
-        ``IndexOutOfRangeError`` before changing anything. Inside a free group the pages are
-        only queued until ``free_group_end``.
+        Paged: each page's first slot must be listed (a partial-page free would release tokens
+        not listed: ``AlignmentError``). Raises ``DoubleFreeError`` (a page already at count
+        0, or a slot listed twice) / ``ReservedSlotError`` / ``IndexOutOfRangeError`` before
+        changing anything. Always validates (host syncs). Inside a free group released pages
+        are only queued until ``free_group_end``.
         """
-        idx = _as_index(indices, "free: indices", self.device)
+        idx = as_index(indices, "free: indices", self.device)
         if idx.numel() == 0:
             return
-        pages = self._validate_free(idx)
-        self._queue_or_release(pages)
+        pages = validate_free(self, idx)  # distinct
+        self._add_refs(pages, -1)
+        self._queue_or_release(pages[self._refcount[pages] == 0])
 
-    def free_page_starts(self, first_slots: torch.Tensor) -> None:
-        """Return whole pages, each named once by its first slot (``slot % page_size == 0``).
+    def free_page_starts(self, first_slots: torch.Tensor, shared: bool = False) -> None:
+        """Drop one holder from each page named by its first slot (``slot % page_size == 0``),
+        e.g. a row's ``req_to_token[row, 0:len:page_size]``; pages at count 0 are released.
 
-        The sync-free free of the engine's hot path: with ``debug`` off nothing is checked
-        (one slot per page, from a row's ``req_to_token[row, 0:len:page_size]``); with it on,
-        the arguments are validated as in :meth:`free`.
+        ``shared=False`` (the engine's hot path, sync-free): the caller promises every named
+        page is listed once and has count 1, so every page is released; with ``debug`` on
+        that is verified (``DoubleFreeError`` / ``RefcountError`` / ``AlignmentError``).
+        ``shared=True``: pages may have other holders and may be listed more than once (each
+        listing drops one holder); finding which pages reached 0 costs one host sync.
+        Released pages are prepended in first-listed order (LIFO reuse).
         """
-        idx = _as_index(first_slots, "free_page_starts: first_slots", self.device)
+        idx = as_index(first_slots, "free_page_starts: first_slots", self.device)
         if idx.numel() == 0:
             return
-        if self.debug and self._validate_free(idx).numel() != idx.numel():
-            raise AlignmentError("free_page_starts: every slot must start its own page")
+        if self.debug:
+            check_page_refs(self, idx, "free_page_starts", exclusive=not shared)
         pages = torch.div(idx, self.page_size, rounding_mode="floor")  # in the given order
-        self._queue_or_release(pages)
+        self._add_refs(pages, -1)
+        if shared:
+            self._queue_or_release(pages_at_zero(self._refcount, pages))  # the one sync
+        else:
+            self._queue_or_release(pages)
+
+    def _add_refs(self, pages: torch.Tensor, delta: int) -> None:
+        """``count[pages] += delta`` (repeated pages accumulate); sync-free."""
+        step = torch.full(pages.shape, delta, dtype=torch.int32, device=self.device)
+        self._refcount.index_add_(0, pages, step)
 
     def _queue_or_release(self, pages: torch.Tensor) -> None:
+        """Release pages at count 0, or queue them while a free group is open."""
         if self._free_group is not None:
-            self._pending.index_fill_(0, pages, True)
             self._free_group.append(pages)
         else:
             self._release(pages)
 
     def free_group_begin(self) -> None:
-        """Queue frees until ``free_group_end`` releases them in one operation."""
+        """Queue releases until ``free_group_end`` releases them in one operation.
+
+        Counts drop at once, so a page freed twice in a group (two holders) is queued once,
+        when its count reaches 0; a queued page has count 0 and cannot be freed again."""
         if self._free_group is not None:
             raise KVCacheError("free_group_begin: a free group is already open (no nesting)")
         self._free_group = []
@@ -200,90 +225,24 @@ class BaseAllocator(ABC):
             raise KVCacheError("free_group_end without free_group_begin")
         group, self._free_group = self._free_group, None
         if group:
-            pages = torch.cat(group)
-            self._pending.index_fill_(0, pages, False)
-            self._release(pages)
+            self._release(torch.cat(group))
 
     def _release(self, pages: torch.Tensor) -> None:
         self._is_free.index_fill_(0, pages, True)
         self._free_pages = torch.cat([pages, self._free_pages])  # prepend: LIFO reuse
 
-    def _validate_free(self, idx: torch.Tensor) -> torch.Tensor:
-        """Distinct pages of the slots ``idx``, or raise; never mutates."""
-        ps = self.page_size
-        end = (self.num_pages + 1) * ps
-        lo, hi = torch.stack([idx.min(), idx.max()]).tolist()
-        if lo < 0 or hi >= end:
-            bad = idx[(idx < 0) | (idx >= end)]
-            raise IndexOutOfRangeError(f"free: slots {_preview(bad)} outside 0..{end - 1}")
-        if lo < ps:
-            what = "slot 0" if ps == 1 else f"page 0 (slots 0..{ps - 1})"
-            raise ReservedSlotError(f"free: {what} is padding and is never handed out")
-        uniq, counts = torch.unique(idx, return_counts=True)  # sorted
-        if uniq.numel() != idx.numel():
-            dups = _preview(uniq[counts > 1])
-            raise DoubleFreeError(f"free: slots listed more than once: {dups}")
-        pages = torch.unique_consecutive(uniq // ps)
-        if ps > 1:
-            starts = uniq[uniq % ps == 0] // ps
-            if starts.numel() != pages.numel():
-                missing = pages[~torch.isin(pages, starts)]
-                raise AlignmentError(
-                    f"free: partial-page free of pages {_preview(missing)}: their first slot is "
-                    f"not listed, so freeing them would release tokens the caller did not list"
-                )
-        taken = self._is_free[pages] | self._pending[pages]
-        if bool(taken.any()):
-            raise DoubleFreeError(f"free: pages already free: {_preview(pages[taken])}")
-        return pages
-
     # ------------------------------------------------------------------ integrity
-    def check_integrity(self, owned: torch.Tensor | None = None) -> None:
-        """Raise ``IntegrityError`` unless the free list is clean and conserves pages.
+    def check_integrity(self, owned: torch.Tensor | None = None,
+                        holders: Sequence[torch.Tensor] | None = None) -> None:
+        """Raise ``IntegrityError`` unless the free list is clean and pages are conserved.
 
-        owned: slots held by requests (each slot listed once), e.g. every request's row prefix
-        ``req_to_token[row, :len]``. With ``owned``, free pages + owned pages must equal
-        ``num_pages`` and no page may be both.
+        owned: slots held by requests that share nothing (each slot listed once), e.g. every
+        row's ``req_to_token[row, :len]`` concatenated: free + owned pages == ``num_pages``,
+        no page both, every owned page at count 1. holders: one tensor per holder (a row's
+        prefix, a held encoder region; each slot once per holder, holders may overlap): every
+        page's count == the number of holders touching it. See ``integrity``.
         """
-        if self._free_group is not None:
-            raise IntegrityError("check_integrity inside an open free group")
-        free = self._free_pages
-        if free.numel():
-            if bool((free == 0).any()):
-                raise IntegrityError("page 0 (padding) is on the free list")
-            bad = free[(free < 1) | (free > self.num_pages)]
-            if bad.numel():
-                raise IntegrityError(f"free list holds pages outside 1..{self.num_pages}: {bad}")
-            uniq, counts = torch.unique(free, return_counts=True)
-            if uniq.numel() != free.numel():
-                raise IntegrityError(f"free list holds pages twice: {_preview(uniq[counts > 1])}")
-        if int(self._is_free.sum()) != free.numel() or not bool(self._is_free[free].all()):
-            raise IntegrityError("free list and free mask disagree")
-        if owned is None:
-            return
-        own = _as_index(owned, "check_integrity: owned", self.device)
-        ps = self.page_size
-        if own.numel():
-            uniq, counts = torch.unique(own, return_counts=True)
-            if uniq.numel() != own.numel():
-                raise IntegrityError(f"slots owned twice: {_preview(uniq[counts > 1])}")
-            if int(uniq[0]) < ps or int(uniq[-1]) >= (self.num_pages + 1) * ps:
-                raise IntegrityError(
-                    f"owned slots outside the pool's pages 1..{self.num_pages}: min "
-                    f"{int(uniq[0])} max {int(uniq[-1])}"
-                )
-        owned_pages = torch.unique(own // ps)
-        both = owned_pages[self._is_free[owned_pages]]
-        if both.numel():
-            raise IntegrityError(f"pages both free and owned: {_preview(both)}")
-        if free.numel() + owned_pages.numel() != self.num_pages:
-            seen = self._is_free.clone()
-            seen[owned_pages] = True
-            leaked = torch.nonzero(~seen[1:]).reshape(-1) + 1
-            raise IntegrityError(
-                f"free pages ({free.numel()}) + owned pages ({owned_pages.numel()}) != total "
-                f"pages ({self.num_pages}): {leaked.numel()} leaked, e.g. {_preview(leaked)}"
-            )
+        check_allocator_integrity(self, owned, holders)
 
     def __repr__(self) -> str:
         return (

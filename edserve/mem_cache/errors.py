@@ -40,3 +40,8 @@ class PoolTooSmallError(KVCacheError):
 
 class IntegrityError(KVCacheError):
     """An invariant check failed: leaked, duplicated or reserved entries in a free list."""
+
+
+class RefcountError(KVCacheError):
+    """A page reference misuse: ``share`` of a page that is not handed out, or an exclusive
+    ``free_page_starts(shared=False)`` of a page that other holders still reference."""

@@ -125,6 +125,37 @@ class KVPool:
         self.k_buffers[layer][loc] = k.to(self.dtype)
         self.v_buffers[layer][loc] = v.to(self.dtype)
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """``K[dst[i]] = K[src[i]]`` and ``V[dst[i]] = V[src[i]]`` in every layer.
+
+        src, dst: [N] integer slots on the pool's device; ``dst`` must not overlap ``src``
+        (copy-on-write copies into fresh pages). A slot outside the buffer raises
+        ``IndexOutOfRangeError`` when ``check_indices`` (one host sync); sync-free otherwise.
+        """
+        for name, t in (("src", src), ("dst", dst)):
+            if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+                raise ValueError(f"copy_slots: {name} must be a 1-D integer tensor, got shape "
+                                 f"{tuple(t.shape)} dtype {t.dtype}")
+            if t.device != self.device:
+                raise ValueError(f"copy_slots: {name} is on {t.device}, the pool on {self.device}")
+        if src.shape != dst.shape:
+            raise ValueError(
+                f"copy_slots: src {tuple(src.shape)} and dst {tuple(dst.shape)} differ"
+            )
+        if not src.numel():
+            return
+        if self.check_indices:
+            both = torch.cat([src, dst])  # [2N]
+            lo, hi = torch.stack([both.min(), both.max()]).tolist()
+            if lo < 0 or hi >= self.num_buffer_slots:
+                raise IndexOutOfRangeError(
+                    f"copy_slots: slots must be in 0..{self.num_buffer_slots - 1}, got min {lo} "
+                    f"max {hi}"
+                )
+        for k, v in zip(self.k_buffers, self.v_buffers, strict=True):  # [slots, heads, dim]
+            k[dst] = k[src]
+            v[dst] = v[src]
+
     def _check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.num_layers:
             raise IndexOutOfRangeError(f"layer {layer} out of range 0..{self.num_layers - 1}")

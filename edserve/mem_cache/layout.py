@@ -42,7 +42,7 @@ def _owned_page_bad(alloc: BaseAllocator, loc: torch.Tensor) -> torch.Tensor:
     """[B] bool: ``loc`` is not a slot of a handed-out page."""
     ps = alloc.page_size
     page = torch.div(loc, ps, rounding_mode="floor").clamp(0, alloc.num_pages)
-    return (loc < ps) | (loc >= (alloc.num_pages + 1) * ps) | alloc._is_free[page]
+    return (loc < ps) | (loc >= (alloc.num_pages + 1) * ps) | (alloc._refcount[page] == 0)
 
 
 def check_extend_args(

@@ -18,6 +18,7 @@ def t(values: list[int]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64)
 
 
-def snapshot(allocator) -> tuple[list[int], list[bool]]:
-    """Free list and free mask of an allocator, for before/after comparisons."""
-    return allocator.free_pages().tolist(), allocator._is_free.tolist()
+def snapshot(allocator) -> tuple[list[int], list[bool], list[int]]:
+    """Free list, free mask and refcounts of an allocator, for before/after comparisons."""
+    return (allocator.free_pages().tolist(), allocator._is_free.tolist(),
+            allocator.refcounts().tolist())
