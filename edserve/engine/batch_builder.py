@@ -16,7 +16,13 @@ from edserve.engine.forward_batch import ForwardBatch, ForwardMode
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
 from edserve.layers.attention.encdec import EncoderDecoderBackend
-from edserve.mem_cache import KVPool, ReqToTokenPool, write_cache_indices
+from edserve.mem_cache import (
+    KVPool,
+    ReqToTokenPool,
+    attach_shared,
+    cow_last_pages,
+    write_cache_indices,
+)
 
 
 @dataclass
@@ -81,35 +87,61 @@ def _cross_ranges(reqs: list[Req], mode: ForwardMode, q_lens: list[int]) -> list
 
 
 def build_prefill(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
-    """Allocate rows + slots for newly admitted requests; None (no change) on shortage."""
+    """Allocate rows + slots for newly admitted requests; None (no change) on shortage.
+
+    A request that reuses a held encoder region (``request.encoder_kv``) starts its row with
+    those slots (shared, copy-on-write for a partial last page) and allocates only its prompt.
+    """
     rtp, alloc, dev = pools.req_to_token_pool, pools.allocator, pools.device
     if rtp.alloc(reqs) is None:
         return None
     B = len(reqs)
+    reuse = [r for r in reqs if r.request.encoder_kv is not None]
+    prefix_lens = [r.enc_region if r.request.encoder_kv is not None else 0 for r in reqs]
     row_lens = [r.enc_region + len(r.prompt_ids) for r in reqs]
-    host = [r.req_pool_idx for r in reqs] + row_lens
-    rows, lens = to_device(host, torch.int64, dev).view(2, B)
-    zeros = torch.zeros(B, dtype=torch.int64, device=dev)
-    slots = alloc.alloc_extend(zeros, lens, zeros - 1, sum(row_lens),
-                               seq_lens_cpu=row_lens, prefix_lens_cpu=[0] * B)
-    if slots is None:
-        for r in reqs:
-            rtp.free(r)
+    host = [r.req_pool_idx for r in reqs] + row_lens + prefix_lens
+    rows, lens, prefix = to_device(host, torch.int64, dev).view(3, B)
+    for r in reuse:
+        attach_shared(rtp, alloc, r.req_pool_idx, r.request.encoder_kv.slots)
+    if reuse and not cow_last_pages(rtp, alloc, pools.kv_pool, [r.req_pool_idx for r in reuse],
+                                    [r.enc_region for r in reuse]):
+        _undo_prefill(pools, reqs, reuse)
         return None
-    no_prefix = [zeros[:0]] * B  # Whisper/Mllama rows start empty: no reused prefix
-    write_cache_indices(rtp.req_to_token, rows, zeros, lens, no_prefix, slots,
+    last = torch.where(prefix > 0, rtp.req_to_token[rows, (prefix - 1).clamp(min=0)].long(),
+                       -torch.ones_like(prefix))
+    num_new = sum(row_lens) - sum(prefix_lens)
+    slots = alloc.alloc_extend(prefix, lens, last, num_new, seq_lens_cpu=row_lens,
+                               prefix_lens_cpu=prefix_lens)
+    if slots is None:
+        _undo_prefill(pools, reqs, reuse)
+        return None
+    prefixes = [rtp.req_to_token[r.req_pool_idx, :p].long() for r, p in zip(reqs, prefix_lens,
+                                                                          strict=True)]
+    write_cache_indices(rtp.req_to_token, rows, prefix, lens, prefixes, slots,
                         validate=alloc.debug)
     dec_locs, enc_locs, positions = [], [], []
     start = 0
-    for r, n in zip(reqs, row_lens, strict=True):
-        enc_locs.append(slots[start:start + r.encoder_len])
-        dec_locs.append(slots[start + r.enc_region:start + n])
+    for r, n, p in zip(reqs, row_lens, prefix_lens, strict=True):
+        if p == 0:  # the encoder runs for this request: its cross K/V go to these slots
+            enc_locs.append(slots[start:start + r.encoder_len])
+        dec_locs.append(slots[start + r.enc_region - p:start + n - p])
         positions += range(len(r.prompt_ids))
         r.kv_len = len(r.prompt_ids)
-        start += n
+        start += n - p
     return _make_batch(pools, ForwardMode.EXTEND, reqs, [len(r.prompt_ids) for r in reqs],
                        to_device(positions, torch.int64, dev), torch.cat(dec_locs),
-                       torch.cat(enc_locs))
+                       torch.cat(enc_locs) if enc_locs else slots[:0])
+
+
+def _undo_prefill(pools: Pools, reqs: list[Req], reuse: list[Req]) -> None:
+    """Shortage after rows were taken: drop the shared prefixes, hand the rows back."""
+    alloc, rtp = pools.allocator, pools.req_to_token_pool
+    ps = alloc.page_size
+    for r in reuse:
+        alloc.free_page_starts(rtp.req_to_token[r.req_pool_idx, 0:r.enc_region:ps].long(),
+                               shared=True)
+    for r in reqs:
+        rtp.free(r)
 
 
 def build_decode(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
@@ -119,6 +151,13 @@ def build_decode(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
     cols_host = [r.row_len for r in reqs]  # column of each new token
     if max(cols_host) >= rtp.max_context_len:
         raise RuntimeError("decode step past max_context_len (scheduler limit violated)")
+    forks = [r for r in reqs if r.cow_pending]
+    if forks:  # a fork's first write: copy its shared partial last page (if still shared)
+        if not cow_last_pages(rtp, pools.allocator, pools.kv_pool,
+                              [r.req_pool_idx for r in forks], [r.row_len for r in forks]):
+            return None
+        for r in forks:
+            r.cow_pending = False
     rows, cols = to_device([r.req_pool_idx for r in reqs] + cols_host, torch.int64,
                            dev).view(2, B)
     last_loc = rtp.req_to_token[rows, cols - 1].long()
@@ -133,10 +172,12 @@ def build_decode(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
 
 
 def release(pools: Pools, reqs: list[Req]) -> None:
-    """Return the rows and KV pages of finished/aborted requests (one grouped free, no sync).
+    """Return the rows and KV pages of finished/aborted requests (one grouped free).
 
     A row owns whole pages filled from offset 0 in column order, so its pages are named by
-    the slots in columns ``0, ps, 2 ps, ...`` below ``row_len``."""
+    the slots in columns ``0, ps, 2 ps, ...`` below ``row_len``. Rows that may share pages (row
+    groups, reused encoder regions) drop one reference per page (one sync); the others free
+    without a sync."""
     holding = [r for r in reqs if r.req_pool_idx is not None]
     if not holding:
         return
@@ -146,7 +187,8 @@ def release(pools: Pools, reqs: list[Req]) -> None:
     try:
         for r in holding:
             if r.row_len > 0:
-                alloc.free_page_starts(rtp.req_to_token[r.req_pool_idx, 0:r.row_len:ps].long())
+                alloc.free_page_starts(rtp.req_to_token[r.req_pool_idx, 0:r.row_len:ps].long(),
+                                       shared=r.shares_pages)
     finally:
         alloc.free_group_end()
     for r in holding:

@@ -18,8 +18,9 @@ from edserve.config import EngineConfig
 from edserve.engine.batch_builder import Pools
 from edserve.engine.cpu_modes import apply_threads
 from edserve.engine.cuda_graph import DecodeGraphRunner
+from edserve.engine.groups import make_group, reserved_slots
 from edserve.engine.req import Req
-from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.request import EncoderKV, GenerateOutput, GenerateRequest, TokenDelta
 from edserve.engine.runner import ModelRunner
 from edserve.engine.sampler import make_generator
 from edserve.engine.scheduler import Scheduler, SchedulerLimits
@@ -176,11 +177,26 @@ class Engine:
         enc_region = self.pools.backend.encoder_region(enc_len)
         max_new = request.sampling.max_new_tokens or self.config.max_new_tokens
         max_new = min(max_new, self.max_decoder_len - n)
-        ps = self.page_size
-        reserved = -(-(enc_region + n + max_new) // ps) * ps
-        return Req(request, enc_len, enc_region, max_new, reserved, on_delta, stream,
-                   generator=make_generator(request.sampling.seed, self.device),
-                   encoder_input=request.encoder_input)
+        sp = request.sampling
+        if sp.group_size > self.pools.req_to_token_pool.size:
+            raise ValueError(f"beam_size/best_of {sp.group_size} needs as many KV rows, but the "
+                             f"engine runs at most {self.pools.req_to_token_pool.size} "
+                             "(raise --max-running-requests)")
+        held = request.encoder_kv
+        if held is not None and (held.encoder_len != enc_len or held.enc_region != enc_region):
+            raise ValueError(f"encoder_kv holds {held.encoder_len} encoder tokens but the "
+                             f"request's encoder input has {enc_len}")
+        reserved = reserved_slots(enc_region, n + max_new, self.page_size, sp.group_size,
+                                  reuse=held is not None)
+        req = Req(request, enc_len, enc_region, max_new, reserved, on_delta, stream,
+                  generator=make_generator(sp.seed, self.device),
+                  encoder_input=None if held is not None else request.encoder_input)
+        req.group = make_group(req, self.model.config.eos_token_id, self.device)
+        return req
+
+    def release_encoder(self, handle: EncoderKV) -> None:
+        """Thread-safe: hand back a ``keep_encoder`` handle (its pages free once unused)."""
+        self._inbox.put(("release", handle))
 
     def add_request(self, request: GenerateRequest,
                     on_delta: Callable[[TokenDelta], None] | None = None,
@@ -202,6 +218,8 @@ class Engine:
                 return
             if kind == "add":
                 self.scheduler.add(payload)
+            elif kind == "release":
+                self.scheduler.release_encoder(payload)
             else:
                 self.scheduler.abort(payload)
 
@@ -223,9 +241,12 @@ class Engine:
                 logger.exception("forward failed")
                 self.scheduler.fail(sched, f"{type(exc).__name__}: {exc}")
             else:
-                if self.overlap:
+                if self.overlap and not sched.sync_update:
                     self._in_flight = (sched, output)
-                else:
+                else:  # row groups decide on the host before the next step is scheduled
+                    if previous is not None:
+                        self.scheduler.update(*previous)
+                        previous = None
                     self.scheduler.update(sched, output)
         if previous is not None:
             self.scheduler.update(*previous)
@@ -253,10 +274,9 @@ class Engine:
         """Every KV slot is free or owned by a running request; every row free or held."""
         sched, pools = self.scheduler, self.pools
         rtp = pools.req_to_token_pool
-        owned = [rtp.req_to_token[r.req_pool_idx, :r.row_len].long() for r in sched.running]
-        owned_t = torch.cat(owned) if owned else torch.empty(0, dtype=torch.int64,
-                                                             device=self.device)
-        pools.allocator.check_integrity(owned_t)
+        holders = [rtp.req_to_token[r.req_pool_idx, :r.row_len].long() for r in sched.running]
+        holders += [h.slots for h in sched.held_regions()]
+        pools.allocator.check_integrity(holders=holders)
         rtp.check_integrity(len(sched.running))
 
     def transcribe(self, inputs: list[Any], **kwargs: Any) -> list[Any]:

@@ -93,6 +93,11 @@ class EngineClient:
         """Cancel a request (thread-safe); its row and KV are freed at the next step."""
         self._engine.abort(rid)
 
+    def release_encoder(self, handle: Any) -> None:
+        """Hand back a ``keep_encoder`` handle from an output (thread-safe; carried out on the
+        engine thread before any engine call submitted after it)."""
+        self._aengine.call_soon(lambda: self._engine.scheduler.release_encoder(handle))
+
     def validate(self, request: GenerateRequest) -> None:
         """Dry run of the engine's admission checks (any thread): ``ValueError`` when the
         request is invalid or could never fit the KV cache, even when it is empty."""

@@ -9,7 +9,14 @@ from typing import Any
 
 import torch
 
-from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.request import (
+    EncoderKV,
+    FinishReason,
+    GenerateOutput,
+    GenerateRequest,
+    TokenDelta,
+)
+from edserve.engine.row_group import RowGroup
 
 _serials = itertools.count()
 
@@ -34,6 +41,9 @@ class Req:
     error: str | None = None
     generator: torch.Generator | None = None
     encoder_input: Any = None  # dropped once the encoder has run
+    group: RowGroup | None = None  # beam search / best_of rows of one request
+    cow_pending: bool = False  # a fork: copy a shared partial last page before writing
+    kept_encoder: EncoderKV | None = None  # the keep_encoder handle, once finished
     serial: int = field(default_factory=lambda: next(_serials))  # unique per Req object
 
     @property
@@ -49,8 +59,14 @@ class Req:
         """Columns of the row in use: encoder region + cached decoder tokens."""
         return self.enc_region + self.kv_len
 
+    @property
+    def shares_pages(self) -> bool:
+        """The row may hold pages other holders count too (its free drops references)."""
+        r = self.request
+        return self.group is not None or r.encoder_kv is not None or r.keep_encoder
+
     def output(self) -> GenerateOutput:
         assert self.finish_reason is not None
         return GenerateOutput(self.rid, list(self.output_ids), list(self.logprobs),
                               self.finish_reason, self.no_speech_prob, self.error,
-                              self.stop_logprob)
+                              self.stop_logprob, self.kept_encoder)

@@ -15,6 +15,7 @@ import torch
 LogitsProcessor = Callable[[list[int], torch.Tensor], None]
 
 _rid_counter = itertools.count()
+MAX_GROUP_ROWS = 16  # largest beam_size / best_of a request may ask for
 
 
 def next_rid() -> str:
@@ -31,6 +32,15 @@ class SamplingParams:
     max_new_tokens: int | None = None  # None: the engine's default
     stop_token_ids: tuple[int, ...] = ()  # besides the model's end-of-text token
     ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
+    # Beam search (temperature 0): keep the ``beam_size`` best sequences per step
+    # (openai-whisper's BeamSearchDecoder); stop once ``round(beam_size * patience)`` finished
+    # candidates are collected. best_of (temperature > 0): draw ``best_of`` independent samples.
+    # Both share the request's encoder KV and return the best sequence by sum log-probability
+    # divided by the length penalty (None: the length; else ((5 + length) / 6) ** penalty).
+    beam_size: int = 1
+    best_of: int = 1
+    patience: float | None = None
+    length_penalty: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= 2.0:
@@ -39,6 +49,26 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        for name in ("beam_size", "best_of"):
+            n = getattr(self, name)
+            if not isinstance(n, int) or not 1 <= n <= MAX_GROUP_ROWS:
+                raise ValueError(f"{name} must be an integer in 1..{MAX_GROUP_ROWS}, got {n!r}")
+        if self.beam_size > 1 and self.temperature > 0:
+            raise ValueError("beam search decodes at temperature 0 (got temperature "
+                             f"{self.temperature} with beam_size {self.beam_size})")
+        if self.best_of > 1 and self.temperature == 0:
+            raise ValueError("best_of needs sampling (temperature > 0); at temperature 0 use "
+                             "beam_size")
+        if self.patience is not None and (self.beam_size == 1 or not self.patience > 0):
+            raise ValueError(f"patience must be > 0 and needs beam_size > 1, got "
+                             f"{self.patience}")
+        if self.length_penalty is not None and not 0.0 <= self.length_penalty <= 10.0:
+            raise ValueError(f"length_penalty must be in [0, 10], got {self.length_penalty}")
+
+    @property
+    def group_size(self) -> int:
+        """Rows one request decodes at once (beams or samples; 1 for plain decoding)."""
+        return max(self.beam_size, self.best_of)
 
 
 class FinishReason(str, Enum):
@@ -71,7 +101,27 @@ class GenerateRequest:
     # request that finished normally (stop or length), e.g. to read cross-attention weights for
     # word timestamps from the encoder K still in the pool. An exception fails the request.
     on_finished_kv: Callable[[FinishedKV], None] | None = None
+    # keep_encoder: when the request finishes normally, its encoder region stays in the pool
+    # (held by a refcount) and the output carries an :class:`EncoderKV` handle; a later request
+    # over the same encoder input passes it as ``encoder_kv`` and skips the encoder (Whisper's
+    # temperature fallback). The caller must hand it back: ``Engine.release_encoder(handle)``.
+    keep_encoder: bool = False
+    encoder_kv: EncoderKV | None = None
     rid: str = field(default_factory=next_rid)
+
+
+_handle_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, eq=False)
+class EncoderKV:
+    """A held encoder region: the slots of columns ``0 .. enc_region-1`` of the row that
+    computed it (pages counted once more in the allocator until released)."""
+
+    slots: torch.Tensor  # [enc_region] int64 KV slots (device)
+    encoder_len: int
+    enc_region: int
+    id: int = field(default_factory=lambda: next(_handle_ids))
 
 
 @dataclass(frozen=True)
@@ -105,6 +155,7 @@ class GenerateOutput:
     error: str | None = None
     # log-probability of the end-of-text/stop token when the request stopped on one
     stop_logprob: float | None = None
+    encoder_kv: EncoderKV | None = None  # set when the request asked for keep_encoder
 
     @property
     def sum_logprob(self) -> float:

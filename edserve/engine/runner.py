@@ -26,6 +26,7 @@ class ModelRunner:
         self.history = history
         self.graph_runner = graph_runner
         self.num_encoder_runs = 0  # encoder forward passes (one per prefill batch with audio)
+        self.num_encoded_inputs = 0  # encoder inputs encoded (reused encoder KV: not counted)
 
     @torch.inference_mode()
     def run(self, sched: ScheduledBatch) -> StepOutput:
@@ -33,6 +34,8 @@ class ModelRunner:
         batch, reqs = sched.batch, sched.reqs
         rows = batch.req_pool_indices  # [B] int64
         no_speech = None
+        if sched.history_edits is not None:  # row groups rearranged at the last update
+            self.history.apply(sched.history_edits, self.device)
         if sched.mode == ForwardMode.EXTEND:
             self.history.reset(rows)
             input_ids = sched.prompt_ids
@@ -50,14 +53,15 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[last])  # [B, V]
             if sched.mode == ForwardMode.EXTEND:
                 no_speech = self._no_speech(hidden, sched)
-        tokens, logprobs = sample(logits, sched.sampling, self.history, rows)
-        return StepOutput(tokens, logprobs, no_speech).start_copy()
+        tokens, logprobs, cands = sample(logits, sched.sampling, self.history, rows)
+        return StepOutput(tokens, logprobs, no_speech, cands).start_copy()
 
     def _encode(self, reqs: list[Req]) -> torch.Tensor | None:
-        with_enc = [r for r in reqs if r.encoder_len > 0]
+        with_enc = [r for r in reqs if r.encoder_len > 0 and r.request.encoder_kv is None]
         if not with_enc:
             return None
         self.num_encoder_runs += 1
+        self.num_encoded_inputs += len(with_enc)
         states = self.model.encode([r.encoder_input for r in with_enc])
         for r, s in zip(with_enc, states, strict=True):
             if s.shape[0] != r.encoder_len:

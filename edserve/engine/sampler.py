@@ -8,6 +8,10 @@ seeded request has its own device generator, so its draws do not depend on its b
 
 Log-probabilities are taken from the filtered logits before temperature scaling (as
 openai-whisper does for its average log-probability).
+
+Rows of a row group (beam search, best_of) may also ask for *candidates*
+(:class:`~edserve.engine.row_group.Candidates`): their top-k tokens by log-probability, or
+several independent draws; these come back flat, in the order of ``SamplingPlan.cand_layout``.
 """
 
 from __future__ import annotations
@@ -38,9 +42,57 @@ class SamplingPlan:
     temperature: torch.Tensor | None  # [S] float32
     top_p: torch.Tensor | None  # [S] float32
     generators: list[torch.Generator | None]  # [S] per sampled row (None: the default one)
+    candidates: CandidatePlan | None = None
 
 
-def plan_sampling(reqs: list[Req], device: torch.device) -> SamplingPlan:
+@dataclass
+class CandidatePlan:
+    """Extra per-row outputs for row groups; returned flat as [C] tokens and log-probs."""
+
+    layout: list[tuple[int, int, int]]  # host: (batch row, offset in the flat output, count)
+    topk_rows: torch.Tensor | None  # [G] int64 batch rows that want their top-k
+    topk: int  # k for every topk row (the largest asked; rows read their first k')
+    draw_rows: torch.Tensor | None  # [D] int64 batch row of each draw
+    draw_temperature: torch.Tensor | None  # [D] float32
+    draw_top_p: torch.Tensor | None  # [D] float32
+    draw_generators: list[torch.Generator | None]  # [D]
+
+
+def plan_sampling(reqs: list[Req], device: torch.device, first_step: bool = False
+                  ) -> SamplingPlan:
+    plan = _plan_tokens(reqs, device)
+    if any(r.group is not None for r in reqs):
+        plan.candidates = _plan_candidates(reqs, device, first_step)
+    return plan
+
+
+def _plan_candidates(reqs: list[Req], device: torch.device, first_step: bool
+                     ) -> CandidatePlan | None:
+    asks = [(i, r, r.group.candidates(r, first_step)) for i, r in enumerate(reqs)
+            if r.group is not None]
+    topk = [(i, c.topk) for i, r, c in asks if c.topk]
+    draws = [(i, r, c.draws) for i, r, c in asks if c.draws]
+    if not topk and not draws:
+        return None
+    k = max((n for _, n in topk), default=0)
+    layout = [(i, j * k, n) for j, (i, n) in enumerate(topk)]
+    offset = len(topk) * k
+    draw_rows, temps, top_ps, gens = [], [], [], []
+    for i, r, n in draws:
+        layout.append((i, offset, n))
+        offset += n
+        sp = r.request.sampling
+        draw_rows += [i] * n
+        temps += [sp.temperature] * n
+        top_ps += [sp.top_p] * n
+        gens += list(r.group.generators[:n])
+    up = (lambda v, dt: to_device(v, dt, device) if v else None)
+    return CandidatePlan(layout, up([i for i, _ in topk], torch.int64), k,
+                         up(draw_rows, torch.int64), up(temps, torch.float32),
+                         up(top_ps, torch.float32), gens)
+
+
+def _plan_tokens(reqs: list[Req], device: torch.device) -> SamplingPlan:
     by_chain: dict[tuple[LogitsFilter, ...], list[int]] = {}
     sampled: list[int] = []
     for i, r in enumerate(reqs):
@@ -62,13 +114,14 @@ def plan_sampling(reqs: list[Req], device: torch.device) -> SamplingPlan:
 
 
 def sample(logits: torch.Tensor, plan: SamplingPlan, history: TokenHistory,
-           rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+           rows: torch.Tensor
+           ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
     """logits: [B, V]; rows: [B] int64 ``req_to_token`` rows. Appends the chosen tokens to
-    ``history`` and returns (tokens [B] int64, their log-probabilities [B] float32), on the
-    device."""
+    ``history`` and returns (tokens [B] int64, their log-probabilities [B] float32, the
+    candidates ([C] int64 tokens, [C] float32 log-probs) or None), on the device."""
     logits = logits.float()
     greedy = None  # [B] rows a filter made greedy at this step (only when some rows sample)
-    if plan.sampled is not None and plan.groups:
+    if (plan.sampled is not None or plan.candidates is not None) and plan.groups:
         greedy = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     if plan.groups:
         hist, lens = history.view(rows)  # [B, C], [B]
@@ -86,15 +139,46 @@ def sample(logits: torch.Tensor, plan: SamplingPlan, history: TokenHistory,
                     greedy.index_copy_(0, g.rows, sub_greedy)
     tokens = torch.argmax(logits, dim=-1)  # [B] greedy unless a request samples
     if plan.sampled is not None:
-        drawn = _draw(logits.index_select(0, plan.sampled), plan)
+        drawn = _draw(logits.index_select(0, plan.sampled), plan.temperature, plan.top_p,
+                      plan.generators)
         if greedy is not None:
             drawn = torch.where(greedy.index_select(0, plan.sampled),
                                 tokens.index_select(0, plan.sampled), drawn)
         tokens.index_copy_(0, plan.sampled, drawn)
     # log p(token) = logit - logsumexp(logits): no [B, V] log-softmax is materialised.
-    logprobs = logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)  # [B]
+    logprobs = logits.gather(1, tokens[:, None])[:, 0] - lse
     history.append(rows, tokens)
-    return tokens, logprobs
+    cands = None if plan.candidates is None \
+        else _candidates(logits, lse, plan.candidates, tokens, greedy)
+    return tokens, logprobs, cands
+
+
+def _candidates(logits: torch.Tensor, lse: torch.Tensor, plan: CandidatePlan,
+                tokens: torch.Tensor, greedy: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat ([C] tokens, [C] log-probs): top-k rows first (k each), then the draws. A row a
+    filter made greedy (language detection) offers only its argmax: its other top-k entries
+    get log-prob -inf, and its draws are the argmax."""
+    toks, lps = [], []
+    if plan.topk_rows is not None:
+        lp = logits.index_select(0, plan.topk_rows) - lse.index_select(0, plan.topk_rows)[:, None]
+        vals, idx = torch.topk(lp, plan.topk, dim=-1)  # [G, k], best first
+        if greedy is not None:
+            only_first = greedy.index_select(0, plan.topk_rows)[:, None] \
+                & (torch.arange(plan.topk, device=lp.device) > 0)  # [G, k]
+            vals = vals.masked_fill(only_first, float("-inf"))
+        toks.append(idx.reshape(-1))
+        lps.append(vals.reshape(-1))
+    if plan.draw_rows is not None:
+        sub = logits.index_select(0, plan.draw_rows)  # [D, V]
+        drawn = _draw(sub, plan.draw_temperature, plan.draw_top_p, plan.draw_generators)
+        if greedy is not None:
+            drawn = torch.where(greedy.index_select(0, plan.draw_rows),
+                                tokens.index_select(0, plan.draw_rows), drawn)
+        toks.append(drawn)
+        lps.append(sub.gather(1, drawn[:, None])[:, 0] - lse.index_select(0, plan.draw_rows))
+    return torch.cat(toks), torch.cat(lps)
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -111,14 +195,16 @@ def _apply(filters: tuple[LogitsFilter, ...], logits: torch.Tensor, ctx: FilterC
         f.apply(logits, ctx)
 
 
-def _draw(logits: torch.Tensor, plan: SamplingPlan) -> torch.Tensor:
-    """[S, V] filtered logits -> [S] tokens drawn at each row's temperature and top-p."""
-    probs = torch.softmax(logits / plan.temperature[:, None], dim=-1)
+def _draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+          generators: list[torch.Generator | None]) -> torch.Tensor:
+    """[S, V] filtered logits -> [S] tokens drawn at each row's temperature ([S]) and top-p
+    ([S]), row i from ``generators[i]``."""
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)  # [S, V]
-    keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < plan.top_p[:, None]  # nucleus
+    keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < top_p[:, None]  # nucleus
     sorted_p = sorted_p.masked_fill(~keep, 0.0)
     noise = torch.empty_like(sorted_p)
-    for i, gen in enumerate(plan.generators):  # per-row streams: batch-independent draws
+    for i, gen in enumerate(generators):  # per-row streams: batch-independent draws
         noise[i].exponential_(generator=gen)
     choice = torch.argmax(sorted_p / noise, dim=-1, keepdim=True)  # [S, 1]
     return order.gather(1, choice)[:, 0]

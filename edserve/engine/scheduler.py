@@ -25,12 +25,16 @@ from dataclasses import dataclass
 import torch
 
 from edserve.engine.batch_builder import Pools, build_decode, build_prefill, release
+from edserve.engine.finisher import Finisher
 from edserve.engine.forward_batch import ForwardMode
+from edserve.engine.group_ops import RowOps, group_results, hold_encoder, release_encoder
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
-from edserve.engine.request import FinishedKV, FinishReason, TokenDelta
+from edserve.engine.request import EncoderKV, FinishReason, TokenDelta
+from edserve.engine.row_group import RowGroup
 from edserve.engine.sampler import SamplingPlan, plan_sampling
 from edserve.engine.step import ScheduledBatch, StepOutput
+from edserve.engine.token_history import HistoryEdits
 
 logger = logging.getLogger("edserve")
 
@@ -52,6 +56,8 @@ class Scheduler:
         self.num_generated_tokens = 0  # for metrics
         self._plan_key: tuple[int, ...] = ()  # decode batch the cached sampling plan is for
         self._plan: SamplingPlan | None = None
+        self.finisher = Finisher(pools)
+        self._edits = HistoryEdits()  # row groups' history edits for the next step
 
     # ---- queue management -------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -69,12 +75,31 @@ class Scheduler:
                 self.waiting.remove(req)
                 self._finish(req, FinishReason.ABORT)
                 return True
-        for req in self.running:
-            if req.rid == rid:
-                self.running.remove(req)
-                self._finish(req, FinishReason.ABORT)
-                return True
-        return False
+        rows = [r for r in self.running if r.rid == rid]
+        if not rows:
+            return False
+        for r in rows:
+            self.running.remove(r)
+        if rows[0].group is None:
+            self._finish(rows[0], FinishReason.ABORT)
+        else:
+            release(self.pools, rows)
+            self._finish_group(rows[0].group, FinishReason.ABORT)
+        return True
+
+    def release_encoder(self, handle: EncoderKV) -> None:
+        """Drop a ``keep_encoder`` handle's reference (its pages free once unused)."""
+        if self.finisher.held.pop(handle.id, None) is None:
+            logger.warning("release_encoder: handle %d is not held (released twice?)",
+                           handle.id)
+            return
+        release_encoder(self.pools, handle)
+
+    def held_regions(self) -> list[EncoderKV]:
+        """Encoder regions held outside rows: caller handles and running groups' holds."""
+        groups = {id(r.group): r.group for r in self.running if r.group is not None}
+        return list(self.finisher.held.values()) + [g.hold for g in groups.values()
+                                           if g.hold is not None]
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -94,7 +119,13 @@ class Scheduler:
             return None
         for r in reqs:
             r.steps += 1
-        return ScheduledBatch(ForwardMode.DECODE, reqs, batch, self._decode_plan(reqs))
+        return ScheduledBatch(ForwardMode.DECODE, reqs, batch, self._decode_plan(reqs),
+                              history_edits=self._take_edits(),
+                              sync_update=any(r.group is not None for r in reqs))
+
+    def _take_edits(self) -> HistoryEdits | None:
+        edits, self._edits = self._edits, HistoryEdits()
+        return edits if edits else None
 
     def _prefill(self, reqs: list[Req]) -> ScheduledBatch | None:
         batch = build_prefill(self.pools, reqs)
@@ -105,9 +136,14 @@ class Scheduler:
         self.running.extend(reqs)
         for r in reqs:
             r.steps = 1
+            if r.group is not None and r.request.encoder_kv is None:
+                r.group.hold = hold_encoder(self.pools, r)  # for the group's lifetime
         dev = self.pools.device
         prompt = to_device([t for r in reqs for t in r.prompt_ids], torch.int64, dev)
-        return ScheduledBatch(ForwardMode.EXTEND, reqs, batch, plan_sampling(reqs, dev), prompt)
+        return ScheduledBatch(ForwardMode.EXTEND, reqs, batch,
+                              plan_sampling(reqs, dev, first_step=True), prompt,
+                              history_edits=self._take_edits(),
+                              sync_update=any(r.group is not None for r in reqs))
 
     def _decode_plan(self, reqs: list[Req]) -> SamplingPlan:
         key = tuple(r.serial for r in reqs)
@@ -122,43 +158,70 @@ class Scheduler:
         return tokens >= req.max_new_tokens \
             or len(req.prompt_ids) + tokens >= self.limits.max_decoder_len
 
-    def _outstanding_reservations(self) -> int:
+    def _outstanding(self) -> tuple[int, int]:
+        """(KV slots, rows) promised to running requests and not taken yet. A group's pages
+        are at least its longest row's own pages (its other rows may share them)."""
         ps = self.pools.kv_pool.page_size
-        return sum(r.reserved_slots - _ceil(r.row_len, ps) for r in self.running)
+        slots = rows = 0
+        seen: set[int] = set()
+        for r in self.running:
+            if r.group is None:
+                slots += r.reserved_slots - _held_at_least(r, r.row_len, ps)
+            elif id(r.group) not in seen:
+                seen.add(id(r.group))
+                g = r.group
+                longest = max(m.row_len for m in g.members)
+                slots += max(0, g.leader.reserved_slots - _held_at_least(g.leader, longest, ps))
+                rows += g.size - len(g.members)
+        return slots, rows
 
     def _admit(self) -> list[Req]:
         if not self.waiting:
             return []
-        budget = self.pools.allocator.available_size() - self._outstanding_reservations()
-        rows = self.pools.req_to_token_pool.available_size()
-        room = self.limits.max_running_requests - len(self.running)
+        owed_slots, owed_rows = self._outstanding()
+        budget = self.pools.allocator.available_size() - owed_slots
+        rows = min(self.pools.req_to_token_pool.available_size(),
+                   self.limits.max_running_requests - len(self.running)) - owed_rows
         tokens = 0
         admitted: list[Req] = []
-        while self.waiting and len(admitted) < min(rows, room):
+        while self.waiting:
             req = self.waiting[0]
             need = req.enc_region + len(req.prompt_ids)
-            if req.reserved_slots > budget or (admitted and
-                                               tokens + need > self.limits.max_prefill_tokens):
+            size = req.group.size if req.group is not None else 1
+            if size > rows or req.reserved_slots > budget or (
+                    admitted and tokens + need > self.limits.max_prefill_tokens):
                 break  # back-pressure: wait for running requests to free KV
             admitted.append(self.waiting.popleft())
             budget -= req.reserved_slots
+            rows -= size
             tokens += need
         return admitted
 
     # ---- update -----------------------------------------------------------------------
     def fail(self, sched: ScheduledBatch, error: str) -> None:
         """The runner could not run ``sched``: its requests fail, the engine goes on."""
+        groups = {}
         for req in sched.reqs:
-            if req.finish_reason is None:
+            if req.finish_reason is None and req.group is None:
                 self.running.remove(req)
                 self._finish(req, FinishReason.ERROR, error)
+            elif req.group is not None:
+                groups[id(req.group)] = req.group
+        for g in groups.values():  # every row of the group, not only this batch's
+            rows = [r for r in self.running if r.group is g]
+            for r in rows:
+                self.running.remove(r)
+            release(self.pools, rows)
+            self._finish_group(g, FinishReason.ERROR, error)
 
     def update(self, sched: ScheduledBatch, output: StepOutput) -> None:
         """Commit one step's tokens (waits for them: the step's one device->host sync)."""
         tokens, logprobs, no_speech = output.fetch()
+        if sched.sync_update:
+            self._update_groups(sched, output, tokens, logprobs, no_speech)
         for req, tok, lp, ns in zip(sched.reqs, tokens, logprobs, no_speech, strict=True):
-            if req.finish_reason is not None:
-                continue  # finished or aborted while this step was in flight
+            if req.finish_reason is not None or req.group is not None:
+                continue  # finished or aborted while this step was in flight; groups: above
             if sched.mode == ForwardMode.EXTEND:
                 req.no_speech_prob = ns
             sp = req.request.sampling
@@ -175,33 +238,41 @@ class Scheduler:
             elif req.stream and req.on_delta is not None:
                 req.on_delta(TokenDelta(req.rid, [tok]))
 
+    def _update_groups(self, sched: ScheduledBatch, output: StepOutput, tokens: list[int],
+                       logprobs: list[float], no_speech: list[float | None]) -> None:
+        """Hand each row group its rows' results; finish the groups that are done."""
+        cands = output.fetch_candidates() if sched.sampling.candidates is not None else None
+        per_group = group_results(sched, tokens, logprobs, cands)
+        groups = {id(r.group): r.group for r in sched.reqs if r.group is not None}
+        ops = RowOps(self.pools, self.running, self._edits)
+        for gid, results in per_group.items():
+            group = groups[gid]
+            if sched.mode == ForwardMode.EXTEND:
+                group.leader.no_speech_prob = no_speech[sched.reqs.index(group.leader)]
+            self.num_generated_tokens += len(results)
+            steps = max(m.steps for m in group.members)
+            if group.update(results, self._length_reached(group.leader, steps), ops):
+                self._finish_group(group, FinishReason.STOP)
+
+    def _finish_group(self, group: RowGroup, reason: FinishReason,
+                      error: str | None = None) -> None:
+        self.finisher.finish_group(group, reason, error)
+
     def _finish_running(self, req: Req, reason: FinishReason, last: list[int]) -> None:
         self.running.remove(req)
         self._finish(req, reason, None, last)
 
     def _finish(self, req: Req, reason: FinishReason, error: str | None = None,
                 last: list[int] | None = None) -> None:
-        hook = req.request.on_finished_kv
-        if hook is not None and reason in (FinishReason.STOP, FinishReason.LENGTH) \
-                and req.req_pool_idx is not None:
-            try:
-                hook(self._finished_kv(req))
-            except Exception as exc:  # the request fails, the engine goes on
-                logger.exception("on_finished_kv failed")
-                reason, error = FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
-        release(self.pools, [req])
-        req.finish_reason = reason
-        req.error = error
-        req.encoder_input = None
-        if req.on_delta is not None:
-            req.on_delta(TokenDelta(req.rid, last or [], finished=True, output=req.output()))
-
-    def _finished_kv(self, req: Req) -> FinishedKV:
-        rtp = self.pools.req_to_token_pool
-        return FinishedKV(rtp.req_to_token[req.req_pool_idx, :req.row_len].long(),
-                          req.encoder_len, req.enc_region, self.pools.kv_pool,
-                          list(req.prompt_ids), list(req.output_ids))
+        self.finisher.finish(req, reason, error, last or [])
 
 
 def _ceil(n: int, page_size: int) -> int:
     return (n + page_size - 1) // page_size * page_size
+
+
+def _held_at_least(req: Req, row_len: int, ps: int) -> int:
+    """Slots a row of ``row_len`` columns surely holds for its request's reservation (a row
+    that reuses a held encoder region does not own that region's whole pages)."""
+    shared = req.enc_region // ps * ps if req.request.encoder_kv is not None else 0
+    return _ceil(row_len, ps) - shared

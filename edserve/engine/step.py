@@ -16,6 +16,7 @@ import torch
 from edserve.engine.forward_batch import ForwardBatch, ForwardMode
 from edserve.engine.req import Req
 from edserve.engine.sampler import SamplingPlan
+from edserve.engine.token_history import HistoryEdits
 
 
 @dataclass
@@ -27,6 +28,10 @@ class ScheduledBatch:
     batch: ForwardBatch  # index tensors (rows, slots, lengths), already on the device
     sampling: SamplingPlan  # filter groups, temperatures, generators of these rows
     prompt_ids: torch.Tensor | None = None  # [T] int64 prompt tokens (EXTEND only)
+    history_edits: HistoryEdits | None = None  # row groups' edits from the previous update
+    # True when ``update`` must run before the next ``schedule`` (row groups decide on the
+    # host which rows continue), so the engine does not overlap this step
+    sync_update: bool = False
 
 
 @dataclass
@@ -36,14 +41,19 @@ class StepOutput:
     tokens: torch.Tensor  # [B] int64 (device)
     logprobs: torch.Tensor  # [B] float32 (device)
     no_speech: torch.Tensor | None  # [B] float32 (device; NaN where not asked), EXTEND only
-    _host: torch.Tensor | None = None  # [3, B] float64 copy (pinned on CUDA)
+    # Row groups' candidates (see SamplingPlan.candidates): ([C] int64, [C] float32) or None
+    candidates: tuple[torch.Tensor, torch.Tensor] | None = None
+    _host: torch.Tensor | None = None  # [3 * B + 2 * C] float64 copy (pinned on CUDA)
     _ready: torch.cuda.Event | None = None
 
     def start_copy(self) -> StepOutput:
         """Start the device->host copy of the results (non-blocking on CUDA)."""
         ns = self.no_speech if self.no_speech is not None \
             else torch.full_like(self.logprobs, float("nan"))
-        packed = torch.stack([self.tokens.double(), self.logprobs.double(), ns.double()])
+        parts = [self.tokens, self.logprobs, ns]
+        if self.candidates is not None:
+            parts += list(self.candidates)
+        packed = torch.cat([p.double().reshape(-1) for p in parts])
         if packed.device.type == "cuda":
             self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             self._host.copy_(packed, non_blocking=True)
@@ -57,6 +67,17 @@ class StepOutput:
         """(tokens, log-probabilities, no-speech probabilities or None): the step's one sync."""
         if self._ready is not None:
             self._ready.synchronize()
-        tok, lp, ns = self._host.tolist()
+        if self._flat is None:
+            self._flat = self._host.tolist()
+        B = self.tokens.shape[0]
+        tok, lp, ns = (self._flat[i * B:(i + 1) * B] for i in range(3))
         return ([int(t) for t in tok], lp,
                 [None if x != x else x for x in ns])  # NaN -> None
+
+    def fetch_candidates(self) -> tuple[list[int], list[float]]:
+        """The candidates' ([C] tokens, [C] log-probs) on the host (after :meth:`fetch`)."""
+        flat, B = self._flat, self.tokens.shape[0]
+        C = (len(flat) - 3 * B) // 2
+        return [int(t) for t in flat[3 * B:3 * B + C]], flat[3 * B + C:]
+
+    _flat: list[float] | None = None

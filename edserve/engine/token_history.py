@@ -13,7 +13,26 @@ Layout (row 0 is the padding row, as in ``req_to_token``)::
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
+
+from edserve.engine.host_copy import to_device
+
+
+@dataclass
+class HistoryEdits:
+    """Host-recorded row edits from row groups (beam reordering), applied before the next step:
+    first ``dst[i] = src[i]`` (whole rows, gathered before any write), then the last token of
+    ``last_rows[i]`` becomes ``last_tokens[i]`` (it replaces the token the sampler appended)."""
+
+    copy_src: list[int] = field(default_factory=list)
+    copy_dst: list[int] = field(default_factory=list)
+    last_rows: list[int] = field(default_factory=list)
+    last_tokens: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.copy_dst or self.last_rows)
 
 
 class TokenHistory:
@@ -39,6 +58,20 @@ class TokenHistory:
         """[B] the most recent token of each row (the next decode step's input ids)."""
         col = (self.lengths[rows] - 1).clamp(min=0)
         return self.tokens[rows, col]
+
+    def apply(self, edits: HistoryEdits, device: torch.device) -> None:
+        """Carry out ``edits`` with device ops (one upload, no sync)."""
+        nc, nl = len(edits.copy_dst), len(edits.last_rows)
+        idx = to_device(edits.copy_src + edits.copy_dst + edits.last_rows + edits.last_tokens,
+                        torch.int64, device)
+        if nc:
+            src, dst = idx[:nc], idx[nc:2 * nc]
+            self.tokens[dst] = self.tokens[src]
+            self.lengths[dst] = self.lengths[src]
+        if nl:
+            rows, toks = idx[2 * nc:2 * nc + nl], idx[2 * nc + nl:]
+            col = (self.lengths[rows] - 1).clamp(min=0)
+            self.tokens[rows, col] = toks
 
     def view(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(history [B, max_tokens], lengths [B]) of ``rows``."""

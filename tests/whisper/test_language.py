@@ -164,7 +164,7 @@ def test_sampler_makes_detect_rows_greedy():
     plan = SamplingPlan([FilterGroup((DetectLanguage(ids),), None, ())], torch.arange(n),
                         torch.ones(n), torch.ones(n),
                         [torch.Generator().manual_seed(i) for i in range(n)])
-    tokens, logprobs = sample(logits.clone(), plan, history, rows)
+    tokens, logprobs, _ = sample(logits.clone(), plan, history, rows)
     lang = logits[:, list(ids)]
     expected = torch.tensor(ids)[lang.argmax(dim=1)]
     assert torch.equal(tokens, expected)

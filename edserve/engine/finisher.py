@@ -1,0 +1,92 @@
+"""How requests end: the KV hook, the encoder hold, freeing the row, the final delta.
+
+A request that finished normally (stop or length) may read its KV once more before its pages go
+(``on_finished_kv``: word timestamps); a request that asked for ``keep_encoder`` leaves its
+encoder region held under a handle (``held``) until the caller releases it. A row group reports
+its chosen sequence through its leader; its encoder hold (taken at prefill) serves the hook
+after its rows are gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from edserve.engine.batch_builder import Pools, release
+from edserve.engine.group_ops import hold_encoder, release_encoder
+from edserve.engine.req import Req
+from edserve.engine.request import EncoderKV, FinishedKV, FinishReason, TokenDelta
+from edserve.engine.row_group import RowGroup
+
+logger = logging.getLogger("edserve")
+
+
+class Finisher:
+    def __init__(self, pools: Pools) -> None:
+        self.pools = pools
+        self.held: dict[int, EncoderKV] = {}  # keep_encoder handles not yet released
+
+    def finish_group(self, group: RowGroup, reason: FinishReason,
+                      error: str | None = None) -> None:
+        """Report a group's result through its leader (its rows are already dropped). The
+        group's encoder hold serves the KV hook, then goes to the caller or is released."""
+        leader, hold = group.leader, group.hold
+        group.hold = None
+        if reason == FinishReason.STOP:
+            best = group.result()
+            leader.output_ids, leader.logprobs = list(best.tokens), list(best.logprobs)
+            leader.stop_logprob = best.stop_logprob
+            reason = FinishReason.STOP if best.stop_logprob is not None else FinishReason.LENGTH
+            region = hold or leader.request.encoder_kv
+            if region is not None:
+                reason, error = self._run_hook(leader, reason, error, lambda: FinishedKV(
+                    region.slots, region.encoder_len, region.enc_region, self.pools.kv_pool,
+                    list(leader.prompt_ids), list(leader.output_ids)))
+        self._keep_or_release(leader, hold, reason)
+        self._report(leader, reason, error, [])
+
+    def finish(self, req: Req, reason: FinishReason, error: str | None,
+               last: list[int]) -> None:
+        """End a single-row request: KV hook, encoder hold, free its row, final delta."""
+        if req.req_pool_idx is not None:
+            reason, error = self._run_hook(req, reason, error, lambda: self._finished_kv(req))
+            if req.request.keep_encoder and req.request.encoder_kv is None:
+                self._keep_or_release(req, hold_encoder(self.pools, req), reason)
+        release(self.pools, [req])
+        self._report(req, reason, error, last)
+
+    def _run_hook(self, req: Req, reason: FinishReason, error: str | None,
+                  kv: Callable[[], FinishedKV]) -> tuple[FinishReason, str | None]:
+        """Call ``on_finished_kv`` for a normal finish; a failing hook fails the request."""
+        hook = req.request.on_finished_kv
+        if hook is None or reason not in (FinishReason.STOP, FinishReason.LENGTH):
+            return reason, error
+        try:
+            hook(kv())
+        except Exception as exc:  # the request fails, the engine goes on
+            logger.exception("on_finished_kv failed")
+            return FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
+        return reason, error
+
+    def _keep_or_release(self, req: Req, hold: EncoderKV | None, reason: FinishReason) -> None:
+        """A finished request's encoder hold: the caller's (``keep_encoder``) or released."""
+        if hold is None:
+            return
+        if req.request.keep_encoder and reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.held[hold.id] = req.kept_encoder = hold
+        else:
+            release_encoder(self.pools, hold)
+
+    def _report(self, req: Req, reason: FinishReason, error: str | None,
+                last: list[int]) -> None:
+        req.finish_reason = reason
+        req.error = error
+        req.encoder_input = None
+        if req.on_delta is not None:
+            req.on_delta(TokenDelta(req.rid, last, finished=True, output=req.output()))
+
+    def _finished_kv(self, req: Req) -> FinishedKV:
+        rtp = self.pools.req_to_token_pool
+        return FinishedKV(rtp.req_to_token[req.req_pool_idx, :req.row_len].long(),
+                          req.encoder_len, req.enc_region, self.pools.kv_pool,
+                          list(req.prompt_ids), list(req.output_ids))

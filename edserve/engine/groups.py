@@ -1,0 +1,51 @@
+"""Row-group registry and KV reservation: which :class:`~edserve.engine.row_group.RowGroup`
+strategy a request's sampling settings select, and how many KV slots admission promises it."""
+
+from __future__ import annotations
+
+import torch
+
+from edserve.engine.beam_search import BeamGroup
+from edserve.engine.best_of import BestOfGroup
+from edserve.engine.req import Req
+from edserve.engine.row_group import RowGroup
+from edserve.engine.sampler import make_generator
+
+
+def make_group(req: Req, eos_token_id: int, device: torch.device) -> RowGroup | None:
+    """The request's row group (beam search at temperature 0 with ``beam_size > 1``, best_of
+    at temperature > 0 with ``best_of > 1``), or None for one-row decoding."""
+    sp = req.request.sampling
+    stop = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos
+                                           else frozenset({eos_token_id}))
+    if sp.beam_size > 1:
+        return BeamGroup(req, sp.beam_size, stop, sp.length_penalty, sp.patience)
+    if sp.best_of > 1:
+        group = BestOfGroup(req, sp.best_of, stop, sp.length_penalty)
+        group.generators = [req.generator] + [
+            make_generator(None if sp.seed is None else sp.seed + i, device)
+            for i in range(1, sp.best_of)]
+        return group
+    return None
+
+
+def reserved_slots(enc_region: int, decoder_len: int, page_size: int, rows: int,
+                   reuse: bool) -> int:
+    """KV slots a request may ever hold (whole pages), promised at admission.
+
+    One row holds ``R = ceil((enc_region + decoder_len) / ps)`` pages. A group of ``rows``
+    rows shares the encoder region's whole pages; each row owns the rest of its row (its
+    copy of a partial encoder page included), and the group's hold keeps the region's pages:
+    ``ceil(enc_region / ps) + rows * (R - floor(enc_region / ps))``. A request that reuses a
+    held encoder region (``reuse``) owns only ``R - floor(enc_region / ps)`` per row.
+    """
+    ps = page_size
+    full = -(-(enc_region + decoder_len) // ps)
+    shared = enc_region // ps
+    if reuse:
+        pages = rows * (full - shared)
+    elif rows == 1:
+        pages = full
+    else:
+        pages = -(-enc_region // ps) + rows * (full - shared)
+    return pages * ps
