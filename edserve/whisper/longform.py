@@ -42,6 +42,7 @@ from edserve.audio.mel import (
 )
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import (
+    EncoderKV,
     FinishedKV,
     FinishReason,
     GenerateOutput,
@@ -89,10 +90,16 @@ class LongformTask:
 
     def __init__(self, audio: np.ndarray, tokenizer: WhisperTokenizer, n_mels: int,
                  options: TranscribeOptions, max_decoder_len: int = 448,
-                 source: str = "", aligner: Any = None) -> None:
+                 source: str = "", aligner: Any = None, reuse_encoder: bool = False) -> None:
         if options.word_timestamps and aligner is None:
             raise ValueError("word_timestamps needs an aligner (see whisper.transcribe.make_task)")
         self.aligner = aligner
+        # reuse_encoder: a window's first request keeps its encoder KV (a handle in its
+        # output) so fallback retries skip the encoder; handles come back through
+        # :meth:`take_released` for the driver to release.
+        self.reuse_encoder = reuse_encoder
+        self._held: EncoderKV | None = None
+        self._released: list[EncoderKV] = []
         self._alignments: dict[str, Any] = {}  # rid -> Alignment, set on the engine thread
         self._last_speech = 0.0
         self.tok = tokenizer
@@ -146,13 +153,20 @@ class LongformTask:
         if self._detecting:  # [sot] then <|lang|> (detected) + the forced rest of sot_seq
             sot_seq, tail = self._sot_seq[:1], self._sot_seq[1:]
             filters, forced = detection_chain(self.tok, tail, filters), 1 + len(tail)
-        t = self.temperature
+        t, o = self.temperature, self.opts
+        group = dict(best_of=o.best_of) if t > 0 else dict(beam_size=o.beam_size,
+                                                            patience=o.patience)
         sampling = SamplingParams(
-            temperature=t, seed=self.opts.seed + self.seek * 7 + self._temp_index if t else None,
-            max_new_tokens=(self.opts.max_new_tokens or self.n_ctx // 2) + forced)
+            temperature=t, seed=o.seed + self.seek * 7 + self._temp_index if t else None,
+            max_new_tokens=(o.max_new_tokens or self.n_ctx // 2) + forced,
+            length_penalty=o.length_penalty, **group)
+        retry_left = self._temp_index + 1 < len(o.temperatures)
         req = GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=features.contiguous(),
                               sampling=sampling, logits_processors=filters,
-                              no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech)
+                              no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech,
+                              encoder_kv=self._held,
+                              keep_encoder=self.reuse_encoder and self._held is None
+                              and retry_left)
         if self.opts.word_timestamps:
             req.on_finished_kv = self._alignment_hook(req.rid, forced, self.language)
         return req
@@ -177,8 +191,33 @@ class LongformTask:
         """Take the output of the last request; returns the segments this window added
         ([] when the window is decoded again at a higher temperature, or skipped as silence).
         Raises RequestFailed when the request failed or was aborted."""
+        if out.encoder_kv is not None:
+            self._held = out.encoder_kv
         if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
+            self._let_go()
             raise RequestFailed(out.error or f"request {out.rid} was aborted", out.rid)
+        segments = self._feed(out)
+        if self._temp_index == 0:  # the window is over (accepted or skipped as silence)
+            self._let_go()
+        return segments
+
+    def _let_go(self) -> None:
+        if self._held is not None:
+            self._released.append(self._held)
+            self._held = None
+
+    def take_released(self) -> list[EncoderKV]:
+        """Encoder handles this task no longer needs (the driver releases them on the
+        engine, after every :meth:`feed`)."""
+        out, self._released = self._released, []
+        return out
+
+    def abandon(self) -> list[EncoderKV]:
+        """Give up (error, cancel): every handle still held, to release."""
+        self._let_go()
+        return self.take_released()
+
+    def _feed(self, out: GenerateOutput) -> list[Segment]:
         alignment = self._alignments.pop(out.rid, None)
         tokens, logprobs = list(out.token_ids), list(out.logprobs)
         if self._detecting:

@@ -53,6 +53,14 @@ class TranscribeOptions:
     seed: int = 0  # base seed for sampling at temperature > 0 (varied per window)
     max_new_tokens: int | None = None  # default: half the decoder context (openai's sample_len)
     word_timestamps: bool = False
+    # Windows decoded at temperature 0 use beam search with ``beam_size`` beams (1: greedy);
+    # at temperature > 0, ``best_of`` samples. The best sequence has the highest sum
+    # log-probability / length penalty (None: the length; else ((5 + n) / 6) ** penalty).
+    # openai-whisper's and faster-whisper's CLIs use beam_size 5 and best_of 5.
+    beam_size: int = 1
+    best_of: int = 1
+    patience: float | None = None
+    length_penalty: float | None = None
 
     def __post_init__(self) -> None:
         if not self.temperatures:
@@ -60,3 +68,8 @@ class TranscribeOptions:
         for t in self.temperatures:
             if not 0.0 <= t <= 1.0:
                 raise ValueError(f"temperature must be in [0, 1], got {t}")
+        from edserve.engine.request import SamplingParams  # the same checks as the engine's
+
+        SamplingParams(beam_size=self.beam_size, patience=self.patience,
+                       length_penalty=self.length_penalty)
+        SamplingParams(temperature=1.0, best_of=self.best_of)

@@ -48,8 +48,9 @@ def make_task(engine: Any, audio: np.ndarray, options: TranscribeOptions,
         from edserve.whisper.cross_weights import Aligner, model_alignment_heads
 
         aligner = Aligner(engine.model, model_alignment_heads(engine))
+    reuse = getattr(engine, "supports_kv_hooks", True)  # handles live in this process
     return LongformTask(audio, engine.tokenizer, engine.model.config.num_mel_bins, options,
-                        engine.max_decoder_len, source, aligner)
+                        engine.max_decoder_len, source, aligner, reuse_encoder=reuse)
 
 
 def run_tasks(engine: Any, tasks: list[LongformTask],
@@ -70,7 +71,9 @@ def run_tasks(engine: Any, tasks: list[LongformTask],
                     task.feed(delta.output)
                 except RequestFailed as exc:
                     failures.append(f"{task.source}: {exc}")
+                    _release(engine, task.abandon())
                     return
+                _release(engine, task.take_released())
                 submit(task)
 
         engine.add_request(req, done)
@@ -109,8 +112,19 @@ def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
 async def transcribe_async(aengine: Any, task: LongformTask) -> AsyncIterator[Segment]:
     """Run ``task`` on an AsyncEngine, yielding segments as their windows are accepted.
 
-    Cancelling the consumer aborts the window in flight (its KV is freed)."""
-    while (req := task.next_request()) is not None:
-        out: GenerateOutput = await aengine.generate(req)
-        for segment in task.feed(out):
-            yield segment
+    Cancelling the consumer aborts the window in flight (its KV is freed) and releases the
+    encoder region the task kept for a fallback retry."""
+    try:
+        while (req := task.next_request()) is not None:
+            out: GenerateOutput = await aengine.generate(req)
+            segments = task.feed(out)
+            _release(aengine, task.take_released())
+            for segment in segments:
+                yield segment
+    finally:
+        _release(aengine, task.abandon())
+
+
+def _release(engine: Any, handles: list) -> None:
+    for handle in handles:
+        engine.release_encoder(handle)
