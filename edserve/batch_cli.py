@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 import sys
@@ -24,6 +25,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
+
+from edserve.server.config import MAX_GROUP_ROWS
 
 AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma",
                     ".webm", ".mp4", ".mkv", ".mov", ".aiff", ".aif"}
@@ -39,6 +42,74 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-parallel-size", type=int, default=1, help=doc)
     p.add_argument("--resume", action="store_true",
                    help="Skip inputs whose output files all exist (needs --output-dir).")
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """``--beam-size``, ``--best-of``, ``--patience``, ``--length-penalty`` (openai-whisper's
+    CLI flags and defaults); bad values are argparse errors (exit 2)."""
+    p.add_argument("--beam-size", type=_group_size, default=5, metavar="N",
+                   help="Beams for windows decoded at temperature 0 (beam search, as "
+                   "openai-whisper); 1: greedy (fastest). 1..16.")
+    p.add_argument("--best-of", type=_group_size, default=5, metavar="N",
+                   help="Samples drawn for windows decoded at temperature > 0 (--temperature "
+                   "or the fallback); the most likely one is kept. 1..16.")
+    p.add_argument("--patience", type=_positive, default=None, metavar="F",
+                   help="Beam search stops once round(beam_size * F) finished candidates are "
+                   "found (openai-whisper's patience; unset: F = 1). Needs --beam-size > 1.")
+    p.add_argument("--length-penalty", type=_length_penalty, default=None, metavar="F",
+                   help="Rank finished candidates by sum log-probability / ((5 + length) / 6) "
+                   "** F (Google NMT's length penalty), 0..10; unset: divide by the length.")
+
+
+def _group_size(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_GROUP_ROWS:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {MAX_GROUP_ROWS}, "
+                                         f"got {text!r}")
+    return n
+
+
+def _finite(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return x
+
+
+def _positive(text: str) -> float:
+    if not _finite(text) > 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return float(text)
+
+
+def _length_penalty(text: str) -> float:
+    if not 0.0 <= _finite(text) <= 10.0:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 10, got {text!r}")
+    return float(text)
+
+
+def decoding_error(args: argparse.Namespace) -> str | None:
+    """A combination of the decoding flags that cannot run (else None)."""
+    if getattr(args, "patience", None) is not None and args.beam_size == 1:
+        return "argument --patience: needs --beam-size > 1 (beam search)"
+    return None
+
+
+def group_rows(args: argparse.Namespace) -> int:
+    """KV rows one file's request decodes at once (its beams or samples)."""
+    return max(getattr(args, "beam_size", 1), getattr(args, "best_of", 1))
+
+
+def decoding_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The decoding flags as :class:`~edserve.whisper.options.TranscribeOptions` fields."""
+    return {name: getattr(args, name, default) for name, default in
+            (("beam_size", 1), ("best_of", 1), ("patience", None), ("length_penalty", None))}
 
 
 def wants_batch(args: argparse.Namespace) -> bool:
@@ -100,6 +171,9 @@ def _client(args: argparse.Namespace) -> Any:
     from edserve.config import EngineConfig, config_from_args
 
     config = config_from_args(args, EngineConfig)
+    # at least one file's beams or samples must fit (rows are per beam / sample)
+    config = config.replace(max_running_requests=max(config.max_running_requests,
+                                                     group_rows(args)))
     if args.data_parallel_size > 1:
         from edserve.dp.client import DataParallelClient
 
@@ -120,7 +194,7 @@ def _options(args: argparse.Namespace, seed: int) -> Any:
         temperatures=temperature_schedule(args.temperature), seed=seed,
         initial_prompt=args.initial_prompt, timestamps=True if timed else None,
         condition_on_previous_text=args.condition_on_previous_text,
-        word_timestamps=getattr(args, "word_timestamps", False))
+        word_timestamps=getattr(args, "word_timestamps", False), **decoding_kwargs(args))
 
 
 def run_batch(args: argparse.Namespace) -> int:

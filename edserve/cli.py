@@ -9,7 +9,15 @@ import argparse
 import logging
 import sys
 
-from edserve.batch_cli import add_batch_args, run_batch, wants_batch
+from edserve.batch_cli import (
+    add_batch_args,
+    add_decoding_args,
+    decoding_error,
+    decoding_kwargs,
+    group_rows,
+    run_batch,
+    wants_batch,
+)
 from edserve.config import EngineConfig, add_config_args, config_from_args
 from edserve.integrations.ray_cli import add_serve_ray
 
@@ -42,9 +50,15 @@ def _add_transcribe(sub: argparse._SubParsersAction) -> None:
                    help="Time every word (cross-attention alignment + DTW, as openai-whisper): "
                    "json and verbose_json carry 'words' (start, end; json also probability); "
                    "segment times follow the words; srt/vtt keep one cue per segment.")
+    add_decoding_args(p)
     add_config_args(p, EngineConfig)
     add_batch_args(p)
-    p.set_defaults(func=_run_transcribe)
+
+    def check(args: argparse.Namespace) -> None:  # flags valid alone but not together
+        if message := decoding_error(args):
+            p.error(message)
+
+    p.set_defaults(func=_run_transcribe, check=check)
 
 
 def _write_outputs(result, fmt: str, output_dir: str | None) -> None:
@@ -80,10 +94,12 @@ def _run_transcribe(args: argparse.Namespace) -> int:
         print("edserve: --output-format all needs --output-dir", file=sys.stderr)
         return 2
     config = config_from_args(args, EngineConfig)
-    # One request per file at a time: no more KV rows than files (a smaller pool starts faster)
+    # One request per file at a time: no more KV rows than files need (a smaller pool starts
+    # faster); beam search and best_of decode a group of rows per file, and one group must fit.
+    group = group_rows(args)
+    rows = max(group, min(config.max_running_requests, len(args.files) * group))
     try:
-        engine = Engine(config.replace(max_running_requests=min(config.max_running_requests,
-                                                                len(args.files))))
+        engine = Engine(config.replace(max_running_requests=rows))
     except ValueError as exc:  # settings the device/model cannot run (--quantization, ...)
         print(f"edserve: {exc}", file=sys.stderr)
         return 2
@@ -104,7 +120,7 @@ def _run_transcribe(args: argparse.Namespace) -> int:
                 temperatures=temperature_schedule(args.temperature), seed=args.seed,
                 initial_prompt=args.initial_prompt, timestamps=True if timed else None,
                 condition_on_previous_text=args.condition_on_previous_text,
-                word_timestamps=args.word_timestamps)
+                word_timestamps=args.word_timestamps, **decoding_kwargs(args))
             results = transcribe(engine, audios, options=options,
                                  on_finish=lambda _: bar.update())
         except (AudioError, ValueError, RuntimeError) as exc:
@@ -122,7 +138,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/audio/transcriptions).")
     add_config_args(p, ServerConfig)
     add_config_args(p, EngineConfig)
-    p.set_defaults(func=_run_serve)
+
+    def check(args: argparse.Namespace) -> None:  # ServerConfig's checks (--beam-size 0, ...)
+        try:
+            config_from_args(args, ServerConfig)
+        except ValueError as exc:
+            p.error(str(exc))
+        for name in ("beam_size", "best_of"):  # a group of rows per request must fit
+            if (n := getattr(args, name)) > args.max_running_requests:
+                p.error(f"--{name.replace('_', '-')} {n} needs --max-running-requests >= {n} "
+                        f"(one KV row per beam or sample; got {args.max_running_requests})")
+
+    p.set_defaults(func=_run_serve, check=check)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -151,4 +178,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.command is None:
         parser.print_help()
         sys.exit(0)
+    if check := getattr(args, "check", None):
+        check(args)
     sys.exit(args.func(args))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_GROUP_ROWS = 16  # = edserve.engine.request.MAX_GROUP_ROWS (not imported: no torch here)
+
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
@@ -34,6 +36,13 @@ class ServerConfig:
     no_speech_threshold: float = _f(
         0.6, "Skip a window as silence when its no-speech probability exceeds this and its "
         "average log-probability is below --logprob-threshold.")
+    beam_size: int = _f(
+        1, "Beams for windows decoded at temperature 0 when a request sends no 'beam_size' "
+        "field (1: greedy, fastest; 5: openai-whisper's CLI, slower, sometimes more accurate); "
+        "1..16.")
+    best_of: int = _f(
+        1, "Samples drawn for windows decoded at temperature > 0 (the fallback) when a "
+        "request sends no 'best_of' field; the most likely one is kept; 1..16.")
     enable_debug_endpoints: bool = _f(
         False, "Serve GET /debug/integrity (runs the KV-cache integrity check; for tests). "
         "Needs the API key when one is set; rate-limited by --debug-rate-limit.")
@@ -64,6 +73,13 @@ class ServerConfig:
     drain_timeout: float = _f(
         30.0, "On SIGINT/SIGTERM, seconds to let in-flight requests finish before the engine "
         "(and any data-parallel worker) is stopped.")
+
+    def __post_init__(self) -> None:
+        for name in ("beam_size", "best_of"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GROUP_ROWS:
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer from 1 to "
+                                 f"{MAX_GROUP_ROWS}, got {n!r}")
 
     @property
     def max_upload_bytes(self) -> int:

@@ -6,11 +6,14 @@ naming the offending field, before any audio is decoded.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.datastructures import FormData, UploadFile
 
+from edserve.engine.request import MAX_GROUP_ROWS
 from edserve.server.errors import APIError
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -32,6 +35,12 @@ class TranscriptionParams:
     temperature: float
     granularities: tuple[str, ...]
     stream: bool
+    # Decoding (edserve's extra fields; None: the server's --beam-size / --best-of, and
+    # openai-whisper's defaults for patience / length_penalty).
+    beam_size: int | None = None
+    best_of: int | None = None
+    patience: float | None = None
+    length_penalty: float | None = None
 
 
 def _one(form: FormData, name: str) -> str | None:
@@ -55,6 +64,48 @@ def _temperature(raw: str | None) -> float:
         raise APIError(400, f"'temperature' must be between 0 and 1, got {raw}", "temperature",
                        "invalid_value")
     return value
+
+
+def _group_size(raw: str | None, name: str) -> int | None:
+    """``beam_size`` / ``best_of``: an integer in 1..MAX_GROUP_ROWS (empty: the default)."""
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= MAX_GROUP_ROWS:
+        shown = raw if len(raw) <= 32 else raw[:32] + "..."
+        raise APIError(400, f"'{name}' must be an integer from 1 to {MAX_GROUP_ROWS}, got "
+                       f"{shown!r}", name, "invalid_value")
+    return value
+
+
+def _float_in(raw: str | None, name: str, low: float, high: float, low_open: bool,
+              what: str) -> float | None:
+    """A finite float in [low, high] (``(low, high]`` when ``low_open``); empty: None."""
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    ok = (value > low if low_open else value >= low) and value <= high  # False for nan
+    if not ok or not math.isfinite(value):
+        shown = raw if len(raw) <= 32 else raw[:32] + "..."
+        raise APIError(400, f"'{name}' must be {what}, got {shown!r}", name, "invalid_value")
+    return value
+
+
+def _decoding(form: FormData) -> dict[str, Any]:
+    """The beam search / best-of fields (see :class:`TranscriptionParams`)."""
+    return dict(
+        beam_size=_group_size(_one(form, "beam_size"), "beam_size"),
+        best_of=_group_size(_one(form, "best_of"), "best_of"),
+        patience=_float_in(_one(form, "patience"), "patience", 0.0, math.inf, True,
+                           "a finite number > 0"),
+        length_penalty=_float_in(_one(form, "length_penalty"), "length_penalty", 0.0, 10.0,
+                                 False, "a number between 0 and 10"))
 
 
 def _stream(raw: str | None) -> bool:
@@ -102,7 +153,8 @@ async def parse_form(form: FormData, max_upload_mb: float,
     language = (_one(form, "language") or "").strip().lower() or None
     params = dict(model=model, language=language, prompt=_one(form, "prompt") or None,
                   response_format=fmt, temperature=_temperature(_one(form, "temperature")),
-                  granularities=_granularities(form), stream=_stream(_one(form, "stream")))
+                  granularities=_granularities(form), stream=_stream(_one(form, "stream")),
+                  **_decoding(form))
     max_upload_bytes = int(max_upload_mb * 2**20)
     if upload.size is not None and upload.size > max_upload_bytes:
         raise APIError(413, f"'file' exceeds the {mib_label(max_upload_mb)} upload limit",

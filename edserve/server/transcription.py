@@ -58,6 +58,24 @@ def check_task(tokenizer: Any, task: str, language: str | None) -> None:
         raise APIError(400, f"unknown language code {language!r}", "language", "invalid_value")
 
 
+def decoding(params: TranscriptionParams, cfg: Any, max_rows: int | None = None
+             ) -> dict[str, Any]:
+    """Beam search / best-of settings of one request: its fields, else the server's
+    ``--beam-size`` / ``--best-of``; 400 for combinations the decoder refuses and for more
+    beams or samples than the engine has rows (``max_rows``: --max-running-requests)."""
+    beam_size = params.beam_size if params.beam_size is not None else cfg.beam_size
+    best_of = params.best_of if params.best_of is not None else cfg.best_of
+    for name, n in (("beam_size", beam_size), ("best_of", best_of)):
+        if max_rows is not None and n > max_rows:
+            raise APIError(400, f"'{name}' {n} exceeds the {max_rows} rows this server "
+                           "decodes at once (--max-running-requests)", name, "invalid_value")
+    if params.patience is not None and beam_size == 1:
+        raise APIError(400, "'patience' needs beam search: send 'beam_size' > 1 with it",
+                       "patience", "invalid_value")
+    return dict(beam_size=beam_size, best_of=best_of, patience=params.patience,
+                length_penalty=params.length_penalty)
+
+
 def build_options(params: TranscriptionParams, task: str, cfg: Any, seed: int
                   ) -> TranscribeOptions:
     """The long-form options of one request: timestamps for timed formats or ``segment``,
@@ -71,7 +89,7 @@ def build_options(params: TranscriptionParams, task: str, cfg: Any, seed: int
         logprob_threshold=cfg.logprob_threshold, no_speech_threshold=cfg.no_speech_threshold,
         condition_on_previous_text=cfg.condition_on_previous_text,
         initial_prompt=params.prompt, timestamps=True if timed else None, seed=seed,
-        word_timestamps="word" in params.granularities)
+        word_timestamps="word" in params.granularities, **decoding(params, cfg))
 
 
 def decode(params: TranscriptionParams, max_seconds: float,
@@ -118,6 +136,8 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     sets ``cancel``, which stops the decode (and skips the features) in that thread."""
     client, cfg = app_state.engine, app_state.config
     check_task(client.tokenizer, task, params.language)
+    # refuse bad combinations before the audio is decoded
+    decoding(params, cfg, getattr(client.config, "max_running_requests", None))
     if "word" in params.granularities and not client.supports_kv_hooks:
         raise APIError(400, "word-level timestamps are not supported with "
                        "--data-parallel-size > 1 (the KV cache lives in the workers); use "
