@@ -89,16 +89,21 @@ class Scheduler:
 
     def release_encoder(self, handle: EncoderKV) -> None:
         """Drop a ``keep_encoder`` handle's reference (its pages free once unused)."""
-        if self.finisher.held.pop(handle.id, None) is None:
+        if self.held.pop(handle.id, None) is None:
             logger.warning("release_encoder: handle %d is not held (released twice?)",
                            handle.id)
             return
         release_encoder(self.pools, handle)
 
+    @property
+    def held(self) -> dict[int, EncoderKV]:
+        """``keep_encoder`` handles given to callers and not released yet (by id)."""
+        return self.finisher.held
+
     def held_regions(self) -> list[EncoderKV]:
         """Encoder regions held outside rows: caller handles and running groups' holds."""
         groups = {id(r.group): r.group for r in self.running if r.group is not None}
-        return list(self.finisher.held.values()) + [g.hold for g in groups.values()
+        return list(self.held.values()) + [g.hold for g in groups.values()
                                            if g.hold is not None]
 
     def has_work(self) -> bool:
