@@ -133,21 +133,15 @@ def _run_transcribe(args: argparse.Namespace) -> int:
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    from edserve.server.config import ServerConfig
+    from edserve.server.config import ServerConfig, server_flags_error
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/audio/transcriptions).")
     add_config_args(p, ServerConfig)
     add_config_args(p, EngineConfig)
 
     def check(args: argparse.Namespace) -> None:  # ServerConfig's checks (--beam-size 0, ...)
-        try:
-            config_from_args(args, ServerConfig)
-        except ValueError as exc:
-            p.error(str(exc))
-        for name in ("beam_size", "best_of"):  # a group of rows per request must fit
-            if (n := getattr(args, name)) > args.max_running_requests:
-                p.error(f"--{name.replace('_', '-')} {n} needs --max-running-requests >= {n} "
-                        f"(one KV row per beam or sample; got {args.max_running_requests})")
+        if message := server_flags_error(args):
+            p.error(message)
 
     p.set_defaults(func=_run_serve, check=check)
 

@@ -24,7 +24,14 @@ def add_serve_ray(sub: argparse._SubParsersAction) -> None:
                    "this machine; ray://host:10001); default: start a local Ray.")
     p.add_argument("--num-gpus", type=float, default=None,
                    help="GPUs per replica (default: 1 when the cluster has GPUs, else 0).")
-    p.set_defaults(func=_run)
+
+    def check(args: argparse.Namespace) -> None:
+        from edserve.server.config import server_flags_error
+
+        if message := server_flags_error(args):
+            p.error(message)
+
+    p.set_defaults(func=_run, check=check)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -94,3 +94,19 @@ class ServerConfig:
         """``allowed_origins`` as a tuple (lower-case, no trailing slash)."""
         raw = self.allowed_origins or ""
         return tuple(o.strip().rstrip("/").lower() for o in raw.split(",") if o.strip())
+
+
+def server_flags_error(args: Any) -> str | None:
+    """Why parsed ``serve``/``serve-ray`` flags cannot run (None when they can): the server
+    config's own checks, and a beam/best_of group of rows that must fit the engine's rows."""
+    from edserve.config import config_from_args
+
+    try:
+        config_from_args(args, ServerConfig)
+    except ValueError as exc:
+        return str(exc)
+    for name in ("beam_size", "best_of"):
+        if (n := getattr(args, name)) > args.max_running_requests:
+            return (f"--{name.replace('_', '-')} {n} needs --max-running-requests >= {n} "
+                    f"(one KV row per beam or sample; got {args.max_running_requests})")
+    return None

@@ -10,8 +10,8 @@ from whisper_fixtures import DATA
 
 from edserve.audio.decode import load_audio
 from edserve.engine.engine import Engine
-from edserve.engine.request import EncoderKV, FinishReason, GenerateOutput
 from edserve.engine.errors import RequestFailed
+from edserve.engine.request import EncoderKV, FinishReason, GenerateOutput
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions
 from edserve.whisper.transcribe import make_task, run_tasks
@@ -57,8 +57,9 @@ def test_fallback_encodes_each_window_once(audios, strategy, page_size):
 
 def test_failed_window_hands_its_handle_back():
     """A task that holds a handle and then sees a failed retry gives the handle back."""
-    from edserve.tokenizer import WhisperTokenizer
     from whisper_fixtures import tokenizer_json
+
+    from edserve.tokenizer import WhisperTokenizer
 
     tok = WhisperTokenizer.from_file(str(tokenizer_json()))
     task = LongformTask(torch.zeros(16000).numpy(), tok, 80, FORCED, reuse_encoder=True)
