@@ -183,14 +183,17 @@ def release(pools: Pools, reqs: list[Req]) -> None:
         return
     alloc, rtp = pools.allocator, pools.req_to_token_pool
     ps = alloc.page_size
-    alloc.free_group_begin()
+    own_group = not alloc.in_free_group  # a caller's open group releases for us
+    if own_group:
+        alloc.free_group_begin()
     try:
         for r in holding:
             if r.row_len > 0:
                 alloc.free_page_starts(rtp.req_to_token[r.req_pool_idx, 0:r.row_len:ps].long(),
                                        shared=r.shares_pages)
     finally:
-        alloc.free_group_end()
+        if own_group:
+            alloc.free_group_end()
     for r in holding:
         rtp.free(r)
         r.kv_len = 0

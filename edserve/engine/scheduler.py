@@ -250,6 +250,15 @@ class Scheduler:
         per_group = group_results(sched, tokens, logprobs, cands)
         groups = {id(r.group): r.group for r in sched.reqs if r.group is not None}
         ops = RowOps(self.pools, self.running, self._edits)
+        alloc = self.pools.allocator
+        alloc.free_group_begin()  # the step's drops release their pages at once (one sync)
+        try:
+            self._decide(sched, per_group, groups, ops, no_speech)
+        finally:
+            alloc.free_group_end()
+
+    def _decide(self, sched: ScheduledBatch, per_group: dict, groups: dict, ops: RowOps,
+                no_speech: list[float | None]) -> None:
         for gid, results in per_group.items():
             group = groups[gid]
             if sched.mode == ForwardMode.EXTEND:

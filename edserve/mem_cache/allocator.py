@@ -183,7 +183,8 @@ class BaseAllocator(ABC):
         page is listed once and has count 1, so every page is released; with ``debug`` on
         that is verified (``DoubleFreeError`` / ``RefcountError`` / ``AlignmentError``).
         ``shared=True``: pages may have other holders and may be listed more than once (each
-        listing drops one holder); finding which pages reached 0 costs one host sync.
+        listing drops one holder); finding which pages reached 0 costs one host sync (once
+        per free group: inside a group the search waits for ``free_group_end``).
         Released pages are prepended in first-listed order (LIFO reuse).
         """
         idx = as_index(first_slots, "free_page_starts: first_slots", self.device)
@@ -193,7 +194,9 @@ class BaseAllocator(ABC):
             check_page_refs(self, idx, "free_page_starts", exclusive=not shared)
         pages = torch.div(idx, self.page_size, rounding_mode="floor")  # in the given order
         self._add_refs(pages, -1)
-        if shared:
+        if shared and self._free_group is not None:
+            self._shared_candidates.append(pages)  # resolved at free_group_end
+        elif shared:
             self._queue_or_release(pages_at_zero(self._refcount, pages))  # the one sync
         else:
             self._queue_or_release(pages)
@@ -218,12 +221,20 @@ class BaseAllocator(ABC):
         if self._free_group is not None:
             raise KVCacheError("free_group_begin: a free group is already open (no nesting)")
         self._free_group = []
+        self._shared_candidates: list[torch.Tensor] = []
+
+    @property
+    def in_free_group(self) -> bool:
+        return self._free_group is not None
 
     def free_group_end(self) -> None:
         """Release every page queued since ``free_group_begin``."""
         if self._free_group is None:
             raise KVCacheError("free_group_end without free_group_begin")
         group, self._free_group = self._free_group, None
+        if self._shared_candidates:  # pages of shared frees that reached 0: one sync
+            group.append(pages_at_zero(self._refcount, torch.cat(self._shared_candidates)))
+            self._shared_candidates = []
         if group:
             self._release(torch.cat(group))
 
