@@ -21,6 +21,7 @@ from edserve.mem_cache import (
     ReqToTokenPool,
     attach_shared,
     cow_last_pages,
+    row_page_starts,
     write_cache_indices,
 )
 
@@ -175,22 +176,23 @@ def release(pools: Pools, reqs: list[Req]) -> None:
     """Return the rows and KV pages of finished/aborted requests (one grouped free).
 
     A row owns whole pages filled from offset 0 in column order, so its pages are named by
-    the slots in columns ``0, ps, 2 ps, ...`` below ``row_len``. Rows that may share pages (row
-    groups, reused encoder regions) drop one reference per page (one sync); the others free
-    without a sync."""
+    the slots in columns ``0, ps, 2 ps, ...`` below ``row_len`` (one gather for all rows).
+    Rows that may share pages (row groups, reused encoder regions) drop one reference per page
+    (one sync per free group); the others free without a sync."""
     holding = [r for r in reqs if r.req_pool_idx is not None]
     if not holding:
         return
     alloc, rtp = pools.allocator, pools.req_to_token_pool
-    ps = alloc.page_size
     own_group = not alloc.in_free_group  # a caller's open group releases for us
     if own_group:
         alloc.free_group_begin()
     try:
-        for r in holding:
-            if r.row_len > 0:
-                alloc.free_page_starts(rtp.req_to_token[r.req_pool_idx, 0:r.row_len:ps].long(),
-                                       shared=r.shares_pages)
+        for shared in (False, True):
+            part = [r for r in holding if r.shares_pages == shared and r.row_len > 0]
+            if part:
+                alloc.free_page_starts(row_page_starts(
+                    rtp, [r.req_pool_idx for r in part], [r.row_len for r in part],
+                    alloc.page_size), shared=shared)
     finally:
         if own_group:
             alloc.free_group_end()

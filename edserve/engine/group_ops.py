@@ -20,21 +20,31 @@ from edserve.engine.req import Req
 from edserve.engine.request import EncoderKV, FinishReason
 from edserve.engine.row_group import StepResult
 from edserve.engine.token_history import HistoryEdits
-from edserve.mem_cache import fork_row
+from edserve.mem_cache import fork_rows
 
 if TYPE_CHECKING:
     from edserve.engine.step import ScheduledBatch
 
 
 class RowOps:
-    """:class:`~edserve.engine.row_group.GroupOps` over the scheduler's running list."""
+    """:class:`~edserve.engine.row_group.GroupOps` over the scheduler's running list.
+
+    Decisions are recorded and carried out together by :meth:`flush` (one batch of device
+    ops for all groups of a step): drops first (their rows and pages are free before any fork
+    takes one), then forks."""
 
     def __init__(self, pools: Pools, running: list[Req], edits: HistoryEdits) -> None:
         self.pools = pools
         self.running = running
         self.edits = edits
+        self._drops: list[Req] = []
+        self._forks: list[tuple[Req, Req, int]] = []  # (source, child, token)
 
     def advance(self, req: Req, token: int) -> None:
+        if req.req_pool_idx is None:  # a fork of this step: its row comes with flush()
+            i = next(i for i, (_, c, _) in enumerate(self._forks) if c is req)
+            self._forks[i] = (self._forks[i][0], req, token)
+            return
         self.edits.last_rows.append(req.req_pool_idx)
         self.edits.last_tokens.append(token)
 
@@ -42,19 +52,31 @@ class RowOps:
         child = replace(source, reserved_slots=0, req_pool_idx=None, on_delta=None,
                         output_ids=[], logprobs=[], encoder_input=None, cow_pending=True)
         child.serial = Req.__dataclass_fields__["serial"].default_factory()
-        if fork_row(self.pools.req_to_token_pool, self.pools.allocator, source.req_pool_idx,
-                    child, source.row_len) is None:  # admission reserves rows for groups
-            raise RuntimeError("no free row for a fork (row reservation violated)")
-        self.edits.copy_src.append(source.req_pool_idx)
-        self.edits.copy_dst.append(child.req_pool_idx)
-        self.advance(child, token)
-        self.running.append(child)
+        self._forks.append((source, child, token))
         return child
 
     def drop(self, req: Req) -> None:
         self.running.remove(req)
-        release(self.pools, [req])
         req.finish_reason = FinishReason.STOP  # results still in flight for it are ignored
+        self._drops.append(req)
+
+    def flush(self) -> None:
+        """Carry out the recorded drops, then the forks."""
+        drops, self._drops = self._drops, []
+        release(self.pools, drops)
+        forks, self._forks = self._forks, []
+        if not forks:
+            return
+        sources = [s.req_pool_idx for s, _, _ in forks]
+        children = [c for _, c, _ in forks]
+        if fork_rows(self.pools.req_to_token_pool, self.pools.allocator, sources, children,
+                     [s.row_len for s, _, _ in forks]) is None:  # admission reserves rows
+            raise RuntimeError("no free row for a fork (row reservation violated)")
+        for (_, child, token), src in zip(forks, sources, strict=True):
+            self.edits.copy_src.append(src)
+            self.edits.copy_dst.append(child.req_pool_idx)
+            self.advance(child, token)
+        self.running.extend(children)
 
 
 def group_results(sched: ScheduledBatch, tokens: list[int], logprobs: list[float],

@@ -254,6 +254,7 @@ class Scheduler:
         alloc.free_group_begin()  # the step's drops release their pages at once (one sync)
         try:
             self._decide(sched, per_group, groups, ops, no_speech)
+            ops.flush()
         finally:
             alloc.free_group_end()
 

@@ -28,7 +28,13 @@ from edserve.mem_cache.errors import (
     RefcountError,
     ReservedSlotError,
 )
-from edserve.mem_cache.fork import attach_shared, cow_last_pages, fork_row
+from edserve.mem_cache.fork import (
+    attach_shared,
+    cow_last_pages,
+    fork_row,
+    fork_rows,
+    row_page_starts,
+)
 from edserve.mem_cache.kv_pool import KVPool
 from edserve.mem_cache.page_table import page_table_from_req_to_token
 from edserve.mem_cache.paged_allocator import PagedTokenToKVPoolAllocator
@@ -57,6 +63,8 @@ __all__ = [
     "attach_shared",
     "cow_last_pages",
     "fork_row",
+    "fork_rows",
+    "row_page_starts",
     "page_table_from_req_to_token",
     "plan_kv_cache",
     "write_cache_indices",

@@ -98,6 +98,53 @@ def fork_row(rtp: ReqToTokenPool, allocator: BaseAllocator, parent_row: int, chi
     return rows[0]
 
 
+def row_page_starts(rtp: ReqToTokenPool, rows: Sequence[int], lengths: Sequence[int],
+                    page_size: int) -> torch.Tensor:
+    """int64 [sum ceil(len / ps)]: the first slot of every page of each row's first
+    ``lengths[i]`` columns (columns 0, ps, 2 ps, ...), row after row; one gather, no sync."""
+    dev = rtp.device
+    npages = [-(-n // page_size) for n in lengths]
+    width = max(npages, default=0)
+    if width == 0:
+        return torch.zeros(0, dtype=torch.int64, device=dev)
+    flat = [i * width + j for i, n in enumerate(npages) for j in range(n)]
+    idx = _host_list(list(rows) + flat, dev)
+    firsts = rtp.req_to_token.index_select(0, idx[:len(rows)])[:, :width * page_size:page_size]
+    return firsts.reshape(-1).index_select(0, idx[len(rows):]).to(torch.int64)
+
+
+def fork_rows(rtp: ReqToTokenPool, allocator: BaseAllocator, parent_rows: Sequence[int],
+              children: Sequence[Any], lengths: Sequence[int]) -> list[int] | None:
+    """:func:`fork_row` for many children at once (a batch of device ops, no sync).
+
+    ``children[i]`` gets a row sharing the first ``lengths[i]`` columns of ``parent_rows[i]``
+    (a parent may be listed several times). Returns the children's rows, or ``None`` with
+    nothing changed when rows run short.
+    """
+    if not len(parent_rows) == len(children) == len(lengths):
+        raise ValueError("fork_rows: parent_rows, children and lengths differ in length")
+    for row, n in zip(parent_rows, lengths, strict=True):
+        _check_held(rtp, row, "fork")
+        if not 0 <= n <= rtp.max_context_len:
+            raise ContextOverflowError(f"fork_rows: length {n} outside 0.."
+                                       f"{rtp.max_context_len}")
+    if not children:
+        return []
+    rows = rtp.alloc(children)
+    if rows is None:
+        return None
+    try:
+        allocator.share(row_page_starts(rtp, parent_rows, lengths, allocator.page_size))
+    except BaseException:
+        for c in children:
+            rtp.free(c)
+        raise
+    idx = _host_list(list(parent_rows) + rows, rtp.device)
+    n = len(rows)
+    rtp.req_to_token[idx[n:]] = rtp.req_to_token.index_select(0, idx[:n])  # whole rows
+    return rows
+
+
 def cow_last_pages(rtp: ReqToTokenPool, allocator: BaseAllocator, kv_pool: KVPool,
                    rows: Sequence[int], lengths: Sequence[int]) -> bool:
     """Copy-on-write: un-share the partial last page of each listed row before it writes.

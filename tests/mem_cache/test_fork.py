@@ -18,6 +18,8 @@ from edserve.mem_cache import (
     attach_shared,
     cow_last_pages,
     fork_row,
+    fork_rows,
+    row_page_starts,
 )
 
 from ._helpers import Req, snapshot, t
@@ -85,6 +87,40 @@ def test_fork_shares_pages_without_taking_any():
     s.alloc.check_integrity(holders=s.holders([p, c]))
     with pytest.raises(IntegrityError, match="refcount != 1"):
         s.alloc.check_integrity(torch.cat(s.holders([p])))
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_fork_rows_batch_equals_one_by_one(ps):
+    """fork_rows (one batch of device ops) shares the same pages, counts and views as
+    fork_row called per child, a parent listed twice included."""
+    results = []
+    for batched in (False, True):
+        s = Setup(ps, 64, 40, rows=8)
+        a, b = s.new_row(9), s.new_row(3)
+        kids = [Req() for _ in range(3)]
+        parents = [a, a, b]
+        if batched:
+            rows = fork_rows(s.rtp, s.alloc, [p.req_pool_idx for p in parents], kids,
+                             [len(p.slots) for p in parents])
+            assert rows == [k.req_pool_idx for k in kids]
+        else:
+            for k, p in zip(kids, parents, strict=True):
+                assert fork_row(s.rtp, s.alloc, p.req_pool_idx, k, len(p.slots))
+        for k, p in zip(kids, parents, strict=True):
+            k.slots = list(p.slots)
+            assert s.read(k) == p.slots
+        s.alloc.check_integrity(holders=s.holders([a, b, *kids]))
+        starts = row_page_starts(s.rtp, [a.req_pool_idx, b.req_pool_idx], [9, 3], ps)
+        assert starts.tolist() == torch.cat([s.rtp.req_to_token[a.req_pool_idx, 0:9:ps],
+                                             s.rtp.req_to_token[b.req_pool_idx, 0:3:ps]]
+                                            ).tolist()
+        results.append(s.alloc.refcounts().tolist())
+    assert results[0] == results[1]
+    s = Setup(ps, 64, 40, rows=2)
+    a = s.new_row(5)
+    before = snapshot(s.alloc)
+    assert fork_rows(s.rtp, s.alloc, [a.req_pool_idx] * 2, [Req(), Req()], [5, 5]) is None
+    assert snapshot(s.alloc) == before  # no row for both: nothing changed
 
 
 def test_cow_copies_exactly_one_page_and_only_when_shared():
