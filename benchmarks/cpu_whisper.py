@@ -1,7 +1,8 @@
 """CPU Whisper benchmark: edserve (fp32, bf16, int8) vs faster-whisper (int8, float32) vs HF fp32.
 
 One process, one model (the embedded tiny.en CTranslate2 folder for all systems; HF gets
-edserve's loader state dict in float32), greedy (beam 1), temperature 0, no timestamps,
+edserve's loader state dict in float32), greedy (``--beam-size 1``, the default) or beam search
+with ``--beam-size N`` for every system, temperature 0, no timestamps,
 English, same thread count. Every clip of ``tests/data`` and ``../shared/assets`` (same name
 counted once) is transcribed one at a time from its decoded 16 kHz waveform (each system does
 its own log-mel; HF uses edserve's). Rounds interleave the systems, so a shared machine's load
@@ -14,6 +15,8 @@ equals edserve fp32's. ``--cli`` also times the whole command line as a user run
 (process start included): ``edserve transcribe FILES...`` vs a faster-whisper loop script.
 
   python benchmarks/cpu_whisper.py [--rounds 3] [--threads 2] [--cli] [--systems ...]
+  python benchmarks/cpu_whisper.py --beam-size 5 --rounds 1     # beam search, all systems
+  python benchmarks/cpu_whisper.py --clips 1 ...                # only the first clip (a check)
 
 faster-whisper and transformers are optional: systems whose package is missing are skipped.
 """
@@ -71,7 +74,7 @@ def word_errors(ref: str, hyp: str) -> tuple[int, int]:
     return d[len(h)], len(r)
 
 
-def make_system(name: str, threads: int, model_dir: str):
+def make_system(name: str, threads: int, model_dir: str, beam_size: int = 1):
     """-> transcribe(audio float32 16 kHz) -> text, or None when the package is missing."""
     if name.startswith("edserve"):
         from edserve.engine.engine import Engine
@@ -79,10 +82,11 @@ def make_system(name: str, threads: int, model_dir: str):
         from edserve.whisper.transcribe import transcribe
 
         mode = name.split("-")[1]
-        engine = Engine(device="cpu", threads=threads, max_running_requests=1,
+        engine = Engine(device="cpu", threads=threads, max_running_requests=beam_size,
                         dtype={"bf16": "bfloat16"}.get(mode, "float32"),
                         quantization="int8" if mode == "int8" else "none")
-        opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False)
+        opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
+                                 beam_size=beam_size)
         return lambda audio: transcribe(engine, [audio], options=opts)[0].text
     if name.startswith("fw"):
         try:
@@ -93,15 +97,15 @@ def make_system(name: str, threads: int, model_dir: str):
                              compute_type={"fw-int8": "int8", "fw-fp32": "float32"}[name])
 
         def fw(audio):
-            segs, _ = model.transcribe(audio, beam_size=1, without_timestamps=True,
+            segs, _ = model.transcribe(audio, beam_size=beam_size, without_timestamps=True,
                                        temperature=0.0, language="en", vad_filter=False,
                                        condition_on_previous_text=False)
             return "".join(s.text for s in segs).strip()
         return fw
-    return hf_system()
+    return hf_system(beam_size)
 
 
-def hf_system():
+def hf_system(beam_size: int = 1):
     try:
         from transformers import WhisperConfig, WhisperForConditionalGeneration
         from transformers.utils import logging as hf_logging
@@ -125,7 +129,7 @@ def hf_system():
         feats = whisper_features(audio, 80)[None]
         with torch.inference_mode():
             out = model.generate(input_features=feats, decoder_input_ids=prompt,
-                                 max_new_tokens=200, do_sample=False, num_beams=1,
+                                 max_new_tokens=200, do_sample=False, num_beams=beam_size,
                                  eos_token_id=tok.eot, pad_token_id=tok.eot)
         ids = [t for t in out[0].tolist() if t < tok.eot]  # prompt/specials are > eot
         return tok.decode(ids).strip()
@@ -147,7 +151,7 @@ def run_systems(args, paths: list[Path]) -> None:
     systems, startup = {}, {}
     for name in args.systems:
         t0 = time.perf_counter()
-        fn = make_system(name, args.threads, str(default_model_folder()))
+        fn = make_system(name, args.threads, str(default_model_folder()), args.beam_size)
         if fn is None:
             print(f"# {name}: package missing, skipped")
             continue
@@ -170,7 +174,8 @@ def report(args, paths, systems, startup, times, texts, tok) -> None:
     refs = references()
     base = texts.get("edserve-fp32")
     print(f"# {len(paths)} clips ({sum(1 for p in paths if p.name in refs)} with references), "
-          f"threads {args.threads}, medians of {args.rounds} interleaved rounds")
+          f"threads {args.threads}, beam size {args.beam_size}, medians of {args.rounds} "
+          "interleaved rounds")
     print("| system | start-up s | total s | per-clip median s | tokens/s | WER % | "
           "= edserve fp32 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -256,12 +261,15 @@ def main() -> None:
     ap.add_argument("--cli", action="store_true", help="also time the command lines")
     ap.add_argument("--no-systems", action="store_true", help="only the command lines")
     ap.add_argument("--texts", action="store_true", help="print every system's text")
+    ap.add_argument("--beam-size", type=int, default=1,
+                    help="beam search width for every system (1: greedy, today's default)")
+    ap.add_argument("--clips", type=int, default=None, help="only the first N clips")
     args = ap.parse_args()
     if args.threads is None:
         from edserve.engine.cpu_modes import physical_cores
 
         args.threads = physical_cores()
-    paths = clips()
+    paths = clips()[:args.clips]
     if not args.no_systems:
         run_systems(args, paths)
     if args.cli or args.no_systems:

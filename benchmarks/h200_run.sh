@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
-#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large   (several allowed, in order)
+#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam   (several allowed, in order)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -24,6 +24,12 @@ for part in "$@"; do
     kernels) python3 benchmarks/gpu_kernels.py --dtypes bfloat16 --budget-s 100 2>&1 | tee "$OUT/kernels.log" | tail -60 ;;
     tiny) python3 benchmarks/whisper_gpu.py --arch tiny.en --split --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/tiny.log" ;;
     large) timeout 330 python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 1 16 64 --split --configs flat:1:graph flat:128:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large.log" ;;
+    beam) timeout 100 python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_gpu_beam.py -rs 2>&1 \
+            | grep -v "Loading weights" | tee "$OUT/beam_tests.log" | tail -30
+          (cd benchmarks && timeout 270 python3 -W ignore beam_gpu.py --concurrency 16 64 --configs flat:128 2>&1 \
+             | grep -v "custom logits" | tee "$OUT/beam_gpu.log")
+          (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 16 64 --configs aligned:128 --no-hf 2>&1 \
+             | grep -v "custom logits" | tee -a "$OUT/beam_gpu.log") ;;
     large256) python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 256 --configs flat:1:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large256.log" ;;
   esac
 done

@@ -1,0 +1,328 @@
+"""Beam search on the GPU: edserve beam 5 vs greedy vs HF transformers ``generate(num_beams=5)``
+(random large-v3 weights in bf16, one process, the same weights and log-mels).
+
+The real path without timestamps: every request is one 30 s window with prompt
+``<|startoftranscript|><|notimestamps|>`` and openai-whisper's SuppressBlank + SuppressTokens
+filters (HF: SuppressTokensAtBegin + SuppressTokens). **Forced length**: ``ignore_eos=True,
+max_new_tokens=N`` (HF: ``eos_token_id=None``), so every beam runs N steps and all systems do
+the same work. Runs alternate between systems; the tables give medians of ``--repeats``.
+
+Per config (strategy:page_size) and concurrency (requests; beam rows = concurrency x beam):
+  audio-s/s      concurrency x 30 s / wall of ``generate`` (prefill included)
+  tok/s          output tokens / wall (the returned sequence: concurrency x N)
+  step ms        median decode step with every request decoding (device work included)
+  floor ms       (decoder weights + KV bytes read once per step) / 4.8 TB/s: encoder KV once
+                 per request (the beams share its pages), self-attention KV of every row
+  KV MB/req      peak ``allocator.num_used()`` during the run x bytes per slot / concurrency;
+                 beside it 5 independent greedy copies: 5 x the measured greedy figure
+  syncs/step     host<->device syncs per decode step (``torch.cuda.set_sync_debug_mode``)
+  GPU busy       union of kernel intervals / wall over decode steps (torch profiler)
+
+  python benchmarks/beam_gpu.py --concurrency 16 64 --configs flat:128 aligned:128
+  python benchmarks/beam_gpu.py --dry-run      # toy model on CPU: the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+import whisper_gpu as wg
+
+from edserve.engine.request import GenerateRequest, SamplingParams
+
+HBM_BW = 4.8e12  # H200 datasheet HBM bandwidth, bytes/s (the floor's denominator)
+PROMPT = wg.PROMPT  # <|startoftranscript|><|notimestamps|> (tiny.en ids; large-v3 random)
+STEADY_TOKENS = 40  # request length for the per-step measurements (3 + 20 steps fit)
+
+
+def filters(tok):
+    from edserve.whisper.logits import SuppressBlank, SuppressTokens, default_suppress_tokens
+
+    return [SuppressBlank.of(tok), SuppressTokens.of(default_suppress_tokens(tok))]
+
+
+def make_requests(engine, feats, n_new: int, beam: int) -> list[GenerateRequest]:
+    sp = SamplingParams(max_new_tokens=n_new, ignore_eos=True, beam_size=beam)
+    procs = filters(engine.tokenizer)
+    return [GenerateRequest(list(PROMPT), f, sp, logits_processors=list(procs)) for f in feats]
+
+
+def build_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, ps: str,
+                 dev: str):
+    from edserve.engine.engine import Engine
+    from edserve.engine.groups import reserved_slots
+    from edserve.models.weights import Checkpoint
+
+    ckpt = Checkpoint(Path(f"<random {arch}>"), "hf", wg.hf_config(arch),
+                      dict(hf.state_dict()), wg.tokenizer_path())
+    n_max = max(n_new, STEADY_TOKENS) + 8
+    per_req = max(reserved_slots(region, len(PROMPT) + n_max, int(ps), beam, False)
+                  for region in (1500, 1536))  # flat / aligned encoder regions
+    return Engine(checkpoint=ckpt, device=dev, dtype="bfloat16" if dev == "cuda" else "float32",
+                  encoder_kv=strategy, page_size=ps, max_running_requests=conc * beam,
+                  cuda_graph_max_bs=conc * beam, max_total_tokens=conc * per_req + 4096,
+                  max_new_tokens=n_max, debug_checks=False)
+
+
+def run_ours(engine, feats, n_new: int, beam: int) -> tuple[float, int]:
+    """(wall seconds, peak KV slots in use) of one ``generate``-equivalent run."""
+    dev = str(feats.device)
+    outs = {}
+    wg.sync(dev)
+    t0 = time.perf_counter()
+    reqs = make_requests(engine, feats, n_new, beam)
+    for r in reqs:
+        engine.add_request(r, lambda d: outs.__setitem__(d.rid, d.output) if d.finished
+                           else None, stream=False)
+    peak = 0
+    while engine.has_work():
+        engine.step()
+        peak = max(peak, engine.pools.allocator.num_used())  # host counter: no sync
+    wg.sync(dev)
+    dt = time.perf_counter() - t0
+    bad = [o for o in outs.values() if o.error is not None or len(o.token_ids) != n_new]
+    assert len(outs) == len(reqs) and not bad, [(o.error, len(o.token_ids)) for o in bad[:3]]
+    return dt, peak
+
+
+def hf_processors(tok, device):
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+    )
+
+    from edserve.whisper.logits import default_suppress_tokens
+
+    return LogitsProcessorList([
+        SuppressTokensAtBeginLogitsProcessor(tok.encode(" ") + [tok.eot], len(PROMPT), device),
+        SuppressTokensLogitsProcessor(default_suppress_tokens(tok), device)])
+
+
+def run_hf(model, procs, feats, n_new: int, beam: int) -> float:
+    from transformers.generation.utils import GenerationMixin
+
+    prompt = torch.tensor([PROMPT] * feats.shape[0], device=feats.device)
+    model.generation_config.eos_token_id = None  # forced length
+    with torch.inference_mode():
+        wg.sync(str(feats.device))
+        t0 = time.perf_counter()
+        out = GenerationMixin.generate(model, input_features=feats, decoder_input_ids=prompt,
+                                       max_new_tokens=n_new, do_sample=False, num_beams=beam,
+                                       logits_processor=procs)
+        wg.sync(str(feats.device))
+    assert out.shape == (feats.shape[0], len(PROMPT) + n_new), out.shape
+    return time.perf_counter() - t0
+
+
+def _steady(engine, feats, beam: int) -> None:
+    """Submit requests and step until every one decodes (beams forked)."""
+    for r in make_requests(engine, feats, STEADY_TOKENS, beam):
+        engine.add_request(r)
+    engine.step()
+    while engine.scheduler.waiting:
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    rows = len(engine.scheduler.running)
+    assert rows == len(feats) * beam, f"{rows} rows decoding, expected {len(feats)} x {beam}"
+
+
+def _drain(engine) -> None:
+    while engine.has_work():
+        engine.step()
+
+
+def step_ms(engine, feats, beam: int, steps: int = 20) -> float:
+    _steady(engine, feats, beam)
+    dev, times = str(feats.device), []
+    for _ in range(steps):
+        wg.sync(dev)
+        t0 = time.perf_counter()
+        engine.step()
+        wg.sync(dev)
+        times.append(time.perf_counter() - t0)
+    _drain(engine)
+    return 1000 * statistics.median(times)
+
+
+def syncs_per_step(engine, feats, beam: int, steps: int = 10) -> tuple[float, list[str]]:
+    if feats.device.type != "cuda":
+        return float("nan"), []
+    _steady(engine, feats, beam)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    _drain(engine)
+    where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                    if "called a synchronizing" in str(w.message))
+    return sum(where.values()) / steps, [f"{k} x{n}" for k, n in where.most_common()]
+
+
+def gpu_busy(engine, feats, beam: int, steps: int = 10) -> float:
+    if feats.device.type != "cuda":
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+
+    _steady(engine, feats, beam)
+    wg.sync("cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        wg.sync("cuda")
+        wall_us = 1e6 * (time.perf_counter() - t0)
+    _drain(engine)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type.name == "CUDA")
+    busy, end = 0.0, -1.0
+    for s, e in spans:
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    return busy / wall_us
+
+
+def floor_step_s(arch: str, conc: int, beam: int, n_new: int, dtype_bytes: int) -> float:
+    """Bytes one decode step must read (mid-run average) / 4.8 TB/s: decoder weights once,
+    each request's encoder KV once (shared by its beams), every row's self-attention KV."""
+    a = wg.ARCHS[arch]
+    d, L, f = a["d_model"], a["layers"], a["ffn"]
+    weights = dtype_bytes * (L * (8 * d * d + 2 * d * f) + a["vocab"] * d)
+    per_token = 2 * L * d * dtype_bytes
+    kv = conc * per_token * (1500 + beam * (len(PROMPT) + n_new / 2))
+    return (weights + kv) / HBM_BW
+
+
+def measure(args, hf, procs, arch, conc, spec, dev, dtype, with_hf: bool) -> list[dict]:
+    strategy, ps = spec.split(":")
+    beam, n_new = args.beam, args.new_tokens
+    gc.collect()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    engine = build_engine(hf, arch, conc, beam, n_new, strategy, ps, dev)
+    m = engine.model
+    dbytes = torch.empty((), dtype=engine.dtype).element_size()
+    slot_bytes = 2 * m.num_kv_layers * m.num_kv_heads * m.head_dim * dbytes
+    gen = torch.Generator().manual_seed(conc)
+    feats = (torch.randn(conc, wg.ARCHS[arch]["n_mels"], 3000, generator=gen) * 0.5).to(
+        device=dev, dtype=dtype)
+    modes = {"beam": beam, "greedy": 1}
+    for b in modes.values():  # warm-ups at the timed batch shapes (Triton JIT, graphs)
+        run_ours(engine, feats, min(8, n_new), b)
+        if with_hf:
+            run_hf(hf, procs, feats, min(8, n_new), b)
+    t_ours = {k: [] for k in modes}
+    t_hf = {k: [] for k in modes}
+    peak = dict.fromkeys(modes, 0)
+    hf_err = None
+    for _ in range(args.repeats):  # alternate systems and modes
+        for k, b in modes.items():
+            if with_hf and hf_err is None:
+                try:
+                    t_hf[k].append(run_hf(hf, procs, feats, n_new, b))
+                except torch.OutOfMemoryError as exc:
+                    hf_err = f"HF OOM ({k}): {str(exc).splitlines()[0][:120]}"
+                    gc.collect()
+                    torch.cuda.empty_cache()
+            dt, p = run_ours(engine, feats, n_new, b)
+            t_ours[k].append(dt)
+            peak[k] = max(peak[k], p)
+    if hf_err:
+        print("#", hf_err)
+    rows = []
+    for k, b in modes.items():
+        step = step_ms(engine, feats, b)
+        syncs, kinds = syncs_per_step(engine, feats, b)
+        busy = gpu_busy(engine, feats, b)
+        engine.check_integrity()
+        wall = statistics.median(t_ours[k])
+        hf_wall = statistics.median(t_hf[k]) if t_hf[k] else float("nan")
+        rows.append(dict(
+            config=spec, conc=conc, mode=f"{k} {b}" if b > 1 else k, rate=conc * 30 / wall,
+            tok_s=conc * n_new / wall, row_tok_s=conc * b * n_new / wall,
+            hf_rate=conc * 30 / hf_wall, step_ms=step,
+            floor_ms=1000 * floor_step_s(arch, conc, b, n_new, dbytes),
+            kv_mb=peak[k] * slot_bytes / conc / 1e6, syncs=syncs, busy=busy,
+            runs=[round(t, 3) for t in t_ours[k]], hf_runs=[round(t, 3) for t in t_hf[k]]))
+        if kinds:
+            print(f"#   {k} syncs in 10 steps at: {', '.join(kinds[:8])}")
+    engine.check_integrity()
+    assert engine.pools.allocator.num_used() == 0, engine.pools.allocator.num_used()
+    theory = beam * (1500 + len(PROMPT) + n_new) * slot_bytes / 1e6
+    greedy_kv = rows[1]["kv_mb"]
+    print(f"# {arch} {spec} conc {conc}: overlap={engine.overlap} "
+          f"graphs={engine.runner.graph_runner is not None} slot {slot_bytes} B; "
+          f"{beam} independent greedy copies would hold {beam * greedy_kv:.1f} MB/req measured "
+          f"({beam} x {greedy_kv:.1f}), {theory:.1f} MB/req as {beam} x (1500 + "
+          f"{len(PROMPT) + n_new}) slots; runs: " + "; ".join(
+              f"{r['mode']} edserve {r['runs']} HF {r['hf_runs']}" for r in rows), flush=True)
+    for r in rows:
+        r["copies_mb"] = beam * greedy_kv
+    del engine
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="large-v3", choices=sorted(wg.ARCHS))
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[16, 64])
+    ap.add_argument("--configs", nargs="+", default=["flat:128"], help="strategy:page_size")
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--new-tokens", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-hf", action="store_true", help="skip the HF reference")
+    ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
+    args = ap.parse_args()
+    dev = "cpu" if args.dry_run else "cuda"
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    if args.dry_run:
+        args.arch, args.concurrency, args.new_tokens, args.repeats = "toy", [2], 6, 1
+        args.configs = [c.replace(":128", ":16") for c in args.configs]
+    bw, _ = wg.ceilings(dev)
+    print(f"# device {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}: measured copy "
+          f"{bw / 1e12:.2f} TB/s (floor uses {HBM_BW / 1e12:.1f} TB/s); {args.arch} "
+          f"{'bf16' if dev == 'cuda' else 'fp32'}, forced length {args.new_tokens} tokens "
+          f"(ignore_eos), SuppressBlank + SuppressTokens, medians of {args.repeats}", flush=True)
+    hf = wg.build_hf(args.arch, dev, dtype)
+    from edserve.tokenizer import WhisperTokenizer
+
+    tok = WhisperTokenizer.from_file(wg.tokenizer_path(), vocab_size=wg.ARCHS[args.arch]["vocab"])
+    procs = hf_processors(tok, dev)
+    header = ("config      conc  mode     edserve a-s/s   tok/s (row tok/s)  HF a-s/s  x HF  "
+              "step ms  floor ms  %floor  KV MB/req  5 greedy MB/req  syncs/step  GPU busy")
+    print(header)
+    rows = []
+    for i, spec in enumerate(args.configs):
+        for conc in args.concurrency:  # rows print as measured (a timeout keeps them)
+            new = measure(args, hf, procs, args.arch, conc, spec, dev, dtype,
+                          with_hf=not args.no_hf and i == 0)
+            for r in new:
+                print(row_text(r), flush=True)
+            rows += new
+    print("# summary\n" + header)
+    for r in rows:
+        print(row_text(r))
+
+
+def row_text(r: dict) -> str:
+    return (f"{r['config']:11s} {r['conc']:4d}  {r['mode']:7s}  {r['rate']:13.0f}  "
+            f"{r['tok_s']:6.0f} ({r['row_tok_s']:6.0f})  {r['hf_rate']:8.0f}  "
+            f"{r['rate'] / r['hf_rate']:4.2f}  {r['step_ms']:7.2f}  {r['floor_ms']:8.3f}  "
+            f"{100 * r['floor_ms'] / r['step_ms']:6.1f}  {r['kv_mb']:9.1f}  "
+            f"{r['copies_mb']:15.1f}  {r['syncs']:10.2f}  {100 * r['busy']:7.1f}%")
+
+if __name__ == "__main__":
+    main()
