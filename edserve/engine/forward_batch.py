@@ -60,6 +60,10 @@ class ForwardBatch:
     # True when the batch is captured in / replayed from a CUDA graph: backends must build
     # fixed-shape metadata from device tensors only (no host lists, no syncs).
     static_shapes: bool = False
+    # The batch as cross-attention sees it when runs of consecutive rows share one encoder
+    # region (a beam group's rows): one entry per run, whose queries are the run's tokens, so
+    # the shared encoder K/V are read once per run instead of once per row. None: per row.
+    cross_view: ForwardBatch | None = None
 
     @property
     def batch_size(self) -> int:

@@ -118,6 +118,8 @@ class Scheduler:
         reqs = [r for r in self.running if not self._length_reached(r, r.steps)]
         if not reqs:
             return None
+        if any(r.group is not None for r in reqs):
+            reqs = _groups_side_by_side(reqs)
         batch = build_decode(self.pools, reqs)
         if batch is None:  # cannot happen with reservations
             logger.warning("KV allocation failed for a decode batch; retrying later")
@@ -291,3 +293,14 @@ def _held_at_least(req: Req, row_len: int, ps: int) -> int:
     that reuses a held encoder region does not own that region's whole pages)."""
     shared = req.enc_region // ps * ps if req.request.encoder_kv is not None else 0
     return _ceil(row_len, ps) - shared
+
+
+def _groups_side_by_side(reqs: list[Req]) -> list[Req]:
+    """Stable reorder putting each row group's rows next to each other (at its first row), so
+    the batch's cross-attention reads a group's shared encoder K/V once (``cross_view``)."""
+    first: dict[object, int] = {}
+    keyed = []
+    for i, r in enumerate(reqs):
+        key = id(r.group) if r.group is not None else ("row", i)
+        keyed.append((first.setdefault(key, i), i, r))
+    return [r for _, _, r in sorted(keyed, key=lambda k: (k[0], k[1]))]

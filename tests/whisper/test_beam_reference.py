@@ -217,6 +217,8 @@ def test_transcribe_with_beam_search():
     engine = Engine()
     [result] = engine.transcribe([DATA / "jfk.wav"], options=TranscribeOptions(beam_size=5))
     assert result.text == TINY_EN_TEXT
+    [again] = engine.transcribe([DATA / "jfk.wav"], beam_size=5)  # the keyword form
+    assert [s.tokens for s in again.segments] == [s.tokens for s in result.segments]
 
 
 # ---- engine vs oracle: random weights, every page size x strategy ----------------------------
