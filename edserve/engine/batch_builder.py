@@ -8,7 +8,6 @@ slot per request at column ``enc_region + kv_len``. Both leave state untouched a
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -73,30 +72,20 @@ def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[i
     if ranges is not None:
         batch.cross_kv_ranges = to_device(ranges, torch.int32, pools.device).view(-1, 2)
     elif mode == ForwardMode.DECODE:
-        batch.cross_view = _cross_view(batch, reqs, pools.device)
+        batch.cross_runs = _cross_runs(reqs)
     return batch
 
 
-def _cross_view(batch: ForwardBatch, reqs: list[Req], dev: torch.device) -> ForwardBatch | None:
-    """One entry per run of consecutive rows of one row group (their encoder K/V are the same
-    values: shared pages, or a copied partial page), or None when no run is longer than 1."""
-    starts: list[int] = []
+def _cross_runs(reqs: list[Req]) -> list[int] | None:
+    """Lengths of the runs of consecutive rows of one row group (host only; see
+    ``ForwardBatch.cross_view``), or None when no run is longer than one row."""
+    runs: list[int] = []
     for i, r in enumerate(reqs):
-        if i == 0 or r.group is None or r.group is not reqs[i - 1].group or r.encoder_len == 0:
-            starts.append(i)
-    if len(starts) == len(reqs):
-        return None
-    cu = starts + [len(reqs)]
-    lens = [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
-    idx, cu_t = to_device(starts + cu, torch.int64, dev).split([len(starts), len(cu)])
-    pick = (lambda t: t.index_select(0, idx))
-    enc = [batch.encoder_lens_cpu[i] for i in starts]
-    return dataclasses.replace(
-        batch, req_pool_indices=pick(batch.req_pool_indices),
-        seq_lens=torch.zeros_like(idx), prefix_lens=torch.zeros_like(idx),
-        cu_q=cu_t.to(torch.int32), max_q=max(lens), encoder_lens=pick(batch.encoder_lens),
-        encoder_offsets=pick(batch.encoder_offsets), seq_lens_cpu=[0] * len(starts),
-        encoder_lens_cpu=enc, q_starts_cpu=cu[:-1], attn_metadata=None, cross_view=None)
+        if i and r.group is not None and r.group is reqs[i - 1].group and r.encoder_len:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+    return runs if len(runs) < len(reqs) else None
 
 
 def _cross_ranges(reqs: list[Req], mode: ForwardMode, q_lens: list[int]) -> list[int] | None:

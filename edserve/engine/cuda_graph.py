@@ -90,7 +90,7 @@ class DecodeGraphRunner:
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (batch.mode == ForwardMode.DECODE and batch.batch_size <= self.max_bs
-                and batch.cross_kv_ranges is None and batch.cross_view is None)
+                and batch.cross_kv_ranges is None)  # graphs read cross K/V per row
 
     def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Run a real decode batch through the smallest graph that fits; logits [B, V]."""

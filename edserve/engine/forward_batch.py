@@ -14,6 +14,7 @@ flat strategies, ``ceil_align(encoder_lens[i], page_size)`` for aligned.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import TYPE_CHECKING, Any
@@ -60,10 +61,9 @@ class ForwardBatch:
     # True when the batch is captured in / replayed from a CUDA graph: backends must build
     # fixed-shape metadata from device tensors only (no host lists, no syncs).
     static_shapes: bool = False
-    # The batch as cross-attention sees it when runs of consecutive rows share one encoder
-    # region (a beam group's rows): one entry per run, whose queries are the run's tokens, so
-    # the shared encoder K/V are read once per run instead of once per row. None: per row.
-    cross_view: ForwardBatch | None = None
+    # Host: lengths of the runs of consecutive rows that share one encoder region (a beam
+    # group's rows); None when every run is one row. See :meth:`cross_view`.
+    cross_runs: list[int] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -72,3 +72,29 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.positions.shape[0])
+
+    def cross_view(self) -> ForwardBatch | None:
+        """The batch as cross-attention sees it when rows share an encoder region: one entry
+        per run (its first row stands for all: their encoder K/V hold the same values), whose
+        queries are the run's tokens, so the shared encoder K/V are read once per run. Built
+        by the eager path only (CUDA graphs read per row). None without runs."""
+        runs = self.cross_runs
+        if runs is None:
+            return None
+        cu = [0]
+        for n in runs:
+            cu.append(cu[-1] + n)
+        starts = cu[:-1]
+        pinned = self.req_to_token.device.type == "cuda"
+        host = torch.tensor(starts + cu, dtype=torch.int64, pin_memory=pinned)
+        idx, cu_t = host.to(self.req_to_token.device, non_blocking=True).split(
+            [len(starts), len(cu)])
+        return dataclasses.replace(
+            self, req_pool_indices=self.req_pool_indices.index_select(0, idx),
+            seq_lens=torch.zeros_like(idx), prefix_lens=torch.zeros_like(idx),
+            cu_q=cu_t.to(torch.int32), max_q=max(runs),
+            encoder_lens=self.encoder_lens.index_select(0, idx),
+            encoder_offsets=self.encoder_offsets.index_select(0, idx),
+            seq_lens_cpu=[0] * len(starts),
+            encoder_lens_cpu=[self.encoder_lens_cpu[i] for i in starts],
+            q_starts_cpu=starts, attn_metadata=None, cross_runs=None)

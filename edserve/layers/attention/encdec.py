@@ -31,6 +31,7 @@ class EncDecMetadata:
     guard: GuardMetadata
     cross: Any  # strategy-specific read plan for the encoder region
     self_: Any  # strategy-specific read plan for the decoder region
+    cross_batch: ForwardBatch | None = None  # ForwardBatch.cross_view(), when rows share
 
 
 class EncoderDecoderBackend(AttentionBackend):
@@ -56,11 +57,11 @@ class EncoderDecoderBackend(AttentionBackend):
                 empty_q = torch.repeat_interleave(empty_req, q_lens.long(),
                                                   output_size=batch.num_tokens)
             guard = GuardMetadata(all_empty, any_empty, empty_q)
-        view = batch.cross_view
+        view = None if batch.static_shapes else batch.cross_view()
         cross, self_ = self.build_metadata(batch, skip_cross=guard.all_empty or view is not None)
         if view is not None and not guard.all_empty:  # rows sharing an encoder read it once
             cross, _ = self.build_metadata(view, skip_cross=False)
-        batch.attn_metadata = EncDecMetadata(guard, cross, self_)
+        batch.attn_metadata = EncDecMetadata(guard, cross, self_, view)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 layer: Attention, batch: ForwardBatch) -> torch.Tensor:
@@ -72,8 +73,8 @@ class EncoderDecoderBackend(AttentionBackend):
             if meta.guard.all_empty:  # never launch a kernel on an empty key set
                 return torch.zeros_like(q)
             k_cache, v_cache = pool.get_kv(layer.layer_id)
-            out = self.attend(q, k_cache, v_cache, layer, batch.cross_view or batch, meta.cross,
-                              cross=True)
+            out = self.attend(q, k_cache, v_cache, layer, meta.cross_batch or batch,
+                              meta.cross, cross=True)
             if meta.guard.empty_q is not None:  # mixed batch: zero only the empty requests
                 out = torch.where(meta.guard.empty_q[:, None, None], torch.zeros_like(out), out)
             return out
