@@ -148,7 +148,8 @@ class Supervisor:
             p = Pending(w.index)
             try:
                 w.down.send(data, zmq.NOBLOCK)
-            except zmq.Again:
+            except zmq.Again:  # its queue is full: it died (or hangs) with work queued
+                w.lost += 1
                 raise WorkerLost(f"engine worker {w.index} is not accepting requests") from None
             self.pending[rid] = p
             w.inflight.add(rid)
