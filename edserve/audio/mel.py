@@ -123,8 +123,9 @@ def whisper_features(
 ) -> torch.Tensor:
     """Encoder input for one 30 s window: ``[num_samples]`` -> ``[n_mels, N_FRAMES]``.
 
-    The audio is zero-padded (or cut) to ``N_SAMPLES`` *before* the STFT, as openai-whisper's
-    ``transcribe`` does, then the log-mel is cut to ``N_FRAMES`` frames.
+    The audio is zero-padded (or cut) to ``N_SAMPLES`` *before* the STFT (as HF's feature
+    extractor does; openai-whisper's ``transcribe`` instead zero-fills the log-mel past the
+    audio), then the log-mel is cut to ``N_FRAMES`` frames.
     """
     audio = pad_or_trim(audio, N_SAMPLES)
     return log_mel_spectrogram(audio, n_mels, device=device)[:, :N_FRAMES]
