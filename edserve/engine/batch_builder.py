@@ -151,9 +151,9 @@ def build_prefill(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
 def _undo_prefill(pools: Pools, reqs: list[Req], reuse: list[Req]) -> None:
     """Shortage after rows were taken: drop the shared prefixes, hand the rows back."""
     alloc, rtp = pools.allocator, pools.req_to_token_pool
-    ps = alloc.page_size
-    for r in reuse:
-        alloc.free_page_starts(rtp.req_to_token[r.req_pool_idx, 0:r.enc_region:ps].long(),
+    if reuse:
+        alloc.free_page_starts(row_page_starts(rtp, [r.req_pool_idx for r in reuse],
+                                               [r.enc_region for r in reuse], alloc.page_size),
                                shared=True)
     for r in reqs:
         rtp.free(r)

@@ -38,12 +38,11 @@ class RowOps:
         self.running = running
         self.edits = edits
         self._drops: list[Req] = []
-        self._forks: list[tuple[Req, Req, int]] = []  # (source, child, token)
+        self._forks: dict[int, tuple[Req, Req, int]] = {}  # child serial -> (source, child, token)
 
     def advance(self, req: Req, token: int) -> None:
-        if req.req_pool_idx is None:  # a fork of this step: its row comes with flush()
-            i = next(i for i, (_, c, _) in enumerate(self._forks) if c is req)
-            self._forks[i] = (self._forks[i][0], req, token)
+        if req.serial in self._forks:  # a fork of this step: its row comes with flush()
+            self._forks[req.serial] = (self._forks[req.serial][0], req, token)
             return
         self.edits.last_rows.append(req.req_pool_idx)
         self.edits.last_tokens.append(token)
@@ -52,7 +51,7 @@ class RowOps:
         child = replace(source, reserved_slots=0, req_pool_idx=None, on_delta=None,
                         output_ids=[], logprobs=[], encoder_input=None, cow_pending=True)
         child.serial = Req.__dataclass_fields__["serial"].default_factory()
-        self._forks.append((source, child, token))
+        self._forks[child.serial] = (source, child, token)
         return child
 
     def drop(self, req: Req) -> None:
@@ -64,7 +63,7 @@ class RowOps:
         """Carry out the recorded drops, then the forks."""
         drops, self._drops = self._drops, []
         release(self.pools, drops)
-        forks, self._forks = self._forks, []
+        forks, self._forks = list(self._forks.values()), {}
         if not forks:
             return
         sources = [s.req_pool_idx for s, _, _ in forks]

@@ -75,17 +75,24 @@ class Scheduler:
                 self.waiting.remove(req)
                 self._finish(req, FinishReason.ABORT)
                 return True
-        rows = [r for r in self.running if r.rid == rid]
-        if not rows:
+        req = next((r for r in self.running if r.rid == rid), None)
+        if req is None:
             return False
+        if req.group is None:
+            self.running.remove(req)
+            self._finish(req, FinishReason.ABORT)
+        else:
+            self._end_group(req.group, FinishReason.ABORT)
+        return True
+
+    def _end_group(self, group: RowGroup, reason: FinishReason,
+                   error: str | None = None) -> None:
+        """Stop a row group early (abort, failed step): drop every row it holds, report."""
+        rows = [r for r in self.running if r.group is group]
         for r in rows:
             self.running.remove(r)
-        if rows[0].group is None:
-            self._finish(rows[0], FinishReason.ABORT)
-        else:
-            release(self.pools, rows)
-            self._finish_group(rows[0].group, FinishReason.ABORT)
-        return True
+        release(self.pools, rows)
+        self._finish_group(group, reason, error)
 
     def release_encoder(self, handle: EncoderKV) -> None:
         """Drop a ``keep_encoder`` handle's reference (its pages free once unused)."""
@@ -126,13 +133,15 @@ class Scheduler:
             return None
         for r in reqs:
             r.steps += 1
-        return ScheduledBatch(ForwardMode.DECODE, reqs, batch, self._decode_plan(reqs),
-                              history_edits=self._take_edits(),
-                              sync_update=any(r.group is not None for r in reqs))
+        return self._scheduled(ForwardMode.DECODE, reqs, batch, self._decode_plan(reqs))
 
-    def _take_edits(self) -> HistoryEdits | None:
+    def _scheduled(self, mode: ForwardMode, reqs: list[Req], batch, plan: SamplingPlan,
+                   prompt: torch.Tensor | None = None) -> ScheduledBatch:
+        """The step's hand-off, carrying the row groups' pending history edits."""
         edits, self._edits = self._edits, HistoryEdits()
-        return edits if edits else None
+        return ScheduledBatch(mode, reqs, batch, plan, prompt,
+                              history_edits=edits if edits else None,
+                              sync_update=any(r.group is not None for r in reqs))
 
     def _prefill(self, reqs: list[Req]) -> ScheduledBatch | None:
         batch = build_prefill(self.pools, reqs)
@@ -147,10 +156,8 @@ class Scheduler:
                 r.group.hold = hold_encoder(self.pools, r)  # for the group's lifetime
         dev = self.pools.device
         prompt = to_device([t for r in reqs for t in r.prompt_ids], torch.int64, dev)
-        return ScheduledBatch(ForwardMode.EXTEND, reqs, batch,
-                              plan_sampling(reqs, dev, first_step=True), prompt,
-                              history_edits=self._take_edits(),
-                              sync_update=any(r.group is not None for r in reqs))
+        return self._scheduled(ForwardMode.EXTEND, reqs, batch,
+                               plan_sampling(reqs, dev, first_step=True), prompt)
 
     def _decode_plan(self, reqs: list[Req]) -> SamplingPlan:
         key = tuple(r.serial for r in reqs)
@@ -215,11 +222,7 @@ class Scheduler:
             elif req.group is not None:
                 groups[id(req.group)] = req.group
         for g in groups.values():  # every row of the group, not only this batch's
-            rows = [r for r in self.running if r.group is g]
-            for r in rows:
-                self.running.remove(r)
-            release(self.pools, rows)
-            self._finish_group(g, FinishReason.ERROR, error)
+            self._end_group(g, FinishReason.ERROR, error)
 
     def update(self, sched: ScheduledBatch, output: StepOutput) -> None:
         """Commit one step's tokens (waits for them: the step's one device->host sync)."""

@@ -45,6 +45,7 @@ class StepOutput:
     candidates: tuple[torch.Tensor, torch.Tensor] | None = None
     _host: torch.Tensor | None = None  # [3 * B + 2 * C] float64 copy (pinned on CUDA)
     _ready: torch.cuda.Event | None = None
+    _flat: list[float] | None = None  # _host as a list, once fetched
 
     def start_copy(self) -> StepOutput:
         """Start the device->host copy of the results (non-blocking on CUDA)."""
@@ -79,5 +80,3 @@ class StepOutput:
         flat, B = self._flat, self.tokens.shape[0]
         C = (len(flat) - 3 * B) // 2
         return [int(t) for t in flat[3 * B:3 * B + C]], flat[3 * B + C:]
-
-    _flat: list[float] | None = None

@@ -65,6 +65,7 @@ class BaseAllocator(ABC):
         # [num_pages + 1] int32 holders per page; 0 on free pages and on page 0.
         self._refcount = torch.zeros(self.num_pages + 1, dtype=torch.int32, device=self.device)
         self._free_group = None
+        self._shared_candidates: list[torch.Tensor] = []  # shared frees of the open group
 
     # ------------------------------------------------------------------ queries
     def available_size(self) -> int:
@@ -221,7 +222,7 @@ class BaseAllocator(ABC):
         if self._free_group is not None:
             raise KVCacheError("free_group_begin: a free group is already open (no nesting)")
         self._free_group = []
-        self._shared_candidates: list[torch.Tensor] = []
+        self._shared_candidates = []
 
     @property
     def in_free_group(self) -> bool:
