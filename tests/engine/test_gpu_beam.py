@@ -7,12 +7,9 @@ step is expected). Skipped without CUDA."""
 
 from __future__ import annotations
 
-import warnings
-from collections import Counter
-from pathlib import Path
-
 import pytest
 import torch
+from cuda_syncs import sync_sites
 from whisper_fixtures import make_random_whisper
 
 from edserve.engine.engine import Engine
@@ -151,19 +148,6 @@ def test_best_of_cuda_scores_as_cpu_model(folder, mels, hf_cpu, strategy, page_s
         assert a.logprobs == pytest.approx(_hf_logprobs(hf_cpu, mel, a.token_ids), abs=2e-3)
 
 
-def _syncs(fn) -> Counter:
-    """Syncs while ``fn`` runs, counted by the Python line that waited (file:line)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
-                   if "called a synchronizing" in str(w.message))
-
-
 @pytest.mark.parametrize("overlap", ["on", "off"])
 def test_beam_decode_step_syncs(folder, mels, overlap):
     engine = _engine(folder, DEVICE, "flat", "128", overlap_schedule=overlap,
@@ -172,12 +156,12 @@ def test_beam_decode_step_syncs(folder, mels, overlap):
     for m in mels:
         engine.add_request(GenerateRequest(list(PROMPT), m.to(DEVICE), SamplingParams(
             beam_size=BEAM, max_new_tokens=40, ignore_eos=True), logits_processors=_filters(tok)))
-    assert sum(_syncs(lambda: torch.ones(1, device=DEVICE).item()).values()) == 1  # probe
+    assert sum(sync_sites(lambda: torch.ones(1, device=DEVICE).item()).values()) == 1  # probe
     for _ in range(4):  # prefill, forks, graph replays warmed up
         engine.step()
     assert len(engine.scheduler.running) == BEAM * len(mels)
     steps = 10
-    where = _syncs(lambda: [engine.step() for _ in range(steps)])
+    where = sync_sites(lambda: [engine.step() for _ in range(steps)])
     while engine.has_work():
         engine.step()
     engine.check_integrity()

@@ -4,10 +4,9 @@ request is freed without a sync. Skipped without CUDA."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
+from cuda_syncs import count_syncs
 from whisper_fixtures import make_random_whisper
 
 from edserve.engine.engine import Engine
@@ -21,17 +20,6 @@ from edserve.whisper.logits import (
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-def _count_syncs(fn) -> int:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("called a synchronizing" in str(w.message) for w in caught)
 
 
 @pytest.mark.parametrize("overlap", ["on", "off"])
@@ -48,13 +36,13 @@ def test_decode_step_syncs_at_most_once(tmp_path, overlap):
         sp = SamplingParams(max_new_tokens=30 + i, ignore_eos=True,
                             temperature=0.7 if i % 2 else 0.0, seed=i)
         engine.add_request(GenerateRequest([tok.sot], mel, sp, logits_processors=list(procs)))
-    assert _count_syncs(lambda: torch.ones(1, device="cuda").item()) == 1  # the probe works
+    assert count_syncs(lambda: torch.ones(1, device="cuda").item()) == 1  # the probe works
     for _ in range(4):  # prefill + first decode steps (graph replay warmed up)
         engine.step()
     steps = 10
-    syncs = _count_syncs(lambda: [engine.step() for _ in range(steps)])
+    syncs = count_syncs(lambda: [engine.step() for _ in range(steps)])
     assert syncs <= steps, f"{syncs} syncs in {steps} decode steps"
     while engine.has_work():  # requests finish one by one: frees must not sync either
-        n = _count_syncs(engine.step)
+        n = count_syncs(engine.step)
         assert n <= 1
     engine.check_integrity()

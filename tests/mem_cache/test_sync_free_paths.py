@@ -6,10 +6,9 @@ device value (on CPU: no Python-level host read; on CUDA: counted with
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
+from cuda_syncs import count_syncs
 
 from edserve.mem_cache import (
     AlignmentError,
@@ -136,12 +135,12 @@ def test_cuda_refcount_paths_sync_counts(ps):
     alloc, rtp, row, child_row, n = _shared_setup(dev, ps)
     kv = KVPool(256, ps, 1, 1, 1, device=dev, check_indices=False)
     starts = rtp.req_to_token[row, 0:n:ps].long()
-    assert _count_syncs(lambda: torch.ones(1, device=dev).item()) == 1  # the probe works
-    assert _count_syncs(lambda: attach_shared(rtp, alloc, child_row,
+    assert count_syncs(lambda: torch.ones(1, device=dev).item()) == 1  # the probe works
+    assert count_syncs(lambda: attach_shared(rtp, alloc, child_row,
                                               rtp.req_to_token[row, :n].long())) == 0
-    assert _count_syncs(lambda: alloc.share(starts)) == 0
-    assert _count_syncs(lambda: alloc.free_page_starts(starts, shared=True)) <= 1
-    assert _count_syncs(lambda: cow_last_pages(rtp, alloc, kv, [child_row], [n])) <= 1
+    assert count_syncs(lambda: alloc.share(starts)) == 0
+    assert count_syncs(lambda: alloc.free_page_starts(starts, shared=True)) <= 1
+    assert count_syncs(lambda: cow_last_pages(rtp, alloc, kv, [child_row], [n])) <= 1
     alloc.debug = True
     holders = [rtp.req_to_token[r, :n] for r in (row, child_row)]
     alloc.check_integrity(holders=holders)
@@ -150,18 +149,7 @@ def test_cuda_refcount_paths_sync_counts(ps):
     alloc.debug = False
     alloc.free_page_starts(rtp.req_to_token[row, 0:n:ps].long(), shared=True)
     child_starts = rtp.req_to_token[child_row, 0:n:ps].long()
-    assert _count_syncs(lambda: alloc.free_page_starts(child_starts)) == 0
+    assert count_syncs(lambda: alloc.free_page_starts(child_starts)) == 0
     alloc.debug = True
     assert alloc.available_size() == alloc.size
     alloc.check_integrity(holders=[])
-
-
-def _count_syncs(fn) -> int:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("called a synchronizing" in str(w.message) for w in caught)
