@@ -28,7 +28,6 @@ import argparse
 import gc
 import statistics
 import time
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -135,64 +134,29 @@ def _steady(engine, feats, beam: int) -> None:
     assert rows == len(feats) * beam, f"{rows} rows decoding, expected {len(feats)} x {beam}"
 
 
-def _drain(engine) -> None:
-    while engine.has_work():
-        engine.step()
-
-
 def step_ms(engine, feats, beam: int, steps: int = 20) -> float:
     _steady(engine, feats, beam)
-    dev, times = str(feats.device), []
-    for _ in range(steps):
-        wg.sync(dev)
-        t0 = time.perf_counter()
-        engine.step()
-        wg.sync(dev)
-        times.append(time.perf_counter() - t0)
-    _drain(engine)
-    return 1000 * statistics.median(times)
+    ms = wg.median_step_ms(engine, str(feats.device), steps)
+    wg.drain(engine)
+    return ms
 
 
 def syncs_per_step(engine, feats, beam: int, steps: int = 10) -> tuple[float, list[str]]:
     if feats.device.type != "cuda":
         return float("nan"), []
     _steady(engine, feats, beam)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for _ in range(steps):
-                engine.step()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    _drain(engine)
-    where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
-                    if "called a synchronizing" in str(w.message))
+    where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in wg.step_syncs(engine, steps))
+    wg.drain(engine)
     return sum(where.values()) / steps, [f"{k} x{n}" for k, n in where.most_common()]
 
 
 def gpu_busy(engine, feats, beam: int, steps: int = 10) -> float:
     if feats.device.type != "cuda":
         return float("nan")
-    from torch.profiler import ProfilerActivity, profile
-
     _steady(engine, feats, beam)
-    wg.sync("cuda")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        wg.sync("cuda")
-        wall_us = 1e6 * (time.perf_counter() - t0)
-    _drain(engine)
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type.name == "CUDA")
-    busy, end = 0.0, -1.0
-    for s, e in spans:
-        if e > end:
-            busy += e - max(s, end)
-            end = e
-    return busy / wall_us
+    busy = wg.step_gpu_busy(engine, steps)
+    wg.drain(engine)
+    return busy
 
 
 def floor_step_s(arch: str, conc: int, beam: int, n_new: int, dtype_bytes: int) -> float:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -74,6 +76,61 @@ def make_engine(hf_model, arch: str, conc: int, new_tokens: int, **engine_kw):
 def sync(dev: str) -> None:
     if dev.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+# ---- steady-state step measurements (the caller has every request decoding, then drains) --
+def drain(engine) -> None:
+    """Step until every request has finished."""
+    while engine.has_work():
+        engine.step()
+
+
+def median_step_ms(engine, dev: str, steps: int) -> float:
+    """Median wall time (ms) of ``steps`` engine steps, device work included."""
+    times = []
+    for _ in range(steps):
+        sync(dev)
+        t0 = time.perf_counter()
+        engine.step()
+        sync(dev)
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def step_syncs(engine, steps: int) -> list[warnings.WarningMessage]:
+    """The host<->device syncs of ``steps`` engine steps: one warning each
+    (``torch.cuda.set_sync_debug_mode``; ``.filename``/``.lineno`` say where it waited)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(steps):
+                engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [w for w in caught if "called a synchronizing" in str(w.message)]
+
+
+def step_gpu_busy(engine, steps: int) -> float:
+    """Share of ``steps`` engine steps' wall time during which some kernel ran (torch
+    profiler: union of the CUDA kernel intervals / wall)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync("cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        sync("cuda")
+        wall_us = 1e6 * (time.perf_counter() - t0)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type.name == "CUDA")
+    busy, end = 0.0, -1.0
+    for s, e in spans:
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    return busy / wall_us
 
 
 def run_hf(model, feats: torch.Tensor, new_tokens: int) -> float:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import warnings
 
 import numpy as np
 import torch
@@ -117,11 +116,6 @@ def _steady(engine, feats, with_filters: bool):
         engine.step()
 
 
-def _drain(engine) -> None:
-    while engine.has_work():
-        engine.step()
-
-
 def prefill_s(engine, feats) -> float:
     """Wall time of the prefill steps of ``len(feats)`` new requests (encoder + prompt +
     cross-KV write), device work included."""
@@ -135,37 +129,23 @@ def prefill_s(engine, feats) -> float:
         engine.step()
     wg.sync(dev)
     dt = time.perf_counter() - t0
-    _drain(engine)
+    wg.drain(engine)
     return dt
 
 
 def step_ms(engine, feats, with_filters: bool, steps: int = 20) -> float:
     _steady(engine, feats, with_filters)
-    dev, times = str(feats.device), []
-    for _ in range(steps):
-        wg.sync(dev)
-        t0 = time.perf_counter()
-        engine.step()
-        wg.sync(dev)
-        times.append(time.perf_counter() - t0)
-    _drain(engine)
-    return 1000 * statistics.median(times)
+    ms = wg.median_step_ms(engine, str(feats.device), steps)
+    wg.drain(engine)
+    return ms
 
 
 def syncs_per_step(engine, feats, steps: int = 10) -> float:
     if feats.device.type != "cuda":
         return float("nan")
     _steady(engine, feats, True)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            for _ in range(steps):
-                engine.step()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    _drain(engine)
-    syncs = [str(w.message) for w in caught if "called a synchronizing" in str(w.message)]
+    syncs = [str(w.message) for w in wg.step_syncs(engine, steps)]
+    wg.drain(engine)
     for text in sorted(set(syncs))[:3]:
         print("#   sync:", text.splitlines()[0][:160])
     return len(syncs) / steps
@@ -175,25 +155,10 @@ def gpu_busy(engine, feats, steps: int = 10) -> float:
     """Share of the decode steps' wall time during which some kernel ran."""
     if feats.device.type != "cuda":
         return float("nan")
-    from torch.profiler import ProfilerActivity, profile
-
     _steady(engine, feats, True)
-    wg.sync("cuda")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        wg.sync("cuda")
-        wall_us = 1e6 * (time.perf_counter() - t0)
-    _drain(engine)
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type.name == "CUDA")
-    busy, end = 0.0, -1.0
-    for s, e in spans:
-        if e > end:
-            busy += e - max(s, end)
-            end = e
-    return busy / wall_us
+    busy = wg.step_gpu_busy(engine, steps)
+    wg.drain(engine)
+    return busy
 
 
 def host_profile(engine, feats, steps: int = 20) -> None:
@@ -207,7 +172,7 @@ def host_profile(engine, feats, steps: int = 20) -> None:
     for _ in range(steps):
         engine.step()
     prof.disable()
-    _drain(engine)
+    wg.drain(engine)
     print(f"# host profile of {steps} decode steps (cumulative s):")
     pstats.Stats(prof).sort_stats("cumulative").print_stats(22)
 
