@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+MAX_GROUP_ROWS = 16  # largest beam_size / best_of a request may ask for (rows per request)
+
 ENCODER_KV_STRATEGIES = ("aligned", "ragged", "flat")
 QUANTIZATION_MODES = ("none", "int8")
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
+from edserve.config import MAX_GROUP_ROWS
+
 # A logits processor edits one request's next-token logits in place before sampling.
 # generated: the tokens sampled so far (prompt excluded); logits: [vocab] float32.
 LogitsProcessor = Callable[[list[int], torch.Tensor], None]
 
 _rid_counter = itertools.count()
-MAX_GROUP_ROWS = 16  # largest beam_size / best_of a request may ask for
 
 
 def next_rid() -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_GROUP_ROWS = 16  # = edserve.engine.request.MAX_GROUP_ROWS (not imported: no torch here)
+from edserve.config import MAX_GROUP_ROWS
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
