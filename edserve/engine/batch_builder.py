@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from edserve.engine.forward_batch import ForwardBatch, ForwardMode
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
 from edserve.layers.attention.encdec import EncoderDecoderBackend
+from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 from edserve.mem_cache import (
     KVPool,
     ReqToTokenPool,

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 
 import torch
 
-from edserve.mem_cache.errors import AlignmentError, KVCacheError
+from edserve.mem_cache.errors import AlignmentError, IntegrityError, KVCacheError
 from edserve.mem_cache.index_args import as_index
 from edserve.mem_cache.integrity import check_allocator_integrity
+from edserve.mem_cache.page_book import PageBook
 from edserve.mem_cache.refcount import check_page_refs, pages_at_zero, validate_free
 
 
@@ -55,22 +56,14 @@ class BaseAllocator(ABC):
 
     def clear(self) -> None:
         """Mark every page free (drops all allocations; for tests and restarts)."""
-        # [F] int64 free pages; alloc takes from the head.
-        self._free_pages = torch.arange(
-            1, self.num_pages + 1, dtype=torch.int64, device=self.device
-        )
-        # [num_pages + 1] bool; page 0 never free.
-        self._is_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=self.device)
-        self._is_free[0] = False
-        # [num_pages + 1] int32 holders per page; 0 on free pages and on page 0.
-        self._refcount = torch.zeros(self.num_pages + 1, dtype=torch.int32, device=self.device)
+        self.book = PageBook.all_free(self.page_size, self.num_pages, self.device)
         self._free_group = None
         self._shared_candidates: list[torch.Tensor] = []  # shared frees of the open group
 
     # ------------------------------------------------------------------ queries
     def available_size(self) -> int:
         """Free slots (whole free pages times the page size)."""
-        return self._free_pages.numel() * self.page_size
+        return self.book.free_pages.numel() * self.page_size
 
     def num_used(self) -> int:
         """Slots on pages that are handed out (cheap: no scan)."""
@@ -78,11 +71,11 @@ class BaseAllocator(ABC):
 
     def free_pages(self) -> torch.Tensor:
         """A copy of the free list (pages, head first); for tests and debugging."""
-        return self._free_pages.clone()
+        return self.book.free_pages.clone()
 
     def refcounts(self) -> torch.Tensor:
         """A copy of the reference counts, int32 [num_pages + 1]; for tests and debugging."""
-        return self._refcount.clone()
+        return self.book.refcount.clone()
 
     # ------------------------------------------------------------------ alloc
     def alloc(self, need_size: int) -> torch.Tensor | None:
@@ -97,7 +90,7 @@ class BaseAllocator(ABC):
                 f"alloc({need_size}) is not a multiple of page_size {self.page_size}"
             )
         n = need_size // self.page_size
-        if n > self._free_pages.numel():
+        if n > self.book.free_pages.numel():
             return None
         return self._pages_to_slots(self._take_pages(n))
 
@@ -131,10 +124,10 @@ class BaseAllocator(ABC):
         """
 
     def _take_pages(self, n: int) -> torch.Tensor:
-        pages = self._free_pages[:n]
-        self._free_pages = self._free_pages[n:]
-        self._is_free.index_fill_(0, pages, False)  # a fill, not a host scalar: no sync
-        self._refcount.index_fill_(0, pages, 1)
+        pages = self.book.free_pages[:n]
+        self.book.free_pages = self.book.free_pages[n:]
+        self.book.is_free.index_fill_(0, pages, False)  # a fill, not a host scalar: no sync
+        self.book.refcount.index_fill_(0, pages, 1)
         return pages
 
     def _pages_to_slots(self, pages: torch.Tensor) -> torch.Tensor:
@@ -156,7 +149,7 @@ class BaseAllocator(ABC):
         if idx.numel() == 0:
             return
         if self.debug:
-            check_page_refs(self, idx, "share", exclusive=False)
+            check_page_refs(self.book, idx, "share", exclusive=False)
         self._add_refs(torch.div(idx, self.page_size, rounding_mode="floor"), 1)
 
     def free(self, indices: torch.Tensor) -> None:
@@ -172,9 +165,9 @@ class BaseAllocator(ABC):
         idx = as_index(indices, "free: indices", self.device)
         if idx.numel() == 0:
             return
-        pages = validate_free(self, idx)  # distinct
+        pages = validate_free(self.book, idx)  # distinct
         self._add_refs(pages, -1)
-        self._queue_or_release(pages[self._refcount[pages] == 0])
+        self._queue_or_release(pages[self.book.refcount[pages] == 0])
 
     def free_page_starts(self, first_slots: torch.Tensor, shared: bool = False) -> None:
         """Drop one holder from each page named by its first slot (``slot % page_size == 0``),
@@ -192,20 +185,20 @@ class BaseAllocator(ABC):
         if idx.numel() == 0:
             return
         if self.debug:
-            check_page_refs(self, idx, "free_page_starts", exclusive=not shared)
+            check_page_refs(self.book, idx, "free_page_starts", exclusive=not shared)
         pages = torch.div(idx, self.page_size, rounding_mode="floor")  # in the given order
         self._add_refs(pages, -1)
         if shared and self._free_group is not None:
             self._shared_candidates.append(pages)  # resolved at free_group_end
         elif shared:
-            self._queue_or_release(pages_at_zero(self._refcount, pages))  # the one sync
+            self._queue_or_release(pages_at_zero(self.book.refcount, pages))  # the one sync
         else:
             self._queue_or_release(pages)
 
     def _add_refs(self, pages: torch.Tensor, delta: int) -> None:
         """``count[pages] += delta`` (repeated pages accumulate); sync-free."""
         step = torch.full(pages.shape, delta, dtype=torch.int32, device=self.device)
-        self._refcount.index_add_(0, pages, step)
+        self.book.refcount.index_add_(0, pages, step)
 
     def _queue_or_release(self, pages: torch.Tensor) -> None:
         """Release pages at count 0, or queue them while a free group is open."""
@@ -234,14 +227,14 @@ class BaseAllocator(ABC):
             raise KVCacheError("free_group_end without free_group_begin")
         group, self._free_group = self._free_group, None
         if self._shared_candidates:  # pages of shared frees that reached 0: one sync
-            group.append(pages_at_zero(self._refcount, torch.cat(self._shared_candidates)))
+            group.append(pages_at_zero(self.book.refcount, torch.cat(self._shared_candidates)))
             self._shared_candidates = []
         if group:
             self._release(torch.cat(group))
 
     def _release(self, pages: torch.Tensor) -> None:
-        self._is_free.index_fill_(0, pages, True)
-        self._free_pages = torch.cat([pages, self._free_pages])  # prepend: LIFO reuse
+        self.book.is_free.index_fill_(0, pages, True)
+        self.book.free_pages = torch.cat([pages, self.book.free_pages])  # prepend: LIFO reuse
 
     # ------------------------------------------------------------------ integrity
     def check_integrity(self, owned: torch.Tensor | None = None,
@@ -254,7 +247,9 @@ class BaseAllocator(ABC):
         prefix, a held encoder region; each slot once per holder, holders may overlap): every
         page's count == the number of holders touching it. See ``integrity``.
         """
-        check_allocator_integrity(self, owned, holders)
+        if self._free_group is not None:
+            raise IntegrityError("check_integrity inside an open free group")
+        check_allocator_integrity(self.book, owned, holders)
 
     def __repr__(self) -> str:
         return (

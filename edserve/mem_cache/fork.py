@@ -178,7 +178,7 @@ def cow_last_pages(rtp: ReqToTokenPool, allocator: BaseAllocator, kv_pool: KVPoo
     start_c = _host_list([lengths[i] - lengths[i] % ps for i in cand], dev)  # [C] last page
     page_c = torch.div(rtp.req_to_token[rows_c, start_c].to(torch.int64), ps,
                        rounding_mode="floor").to(allocator.device)  # [C]
-    count_c = allocator._refcount[page_c]  # [C]
+    count_c = allocator.book.refcount[page_c]  # [C]
     pages_h, counts_h = torch.stack([page_c, count_c.to(torch.int64)]).tolist()  # the one sync
 
     copy: list[int] = []  # indices into cand, in listed order
@@ -192,7 +192,7 @@ def cow_last_pages(rtp: ReqToTokenPool, allocator: BaseAllocator, kv_pool: KVPoo
             copy.append(j)
     if not copy:
         return True
-    if len(copy) > allocator._free_pages.numel():
+    if len(copy) > allocator.book.free_pages.numel():
         return False
     new_pages = allocator._take_pages(len(copy)).to(dev)  # [K] count 1 each
     sel = _host_list(copy, dev)  # [K]

@@ -14,51 +14,46 @@ Invariants checked (vectorised: unique / bincount, a few host syncs; for tests a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from edserve.mem_cache.errors import IntegrityError
 from edserve.mem_cache.index_args import as_index, preview
 from edserve.mem_cache.layout import segment_ids
-
-if TYPE_CHECKING:
-    from edserve.mem_cache.allocator import BaseAllocator
+from edserve.mem_cache.page_book import PageBook
 
 
 def check_allocator_integrity(
-    alloc: BaseAllocator,
+    book: PageBook,
     owned: torch.Tensor | None = None,
     holders: Sequence[torch.Tensor] | None = None,
 ) -> None:
     """Raise ``IntegrityError`` naming the offending pages unless every invariant holds."""
-    if alloc._free_group is not None:
-        raise IntegrityError("check_integrity inside an open free group")
-    _check_free_list(alloc)
-    _check_counts(alloc)
+    _check_free_list(book)
+    _check_counts(book)
     if owned is not None:
-        _check_owned(alloc, as_index(owned, "check_integrity: owned", alloc.device))
+        _check_owned(book, as_index(owned, "check_integrity: owned", book.device))
     if holders is not None:
-        _check_holders(alloc, holders)
+        _check_holders(book, holders)
 
 
-def _check_free_list(alloc: BaseAllocator) -> None:
-    free = alloc._free_pages
+def _check_free_list(book: PageBook) -> None:
+    free = book.free_pages
     if free.numel():
         if bool((free == 0).any()):
             raise IntegrityError("page 0 (padding) is on the free list")
-        bad = free[(free < 1) | (free > alloc.num_pages)]
+        bad = free[(free < 1) | (free > book.num_pages)]
         if bad.numel():
-            raise IntegrityError(f"free list holds pages outside 1..{alloc.num_pages}: {bad}")
+            raise IntegrityError(f"free list holds pages outside 1..{book.num_pages}: {bad}")
         uniq, counts = torch.unique(free, return_counts=True)
         if uniq.numel() != free.numel():
             raise IntegrityError(f"free list holds pages twice: {preview(uniq[counts > 1])}")
-    if int(alloc._is_free.sum()) != free.numel() or not bool(alloc._is_free[free].all()):
+    if int(book.is_free.sum()) != free.numel() or not bool(book.is_free[free].all()):
         raise IntegrityError("free list and free mask disagree")
 
 
-def _check_counts(alloc: BaseAllocator) -> None:
-    rc, is_free = alloc._refcount, alloc._is_free  # [num_pages + 1] each
+def _check_counts(book: PageBook) -> None:
+    rc, is_free = book.refcount, book.is_free  # [num_pages + 1] each
     if int(rc[0]) != 0:
         raise IntegrityError(f"page 0 (padding) has refcount {int(rc[0])}, expected 0")
     neg = torch.nonzero(rc < 0).reshape(-1)
@@ -78,42 +73,42 @@ def _check_counts(alloc: BaseAllocator) -> None:
         )
 
 
-def _check_owned(alloc: BaseAllocator, own: torch.Tensor) -> None:
+def _check_owned(book: PageBook, own: torch.Tensor) -> None:
     """The single-holder check: ``own`` lists every slot held by requests, each once."""
-    ps, free = alloc.page_size, alloc._free_pages
+    ps, free = book.page_size, book.free_pages
     if own.numel():
         uniq, counts = torch.unique(own, return_counts=True)
         if uniq.numel() != own.numel():
             raise IntegrityError(f"slots owned twice: {preview(uniq[counts > 1])}")
-        if int(uniq[0]) < ps or int(uniq[-1]) >= (alloc.num_pages + 1) * ps:
+        if int(uniq[0]) < ps or int(uniq[-1]) >= (book.num_pages + 1) * ps:
             raise IntegrityError(
-                f"owned slots outside the pool's pages 1..{alloc.num_pages}: min "
+                f"owned slots outside the pool's pages 1..{book.num_pages}: min "
                 f"{int(uniq[0])} max {int(uniq[-1])}"
             )
     owned_pages = torch.unique(own // ps)
-    both = owned_pages[alloc._is_free[owned_pages]]
+    both = owned_pages[book.is_free[owned_pages]]
     if both.numel():
         raise IntegrityError(f"pages both free and owned: {preview(both)}")
-    if free.numel() + owned_pages.numel() != alloc.num_pages:
-        seen = alloc._is_free.clone()
+    if free.numel() + owned_pages.numel() != book.num_pages:
+        seen = book.is_free.clone()
         seen[owned_pages] = True
         leaked = torch.nonzero(~seen[1:]).reshape(-1) + 1
         raise IntegrityError(
             f"free pages ({free.numel()}) + owned pages ({owned_pages.numel()}) != total "
-            f"pages ({alloc.num_pages}): {leaked.numel()} leaked, e.g. {preview(leaked)}"
+            f"pages ({book.num_pages}): {leaked.numel()} leaked, e.g. {preview(leaked)}"
         )
-    counts = alloc._refcount[owned_pages]
+    counts = book.refcount[owned_pages]
     shared = owned_pages[counts != 1]
     if shared.numel():
         raise IntegrityError(
             f"owned pages with refcount != 1: pages {preview(shared)} counts "
-            f"{preview(alloc._refcount[shared])} (check shared pages with holders=)"
+            f"{preview(book.refcount[shared])} (check shared pages with holders=)"
         )
 
 
-def _check_holders(alloc: BaseAllocator, holders: Sequence[torch.Tensor]) -> None:
+def _check_holders(book: PageBook, holders: Sequence[torch.Tensor]) -> None:
     """count[p] == #holders touching page p, for every page (0 included)."""
-    dev, ps, n = alloc.device, alloc.page_size, alloc.num_pages
+    dev, ps, n = book.device, book.page_size, book.num_pages
     end = (n + 1) * ps
     parts = [as_index(h, f"check_integrity: holders[{i}]", dev) for i, h in enumerate(holders)]
     lens = torch.tensor([p.numel() for p in parts], dtype=torch.int64, device=dev)  # [H]
@@ -134,10 +129,10 @@ def _check_holders(alloc: BaseAllocator, holders: Sequence[torch.Tensor]) -> Non
         )
     held_pages = torch.unique(hid * (n + 1) + slots // ps) % (n + 1)  # one per (holder, page)
     expected = torch.bincount(held_pages, minlength=n + 1)  # [num_pages + 1]
-    both = torch.nonzero(alloc._is_free & (expected > 0)).reshape(-1)
+    both = torch.nonzero(book.is_free & (expected > 0)).reshape(-1)
     if both.numel():
         raise IntegrityError(f"pages both free and held: {preview(both)}")
-    rc = alloc._refcount.to(torch.int64)
+    rc = book.refcount.to(torch.int64)
     wrong = torch.nonzero(rc != expected).reshape(-1)
     if wrong.numel():
         raise IntegrityError(

@@ -15,14 +15,10 @@ All functions here are batched torch ops; the checks cost one device->host sync.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from edserve.mem_cache.errors import AlignmentError, KVCacheError
-
-if TYPE_CHECKING:
-    from edserve.mem_cache.allocator import BaseAllocator
+from edserve.mem_cache.page_book import PageBook
 
 
 def _index(t: torch.Tensor, name: str, device: torch.device) -> torch.Tensor:
@@ -38,22 +34,22 @@ def as_index(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(t).to(device=device, dtype=torch.int64)
 
 
-def _owned_page_bad(alloc: BaseAllocator, loc: torch.Tensor) -> torch.Tensor:
+def _owned_page_bad(book: PageBook, loc: torch.Tensor) -> torch.Tensor:
     """[B] bool: ``loc`` is not a slot of a handed-out page."""
-    ps = alloc.page_size
-    page = torch.div(loc, ps, rounding_mode="floor").clamp(0, alloc.num_pages)
-    return (loc < ps) | (loc >= (alloc.num_pages + 1) * ps) | (alloc._refcount[page] == 0)
+    ps = book.page_size
+    page = torch.div(loc, ps, rounding_mode="floor").clamp(0, book.num_pages)
+    return (loc < ps) | (loc >= (book.num_pages + 1) * ps) | (book.refcount[page] == 0)
 
 
 def check_extend_args(
-    alloc: BaseAllocator,
+    book: PageBook,
     prefix_lens: torch.Tensor,
     seq_lens: torch.Tensor,
     last_loc: torch.Tensor,
     extend_num_tokens: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Validate extend arguments; return int64 (prefix, seq, last_loc) [B] and #new pages."""
-    dev, ps = alloc.device, alloc.page_size
+    dev, ps = book.device, book.page_size
     prefix = _index(prefix_lens, "prefix_lens", dev)
     seq = _index(seq_lens, "seq_lens", dev)
     last = _index(last_loc, "last_loc", dev)
@@ -67,7 +63,7 @@ def check_extend_args(
         (prefix == 0) & (last != -1)
     )
     partial = torch.remainder(prefix, ps) != 0  # new tokens start inside the prefix's page
-    bad_page = partial & _owned_page_bad(alloc, last)
+    bad_page = partial & _owned_page_bad(book, last)
     new_pages = _cdiv(seq, ps) - _cdiv(prefix, ps)  # [B]
     n_bad_len, total, n_mis, n_bad_page, n_pages = torch.stack(
         [
@@ -106,11 +102,11 @@ def check_extend_args(
 
 
 def check_decode_args(
-    alloc: BaseAllocator, seq_lens: torch.Tensor, last_loc: torch.Tensor
+    book: PageBook, seq_lens: torch.Tensor, last_loc: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Validate decode arguments; return int64 (seq, last_loc) [B], the [B] bool "needs a new
     page" mask and the number of new pages."""
-    dev, ps = alloc.device, alloc.page_size
+    dev, ps = book.device, book.page_size
     seq = _index(seq_lens, "seq_lens", dev)
     last = _index(last_loc, "last_loc", dev)
     if seq.shape != last.shape:
@@ -121,7 +117,7 @@ def check_decode_args(
     misaligned = (torch.remainder(last + 2, ps) != torch.remainder(seq, ps)) | (
         (seq == 1) & (last != -1)
     )
-    bad_page = ~new_page & _owned_page_bad(alloc, last)
+    bad_page = ~new_page & _owned_page_bad(book, last)
     n_bad_len, n_mis, n_bad_page, n_new = torch.stack(
         [(seq < 1).sum(), misaligned.sum(), bad_page.sum(), new_page.sum()]
     ).tolist()  # the one sync

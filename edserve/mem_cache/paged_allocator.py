@@ -41,7 +41,7 @@ class PagedTokenToKVPoolAllocator(BaseAllocator):
         then a tail page. Returns int64 [extend_num_tokens] or ``None`` (nothing taken)."""
         if self.debug or seq_lens_cpu is None or prefix_lens_cpu is None:
             prefix, seq, last, num_new_pages = check_extend_args(
-                self, prefix_lens, seq_lens, last_loc, extend_num_tokens
+                self.book, prefix_lens, seq_lens, last_loc, extend_num_tokens
             )
         else:  # sized from the host lengths: no device read
             prefix, seq, last = (as_index(t, self.device) for t in (prefix_lens, seq_lens,
@@ -49,7 +49,7 @@ class PagedTokenToKVPoolAllocator(BaseAllocator):
             ps = self.page_size
             num_new_pages = sum(-(-s // ps) - -(-p // ps)
                                 for s, p in zip(seq_lens_cpu, prefix_lens_cpu, strict=True))
-        if num_new_pages > self._free_pages.numel():
+        if num_new_pages > self.book.free_pages.numel():
             return None
         pages = self._take_pages(num_new_pages)
         return extend_slots(prefix, seq, last, pages, self.page_size, extend_num_tokens)
@@ -60,12 +60,12 @@ class PagedTokenToKVPoolAllocator(BaseAllocator):
         Returns int64 [B] or ``None`` (nothing taken)."""
         ps = self.page_size
         if self.debug or seq_lens_cpu is None:
-            _, last, new_page, num_new_pages = check_decode_args(self, seq_lens, last_loc)
+            _, last, new_page, num_new_pages = check_decode_args(self.book, seq_lens, last_loc)
         else:  # sized from the host lengths: no device read
             seq, last = as_index(seq_lens, self.device), as_index(last_loc, self.device)
             new_page = torch.remainder(seq - 1, ps) == 0  # [B]
             num_new_pages = sum((s - 1) % ps == 0 for s in seq_lens_cpu)
-        if num_new_pages > self._free_pages.numel():
+        if num_new_pages > self.book.free_pages.numel():
             return None
         pages = self._take_pages(num_new_pages)
         return decode_slots(last, new_page, pages, self.page_size)

@@ -14,8 +14,6 @@ when they are allowed to sync (``free``) or when ``debug`` is on (``share``,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from edserve.mem_cache.errors import (
@@ -26,20 +24,18 @@ from edserve.mem_cache.errors import (
     ReservedSlotError,
 )
 from edserve.mem_cache.index_args import preview
-
-if TYPE_CHECKING:
-    from edserve.mem_cache.allocator import BaseAllocator
+from edserve.mem_cache.page_book import PageBook
 
 
-def validate_free(alloc: BaseAllocator, idx: torch.Tensor) -> torch.Tensor:
+def validate_free(book: PageBook, idx: torch.Tensor) -> torch.Tensor:
     """Distinct pages (sorted, int64) of the slots ``idx`` [N] for ``free``, or raise.
 
     Rules: every slot in range and off page 0; no slot listed twice; each page's first slot
     listed (paged: a partial-page free would release tokens the caller did not list); every
     page referenced (count > 0, so neither free nor pending). Never mutates.
     """
-    ps = alloc.page_size
-    end = (alloc.num_pages + 1) * ps
+    ps = book.page_size
+    end = (book.num_pages + 1) * ps
     lo, hi = torch.stack([idx.min(), idx.max()]).tolist()
     if lo < 0 or hi >= end:
         bad = idx[(idx < 0) | (idx >= end)]
@@ -59,13 +55,13 @@ def validate_free(alloc: BaseAllocator, idx: torch.Tensor) -> torch.Tensor:
                 f"free: partial-page free of pages {preview(missing)}: their first slot is "
                 f"not listed, so freeing them would release tokens the caller did not list"
             )
-    dead = alloc._refcount[pages] == 0
+    dead = book.refcount[pages] == 0
     if bool(dead.any()):
         raise DoubleFreeError(f"free: pages already free: {preview(pages[dead])}")
     return pages
 
 
-def check_page_refs(alloc: BaseAllocator, idx: torch.Tensor, what: str,
+def check_page_refs(book: PageBook, idx: torch.Tensor, what: str,
                     exclusive: bool) -> None:
     """Raise unless every slot of ``idx`` [N] starts a referenced page (one host sync).
 
@@ -75,10 +71,10 @@ def check_page_refs(alloc: BaseAllocator, idx: torch.Tensor, what: str,
     page's first slot), ``DoubleFreeError`` (a free: page at count 0 / listed twice) or
     ``RefcountError`` (``share`` of a page at count 0; exclusive free of a shared page).
     """
-    ps, n = alloc.page_size, alloc.num_pages
+    ps, n = book.page_size, book.num_pages
     out = (idx < 0) | (idx >= (n + 1) * ps)
     page = torch.div(idx, ps, rounding_mode="floor").clamp(0, n)  # [N]
-    count = alloc._refcount[page]  # [N]
+    count = book.refcount[page]  # [N]
     reserved = ~out & (page == 0)
     off_start = ~out & ~reserved & (torch.remainder(idx, ps) != 0)
     ok = ~(out | reserved | off_start)

@@ -30,11 +30,11 @@ class TokenToKVPoolAllocator(BaseAllocator):
         prefix_lens_cpu: Sequence[int] | None = None,
     ) -> torch.Tensor | None:
         if self.debug:
-            check_extend_args(self, prefix_lens, seq_lens, last_loc, extend_num_tokens)
+            check_extend_args(self.book, prefix_lens, seq_lens, last_loc, extend_num_tokens)
         return self.alloc(extend_num_tokens)
 
     def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor,
                      seq_lens_cpu: Sequence[int] | None = None) -> torch.Tensor | None:
         if self.debug:
-            check_decode_args(self, seq_lens, last_loc)
+            check_decode_args(self.book, seq_lens, last_loc)
         return self.alloc(int(seq_lens.numel()))

@@ -20,5 +20,5 @@ def t(values: list[int]) -> torch.Tensor:
 
 def snapshot(allocator) -> tuple[list[int], list[bool], list[int]]:
     """Free list, free mask and refcounts of an allocator, for before/after comparisons."""
-    return (allocator.free_pages().tolist(), allocator._is_free.tolist(),
+    return (allocator.free_pages().tolist(), allocator.book.is_free.tolist(),
             allocator.refcounts().tolist())

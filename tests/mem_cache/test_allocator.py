@@ -141,9 +141,9 @@ def test_check_integrity_detects_leaks_and_corruption(kind):
         a.check_integrity(torch.cat([x, y]))
     with pytest.raises(IntegrityError, match="outside"):
         a.check_integrity(torch.cat([x, t([0])]))
-    a._free_pages = torch.cat([a._free_pages, a._free_pages[:1]])
+    a.book.free_pages = torch.cat([a.book.free_pages, a.book.free_pages[:1]])
     with pytest.raises(IntegrityError, match="twice"):
         a.check_integrity(x)
-    a._free_pages = torch.cat([t([0]), a._free_pages[:-1]])
+    a.book.free_pages = torch.cat([t([0]), a.book.free_pages[:-1]])
     with pytest.raises(IntegrityError, match="page 0"):
         a.check_integrity(x)

@@ -286,10 +286,10 @@ def test_check_integrity_with_holders_names_the_wrong_pages():
         a.check_integrity(holders=[x, t([4, 4])])
     with pytest.raises(IntegrityError, match="free and held"):
         a.check_integrity(holders=[x, x[:2], t([12])])
-    a._refcount[3] = 1  # a free page with a count
+    a.book.refcount[3] = 1  # a free page with a count
     with pytest.raises(IntegrityError, match="free pages with nonzero refcount"):
         a.check_integrity()
-    a._refcount[3] = 0
-    a._refcount[2] = 0  # a handed-out page nobody references
+    a.book.refcount[3] = 0
+    a.book.refcount[2] = 0  # a handed-out page nobody references
     with pytest.raises(IntegrityError, match="leaked"):
         a.check_integrity()
