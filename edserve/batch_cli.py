@@ -21,17 +21,16 @@ import math
 import os
 import signal
 import sys
-import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from edserve.batch_output import output_paths
 from edserve.server.config import MAX_GROUP_ROWS
 
 AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".wma",
                     ".webm", ".mp4", ".mkv", ".mov", ".aiff", ".aif"}
 TEXT_MANIFESTS = {".txt", ".lst", ".list"}
-LOST_RETRIES = 2  # a file whose worker died is transcribed again (on another worker)
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
@@ -151,38 +150,23 @@ def expand_inputs(items: list[str]) -> list[str]:
     return list(dict.fromkeys(files))
 
 
-def output_paths(src: str, fmt: str, output_dir: str) -> dict[str, Path]:
-    """Format -> where ``src``'s output goes (the same names as the one-shot path)."""
-    from edserve.whisper.formats import EXTENSIONS
-
-    folder = Path(output_dir) if output_dir else Path(src).parent
-    return {f: folder / f"{Path(src).stem}.{ext}" for f, ext in EXTENSIONS.items()
-            if fmt == "all" or f == fmt}
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _client(args: argparse.Namespace) -> Any:
     from edserve.config import EngineConfig, config_from_args
 
     config = config_from_args(args, EngineConfig)
     # at least one file's beams or samples must fit (rows are per beam / sample)
-    config = config.replace(max_running_requests=max(config.max_running_requests,
-                                                     group_rows(args)))
+    if config.max_running_requests is not None:
+        config = config.replace(max_running_requests=max(config.max_running_requests,
+                                                         group_rows(args)))
     if args.data_parallel_size > 1:
         from edserve.dp.client import DataParallelClient
 
         return DataParallelClient(config, args.data_parallel_size).start()
     from edserve.engine.async_engine import AsyncEngine
-    from edserve.engine.engine import Engine
     from edserve.engine.protocol import EngineClient
+    from edserve.runtime import build_engine
 
-    return EngineClient(AsyncEngine(Engine(config)).start())
+    return EngineClient(AsyncEngine(build_engine(config)).start())
 
 
 def _options(args: argparse.Namespace, seed: int) -> Any:
@@ -244,9 +228,3 @@ def run_batch(args: argparse.Namespace) -> int:
 def _fail(message: str) -> int:
     print(f"edserve: {message}", file=sys.stderr)
     return 2
-
-
-def rtf_postfix(audio_s: float, started: float) -> dict[str, str]:
-    elapsed = time.monotonic() - started
-    return {"audio_h": f"{audio_s / 3600:.3f}",
-            "rtf": f"{elapsed / audio_s:.3f}" if audio_s else "-"}

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from edserve.batch_cli import LOST_RETRIES, output_paths, rtf_postfix, write_atomic
+from edserve.batch_output import LOST_RETRIES, output_paths, rtf_postfix, write_atomic
 
 
 class BatchRun:
