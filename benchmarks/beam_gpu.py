@@ -55,16 +55,17 @@ def make_requests(engine, feats, n_new: int, beam: int) -> list[GenerateRequest]
 
 def build_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, ps: str,
                  dev: str):
-    from edserve.engine.engine import Engine
     from edserve.engine.groups import reserved_slots
     from edserve.models.weights import Checkpoint
+    from edserve.runtime import build_engine
 
     ckpt = Checkpoint(Path(f"<random {arch}>"), "hf", wg.hf_config(arch),
                       dict(hf.state_dict()), wg.tokenizer_path())
     n_max = max(n_new, STEADY_TOKENS) + 8
     per_req = max(reserved_slots(region, len(PROMPT) + n_max, int(ps), beam, False)
                   for region in (1500, 1536))  # flat / aligned encoder regions
-    return Engine(checkpoint=ckpt, device=dev, dtype="bfloat16" if dev == "cuda" else "float32",
+    dtype = "bfloat16" if dev == "cuda" else "float32"
+    return build_engine(checkpoint=ckpt, device=dev, dtype=dtype,
                   encoder_kv=strategy, page_size=ps, max_running_requests=conc * beam,
                   cuda_graph_max_bs=conc * beam, max_total_tokens=conc * per_req + 4096,
                   max_new_tokens=n_max, debug_checks=False)

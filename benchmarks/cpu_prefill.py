@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # whi
 from whisper_fixtures import make_random_whisper  # noqa: E402
 
 import edserve  # noqa: E402
-from edserve.engine.engine import Engine  # noqa: E402
 from edserve.engine.request import GenerateRequest, SamplingParams  # noqa: E402
+from edserve.runtime import build_engine  # noqa: E402
 
 PROMPT = [50257, 50362]
 
@@ -55,7 +55,7 @@ def main() -> None:
     mels = [torch.randn(80, 3000, generator=gen) * 0.5 for _ in range(args.clips)]
     with tempfile.TemporaryDirectory() as tmp:
         folder = make_random_whisper(Path(tmp), d_model=384, layers=4, heads=6)
-        engine = Engine(model=str(folder), device="cpu", dtype="float32",
+        engine = build_engine(model=str(folder), device="cpu", dtype="float32",
                         max_running_requests=args.clips, max_prefill_tokens=1 << 20)
     model = engine.model
     encodes = []

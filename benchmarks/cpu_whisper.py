@@ -77,12 +77,12 @@ def word_errors(ref: str, hyp: str) -> tuple[int, int]:
 def make_system(name: str, threads: int, model_dir: str, beam_size: int = 1):
     """-> transcribe(audio float32 16 kHz) -> text, or None when the package is missing."""
     if name.startswith("edserve"):
-        from edserve.engine.engine import Engine
+        from edserve.runtime import build_engine
         from edserve.whisper.options import TranscribeOptions
         from edserve.whisper.transcribe import transcribe
 
         mode = name.split("-")[1]
-        engine = Engine(device="cpu", threads=threads, max_running_requests=beam_size,
+        engine = build_engine(device="cpu", threads=threads, max_running_requests=beam_size,
                         dtype={"bf16": "bfloat16"}.get(mode, "float32"),
                         quantization="int8" if mode == "int8" else "none")
         opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,

@@ -87,14 +87,14 @@ def random_state_dict(config: dict, device: str, dtype: torch.dtype) -> dict[str
 
 def make_engine(config: dict, sd: dict, device: str, dtype: str, strategy: str, page: int,
                 ops: str, rows: int, new_tokens: int):
-    from edserve.engine.engine import Engine
     from edserve.models.weights import Checkpoint
+    from edserve.runtime import build_engine
 
     ckpt = Checkpoint(Path("<random mllama>"), "hf", config, sd, Path("/nonexistent"))
     p = config["vision_config"]
     enc = 4 * ((p["image_size"] // 14) ** 2 + 1)  # one 4-tile image
     per_req = -(-(enc + page + 64 + new_tokens + 2 * page) // page) * page
-    return Engine(checkpoint=ckpt, device=device, dtype=dtype, encoder_kv=strategy,
+    return build_engine(checkpoint=ckpt, device=device, dtype=dtype, encoder_kv=strategy,
                   page_size=str(page), attention_backend=ops, max_running_requests=rows,
                   max_total_tokens=rows * per_req + 4096, context_length=256,
                   max_new_tokens=new_tokens)
@@ -129,9 +129,9 @@ def cases(vocab: int, image_px: int, n_img: int, n_text: int, seed: int = 0) -> 
 def run(engine, case_list, steps: int, capture: bool):
     """Greedy, EOS ignored; returns (token lists, per-request [steps, vocab] logits or None,
     seconds in ``generate``: image preprocessing is done before the clock starts)."""
+    from edserve.chat.mllama_request import make_mllama_request
     from edserve.engine.logits_filter import LogitsRecorder
     from edserve.engine.request import SamplingParams
-    from edserve.multimodal.mllama_request import make_mllama_request
 
     sp = SamplingParams(max_new_tokens=steps, ignore_eos=True)
     recorders = [LogitsRecorder() for _ in case_list]

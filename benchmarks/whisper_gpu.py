@@ -61,14 +61,14 @@ def tokenizer_path() -> Path:
 
 
 def make_engine(hf_model, arch: str, conc: int, new_tokens: int, **engine_kw):
-    from edserve.engine.engine import Engine
     from edserve.models.weights import Checkpoint
+    from edserve.runtime import build_engine
 
     ckpt = Checkpoint(Path(f"<random {arch}>"), "hf", hf_config(arch),
                       dict(hf_model.state_dict()), tokenizer_path())
     ps = int(engine_kw.get("page_size", 1))
     per_req = -(-(1536 + 4 + new_tokens + 2 * ps) // ps) * ps
-    return Engine(checkpoint=ckpt, max_running_requests=conc,
+    return build_engine(checkpoint=ckpt, max_running_requests=conc,
                   max_total_tokens=max(conc, 2) * per_req + 2048, max_new_tokens=new_tokens,
                   **engine_kw)
 

@@ -18,7 +18,7 @@ from edserve.batch_cli import (
     run_batch,
     wants_batch,
 )
-from edserve.config import EngineConfig, add_config_args, config_from_args
+from edserve.config import CPU_RUNNING_DEFAULT, EngineConfig, add_config_args, config_from_args
 from edserve.integrations.ray_cli import add_serve_ray
 
 OUTPUT_FORMATS = ("text", "json", "srt", "vtt", "verbose_json", "all")
@@ -84,7 +84,7 @@ def _run_transcribe(args: argparse.Namespace) -> int:
 
     from edserve.audio.decode import load_audio
     from edserve.audio.errors import AudioError
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
     from edserve.whisper.options import TranscribeOptions, temperature_schedule
     from edserve.whisper.transcribe import transcribe
 
@@ -97,9 +97,13 @@ def _run_transcribe(args: argparse.Namespace) -> int:
     # One request per file at a time: no more KV rows than files need (a smaller pool starts
     # faster); beam search and best_of decode a group of rows per file, and one group must fit.
     group = group_rows(args)
-    rows = max(group, min(config.max_running_requests, len(args.files) * group))
+    rows = max(group, len(args.files) * group)
+    limit = config.max_running_requests
+    if limit is not None or rows <= CPU_RUNNING_DEFAULT:  # else auto sizes the rows
+        config = config.replace(max_running_requests=rows if limit is None
+                                else max(group, min(limit, rows)))
     try:
-        engine = Engine(config.replace(max_running_requests=rows))
+        engine = build_engine(config)
     except ValueError as exc:  # settings the device/model cannot run (--quantization, ...)
         print(f"edserve: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 MAX_GROUP_ROWS = 16  # largest beam_size / best_of a request may ask for (rows per request)
+CPU_RUNNING_DEFAULT = 16  # --max-running-requests auto on CPU
+GRAPH_MAX_BS_DEFAULT = 256  # --max-running-requests auto on CUDA: at most this many (graph cap)
 
 ENCODER_KV_STRATEGIES = ("aligned", "ragged", "flat")
 QUANTIZATION_MODES = ("none", "int8")
@@ -72,8 +74,13 @@ class EngineConfig:
         "or auto (triton on CUDA, torch elsewhere).",
         choices=("auto", "torch", "triton"),
     )
-    max_running_requests: int = _f(
-        16, "Most requests decoded together (rows of the request-to-token table)."
+    max_running_requests: int | None = _f(
+        None,
+        "Most requests decoded together (rows of the request-to-token table), or auto: on "
+        "CUDA as many as the KV pool holds at each request's worst case (encoder region + "
+        "every decoder position), at most --cuda-graph-max-bs (default 256); on CPU 16. The "
+        "start-up log says what was chosen and why.",
+        auto=True,
     )
     max_prefill_tokens: int | None = _f(
         None,
@@ -105,7 +112,9 @@ class EngineConfig:
         "Default: on where supported (CUDA); --no-cuda-graph turns it off.",
     )
     cuda_graph_max_bs: int | None = _f(
-        None, "Largest decode batch captured in a CUDA graph (default: --max-running-requests)."
+        None,
+        "Largest decode batch captured in a CUDA graph (default: the running limit; with "
+        "--max-running-requests auto, at most 256).",
     )
     overlap_schedule: str = _f(
         "auto",
@@ -136,7 +145,7 @@ class EngineConfig:
             raise ValueError("--cuda-graph cannot be used with --encoder-kv ragged: the ragged "
                              "strategy gathers data-dependent buffers every step; use flat or "
                              "aligned")
-        if self.max_running_requests < 1:
+        if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"--max-running-requests must be >= 1, "
                              f"got {self.max_running_requests}")
         if not 0.0 < self.mem_fraction_static <= 1.0:
@@ -154,6 +163,16 @@ class EngineConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _int_or_auto(text: str) -> int | None:
+    """argparse type of fields that take ``auto`` (None) or a positive integer."""
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
+
+
 def add_config_args(parser: argparse.ArgumentParser, cls: type = EngineConfig,
                     skip: tuple[str, ...] = ()) -> None:
     """Add one ``--flag`` per dataclass field, with the field's doc as help."""
@@ -162,10 +181,16 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type = EngineConfig,
             continue
         flag = "--" + f.name.replace("_", "-")
         kw: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "")}
-        if f.metadata.get("choices"):
+        if f.metadata.get("auto"):
+            kw["type"] = _int_or_auto
+            kw["metavar"] = "{auto,N}"
+            kw["help"] += " (default: auto)"
+        elif f.metadata.get("choices"):
             kw["choices"] = f.metadata["choices"]
         if f.type in ("bool", bool, "bool | None"):
             kw["action"] = argparse.BooleanOptionalAction
+        elif "type" in kw:
+            pass
         elif f.type in ("int", int, "int | None"):
             kw["type"] = int
         elif f.type in ("float", float):

@@ -173,7 +173,8 @@ class DataParallelClient(EngineClient):
 
     @property
     def config(self) -> EngineConfig:
-        return self._config
+        """The workers' settings, with the running limit they resolved."""
+        return self._config.replace(max_running_requests=self._facts.max_running_requests)
 
     @property
     def max_decoder_len(self) -> int:

@@ -43,6 +43,7 @@ class WorkerFacts:
     is_mllama: bool
     device: str
     threads: int | None
+    max_running_requests: int  # the worker's resolved running limit
 
 
 class ModelFacts:

@@ -14,7 +14,7 @@ import logging
 import torch
 
 from edserve.engine.batch_builder import Pools
-from edserve.engine.forward_batch import ForwardBatch, ForwardMode
+from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger("edserve")
 

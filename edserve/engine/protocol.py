@@ -141,9 +141,7 @@ class EngineClient:
 
     @property
     def is_mllama(self) -> bool:
-        from edserve.multimodal.chat_api import is_mllama
-
-        return is_mllama(self._engine)
+        return getattr(self.model, "model_type", None) == "mllama"
 
     @property
     def is_multilingual(self) -> bool:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 
 from edserve.engine.cuda_graph import DecodeGraphRunner
-from edserve.engine.forward_batch import ForwardMode
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
 from edserve.engine.sampler import sample
 from edserve.engine.step import ScheduledBatch, StepOutput
 from edserve.engine.token_history import TokenHistory
+from edserve.layers.forward_batch import ForwardMode
 
 
 class ModelRunner:

@@ -26,7 +26,6 @@ import torch
 
 from edserve.engine.batch_builder import Pools, build_decode, build_prefill, release
 from edserve.engine.finisher import Finisher
-from edserve.engine.forward_batch import ForwardMode
 from edserve.engine.group_ops import RowOps, group_results, hold_encoder, release_encoder
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
@@ -35,6 +34,7 @@ from edserve.engine.row_group import RowGroup
 from edserve.engine.sampler import SamplingPlan, plan_sampling
 from edserve.engine.step import ScheduledBatch, StepOutput
 from edserve.engine.token_history import HistoryEdits
+from edserve.layers.forward_batch import ForwardMode
 
 logger = logging.getLogger("edserve")
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from edserve.engine.forward_batch import ForwardBatch, ForwardMode
 from edserve.engine.req import Req
 from edserve.engine.sampler import SamplingPlan
 from edserve.engine.token_history import HistoryEdits
+from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from edserve.config import EngineConfig
+from edserve.config import CPU_RUNNING_DEFAULT, GRAPH_MAX_BS_DEFAULT, EngineConfig
 from edserve.server.config import ServerConfig
 
 APP_NAME = "edserve"
@@ -34,10 +34,10 @@ class EdserveReplica:
 
     def __init__(self, engine_config: dict[str, Any], server_config: dict[str, Any]) -> None:
         from edserve.engine.async_engine import AsyncEngine
-        from edserve.engine.engine import Engine
+        from edserve.runtime import build_engine
 
         self.server_config = ServerConfig(**server_config)
-        self.aengine = AsyncEngine(Engine(EngineConfig(**engine_config))).start()
+        self.aengine = AsyncEngine(build_engine(EngineConfig(**engine_config))).start()
 
     def __serve_build_asgi_app__(self) -> Any:
         from edserve.server.app import create_app
@@ -70,12 +70,13 @@ def build_app(engine_config: EngineConfig, server_config: ServerConfig | None = 
     resources = replica_resources(engine_config, num_gpus)
     if resources["num_gpus"] == 0 and engine_config.threads is None:
         engine_config = engine_config.replace(threads=1, device="cpu")
-    options: dict[str, Any] = {"ray_actor_options": resources,
-                               "max_ongoing_requests": engine_config.max_running_requests}
+    ongoing = engine_config.max_running_requests or (
+        GRAPH_MAX_BS_DEFAULT if resources["num_gpus"] > 0 else CPU_RUNNING_DEFAULT)
+    options: dict[str, Any] = {"ray_actor_options": resources, "max_ongoing_requests": ongoing}
     if max_replicas is not None and max_replicas > replicas:
         options["autoscaling_config"] = {
             "min_replicas": replicas, "max_replicas": max_replicas,
-            "target_ongoing_requests": engine_config.max_running_requests}
+            "target_ongoing_requests": ongoing}
     else:
         options["num_replicas"] = replicas
     deployment = serve.deployment(EdserveReplica, name="edserve", **options)

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edserve.engine.forward_batch import ForwardBatch
 from edserve.layers.attention.base import Attention
+from edserve.layers.forward_batch import ForwardBatch
 from edserve.models.weights.fused import FusedLinear, load_hf_tensors
 
 
@@ -212,6 +212,8 @@ class _Inner(nn.Module):
 
 class WhisperForConditionalGeneration(nn.Module):
     """The engine-facing model: ``encode`` + ``forward`` + ``compute_logits``."""
+
+    model_type = "whisper"  # the registry key (edserve.models.registry)
 
     def __init__(self, cfg: WhisperConfig) -> None:
         super().__init__()

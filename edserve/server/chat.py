@@ -22,11 +22,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from edserve.chat.chat_api import ChatDecoder, finish_reason, normalize_stop
+from edserve.chat.chat_api import prepare_chat as _prepare_chat
+from edserve.chat.mllama_chat import ChatFormatError
 from edserve.engine.errors import RequestFailed
-from edserve.multimodal.chat_api import ChatDecoder, finish_reason, normalize_stop
-from edserve.multimodal.chat_api import prepare_chat as _prepare_chat
 from edserve.multimodal.errors import ImageInputError
-from edserve.multimodal.mllama_chat import ChatFormatError
 from edserve.server.checks import check_auth, check_model, read_json, show
 from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError

@@ -105,8 +105,9 @@ def server_flags_error(args: Any) -> str | None:
         config_from_args(args, ServerConfig)
     except ValueError as exc:
         return str(exc)
-    for name in ("beam_size", "best_of"):
-        if (n := getattr(args, name)) > args.max_running_requests:
+    for name in ("beam_size", "best_of"):  # auto (None): the engine checks once sized
+        limit = args.max_running_requests
+        if limit is not None and (n := getattr(args, name)) > limit:
             return (f"--{name.replace('_', '-')} {n} needs --max-running-requests >= {n} "
                     f"(one KV row per beam or sample; got {args.max_running_requests})")
     return None

@@ -13,6 +13,7 @@ import uvicorn
 
 from edserve.config import EngineConfig
 from edserve.engine.async_engine import AsyncEngine
+from edserve.runtime import build_engine
 from edserve.server.app import create_app
 from edserve.server.config import ServerConfig
 from edserve.server.connections import connection_cap, guarded_protocol, install_log_limits
@@ -22,14 +23,12 @@ def build(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[Any
     """Load the engine, start its loop, and build the app around it; returns (the engine or
     client, with ``shutdown(timeout)``, the app). With ``data_parallel_size`` > 1: a started
     :class:`~edserve.dp.client.DataParallelClient` over that many worker processes."""
-    from edserve.engine.engine import Engine
-
     if server_config.data_parallel_size > 1:
         from edserve.dp.launch import build_dp
 
         return build_dp(engine_config, server_config)
 
-    aengine = AsyncEngine(Engine(engine_config)).start()
+    aengine = AsyncEngine(build_engine(engine_config)).start()
     return aengine, create_app(aengine, server_config)
 
 

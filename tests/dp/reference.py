@@ -15,10 +15,10 @@ CLIPS = ("jfk", "librivox_0870", "cards_005")
 @functools.lru_cache(maxsize=1)
 def single_engine_texts() -> dict[str, str]:
     """clip name -> the text one engine gives (``edserve transcribe``'s path)."""
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
     from edserve.whisper.transcribe import transcribe
 
-    results = transcribe(Engine(), [str(DATA / f"{c}.wav") for c in CLIPS])
+    results = transcribe(build_engine(), [str(DATA / f"{c}.wav") for c in CLIPS])
     return {c: r.text for c, r in zip(CLIPS, results, strict=True)}
 
 

@@ -12,6 +12,7 @@ from whisper_fixtures import make_random_whisper
 from edserve.engine.async_engine import AsyncEngine
 from edserve.engine.engine import Engine
 from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,8 @@ def _idle_check(engine: Engine) -> None:
 
 
 def test_concurrent_generate_matches_sync(model_dir):
-    reference = Engine(model=str(model_dir)).generate(_requests(6))
-    engine = Engine(model=str(model_dir), max_running_requests=4)
+    reference = build_engine(model=str(model_dir)).generate(_requests(6))
+    engine = build_engine(model=str(model_dir), max_running_requests=4)
     aengine = AsyncEngine(engine).start()
 
     async def main():
@@ -54,7 +55,7 @@ def test_concurrent_generate_matches_sync(model_dir):
 
 
 def test_stream_deltas_match_output(model_dir):
-    engine = Engine(model=str(model_dir))
+    engine = build_engine(model=str(model_dir))
     aengine = AsyncEngine(engine).start()
 
     async def main():
@@ -70,7 +71,7 @@ def test_stream_deltas_match_output(model_dir):
 
 
 def test_cancel_aborts_and_frees_kv(model_dir):
-    engine = Engine(model=str(model_dir))
+    engine = build_engine(model=str(model_dir))
     aengine = AsyncEngine(engine).start()
     aborted = []
     original = engine.abort
@@ -101,9 +102,9 @@ def test_cancel_aborts_and_frees_kv(model_dir):
 
 
 def test_kv_exhaustion_queues(model_dir):
-    probe = Engine(model=str(model_dir), page_size="1")
+    probe = build_engine(model=str(model_dir), page_size="1")
     need = probe.make_req(_requests(1, 20)[0]).reserved_slots
-    engine = Engine(model=str(model_dir), page_size="1", max_total_tokens=2 * need + 10)
+    engine = build_engine(model=str(model_dir), page_size="1", max_total_tokens=2 * need + 10)
     aengine = AsyncEngine(engine).start()
 
     async def main():
@@ -115,7 +116,7 @@ def test_kv_exhaustion_queues(model_dir):
 
 
 def test_invalid_request_raises_and_call_runs_on_engine_thread(model_dir):
-    engine = Engine(model=str(model_dir))
+    engine = build_engine(model=str(model_dir))
     aengine = AsyncEngine(engine).start()
 
     async def main():
@@ -134,7 +135,7 @@ def test_invalid_request_raises_and_call_runs_on_engine_thread(model_dir):
 def test_engine_calls_never_starve_steps(model_dir):
     """Many queued engine-thread calls (e.g. clients polling /debug/integrity) run one per
     step while there is work: decoding keeps its pace."""
-    engine = Engine(model=str(model_dir))
+    engine = build_engine(model=str(model_dir))
     aengine = AsyncEngine(engine).start()
     steps = [0]
     original = engine.step
@@ -161,7 +162,7 @@ def test_engine_calls_never_starve_steps(model_dir):
 def test_engine_client_stats_validate_and_request_failed(model_dir):
     from edserve.engine.protocol import EngineClient, RequestFailed
 
-    engine = Engine(model=str(model_dir))
+    engine = build_engine(model=str(model_dir))
     aengine = AsyncEngine(engine).start()
     client = EngineClient(aengine, "tiny")
     total = engine.pools.allocator.size

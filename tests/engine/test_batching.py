@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edserve.engine.engine import Engine
 from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
 
 PROMPT = [50257, 50362]
 
@@ -30,7 +30,7 @@ def _clone(reqs):
 @pytest.mark.parametrize("strategy,page_size", [("flat", "1"), ("aligned", "16"),
                                                  ("ragged", "128")])
 def test_batch_invariance(random_whisper, strategy, page_size):
-    engine = Engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
+    engine = build_engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
                     max_running_requests=8)
     reqs = _requests(8)
     together = engine.generate(reqs)
@@ -44,7 +44,7 @@ def test_batch_invariance(random_whisper, strategy, page_size):
 
 def test_pool_for_two_requests_still_completes_ten(random_whisper):
     # Each request reserves ceil(1500 + 2 + 8, 16) = 1520 slots; the pool holds two of them.
-    engine = Engine(model=str(random_whisper), page_size="16", encoder_kv="flat",
+    engine = build_engine(model=str(random_whisper), page_size="16", encoder_kv="flat",
                     max_running_requests=10, max_total_tokens=2 * 1520 + 16)
     assert engine.pools.allocator.size < 3 * 1520
     reqs = [GenerateRequest(PROMPT, r.encoder_input, SamplingParams(max_new_tokens=8,
@@ -71,11 +71,11 @@ def test_pool_smaller_than_one_request_is_a_startup_error(random_whisper):
     from edserve.mem_cache import PoolTooSmallError
 
     with pytest.raises(PoolTooSmallError, match="fewer than one request needs"):
-        Engine(model=str(random_whisper), page_size="16", max_total_tokens=1600)
+        build_engine(model=str(random_whisper), page_size="16", max_total_tokens=1600)
 
 
 def test_abort_frees_kv(random_whisper):
-    engine = Engine(model=str(random_whisper), page_size="16", max_running_requests=4)
+    engine = build_engine(model=str(random_whisper), page_size="16", max_running_requests=4)
     reqs = [GenerateRequest(PROMPT, r.encoder_input, SamplingParams(max_new_tokens=50,
                                                                     ignore_eos=True))
             for r in _requests(3)]
@@ -94,7 +94,7 @@ def test_abort_frees_kv(random_whisper):
 
 
 def test_bad_requests_raise_specific_errors(random_whisper):
-    engine = Engine(model=str(random_whisper), max_running_requests=2)
+    engine = build_engine(model=str(random_whisper), max_running_requests=2)
     mel = torch.zeros(80, 3000)
     with pytest.raises(ValueError, match="prompt_ids must not be empty"):
         engine.add_request(GenerateRequest([], mel))
@@ -110,7 +110,7 @@ def test_bad_requests_raise_specific_errors(random_whisper):
 
 
 def test_seeded_sampling_is_reproducible(random_whisper):
-    engine = Engine(model=str(random_whisper), max_running_requests=4)
+    engine = build_engine(model=str(random_whisper), max_running_requests=4)
     mel = _requests(1)[0].encoder_input
 
     def run(seed):
@@ -122,8 +122,8 @@ def test_seeded_sampling_is_reproducible(random_whisper):
 
 
 def test_context_length_bounds_decoder_positions(random_whisper):
-    assert Engine(model=str(random_whisper), max_running_requests=1).max_decoder_len == 448
-    engine = Engine(model=str(random_whisper), max_running_requests=1, context_length=100)
+    assert build_engine(model=str(random_whisper), max_running_requests=1).max_decoder_len == 448
+    engine = build_engine(model=str(random_whisper), max_running_requests=1, context_length=100)
     assert engine.max_decoder_len == 100
     with pytest.raises(ValueError, match="see --context-length"):
         engine.add_request(GenerateRequest([50257] * 100, torch.zeros(80, 3000)))

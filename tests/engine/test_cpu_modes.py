@@ -19,7 +19,7 @@ from whisper_fixtures import CLIPS, DATA
 from edserve.audio.decode import load_audio
 from edserve.config import EngineConfig
 from edserve.engine.cpu_modes import physical_cores, resolve_threads
-from edserve.engine.engine import Engine
+from edserve.runtime import build_engine
 from edserve.whisper.options import TranscribeOptions
 from edserve.whisper.transcribe import transcribe
 
@@ -42,7 +42,7 @@ def texts(audios):
     modes = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}}
     out = {}
     for mode, kw in modes.items():
-        engine = Engine(device="cpu", max_running_requests=len(audios), **kw)
+        engine = build_engine(device="cpu", max_running_requests=len(audios), **kw)
         want = torch.bfloat16 if mode == "bf16" else torch.float32
         assert engine.dtype == engine.pools.kv_pool.dtype == want
         assert next(engine.model.parameters()).dtype == want
@@ -60,7 +60,7 @@ def test_mode_text_matches_fp32_on_english_clips(texts, mode):
 
 
 def test_int8_engine_quantized_the_model():
-    engine = Engine(device="cpu", quantization="int8", max_running_requests=1)
+    engine = build_engine(device="cpu", quantization="int8", max_running_requests=1)
     assert engine.model.quantization["mode"] == "int8"
     assert engine.model.quantization["linears"] > 0
 
@@ -76,13 +76,13 @@ def test_config_validation(kw, match):
 
 def test_int8_needs_float32_compute_and_fails_before_loading():
     with pytest.raises(ValueError, match="--dtype float32"):
-        Engine(device="cpu", dtype="bfloat16", quantization="int8", model="/nonexistent")
+        build_engine(device="cpu", dtype="bfloat16", quantization="int8", model="/nonexistent")
 
 
 def test_threads_applied(monkeypatch):
     before = torch.get_num_threads()
     try:
-        engine = Engine(device="cpu", threads=1, max_running_requests=1)
+        engine = build_engine(device="cpu", threads=1, max_running_requests=1)
         assert engine.threads == 1 and torch.get_num_threads() == 1
         monkeypatch.setenv("EDSERVE_THREADS", "3")
         assert resolve_threads(None) == 3 and resolve_threads(2) == 2

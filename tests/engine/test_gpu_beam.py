@@ -14,6 +14,7 @@ from whisper_fixtures import make_random_whisper
 
 from edserve.engine.engine import Engine
 from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
 from edserve.whisper.logits import SuppressBlank, SuppressTokens, default_suppress_tokens
 
 pytestmark = [pytest.mark.gpu,
@@ -49,7 +50,7 @@ def mels():
 
 def _engine(folder, device: str, strategy: str, page_size: str, **kw) -> Engine:
     cuda = device.startswith("cuda")
-    return Engine(model=str(folder), device=device, dtype="float32", encoder_kv=strategy,
+    return build_engine(model=str(folder), device=device, dtype="float32", encoder_kv=strategy,
                   page_size=page_size, attention_backend="triton" if cuda else "torch",
                   cuda_graph=cuda, max_running_requests=16, **kw)
 

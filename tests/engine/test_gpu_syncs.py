@@ -9,8 +9,8 @@ import torch
 from cuda_syncs import count_syncs
 from whisper_fixtures import make_random_whisper
 
-from edserve.engine.engine import Engine
 from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
 from edserve.whisper.logits import (
     ApplyTimestampRules,
     SuppressBlank,
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.gpu,
 @pytest.mark.parametrize("overlap", ["on", "off"])
 def test_decode_step_syncs_at_most_once(tmp_path, overlap):
     folder = make_random_whisper(tmp_path)
-    engine = Engine(model=str(folder), device="cuda", page_size="128", encoder_kv="flat",
+    engine = build_engine(model=str(folder), device="cuda", page_size="128", encoder_kv="flat",
                     max_running_requests=8, overlap_schedule=overlap, debug_checks=False)
     tok = engine.tokenizer
     procs = [SuppressBlank.of(tok), SuppressTokens.of(default_suppress_tokens(tok)),

@@ -10,7 +10,9 @@ from whisper_fixtures import DATA, TINY_EN_TEXT
 
 from edserve.engine.engine import Engine
 from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
 from edserve.whisper.options import TranscribeOptions
+from edserve.whisper.transcribe import transcribe
 
 PROMPT = [50257, 50362]
 
@@ -32,9 +34,9 @@ def _outputs(engine: Engine, reqs: list[GenerateRequest]):
 
 
 def test_overlap_matches_plain_schedule(random_whisper):
-    plain = Engine(model=str(random_whisper), page_size="16", max_running_requests=4,
+    plain = build_engine(model=str(random_whisper), page_size="16", max_running_requests=4,
                    overlap_schedule="off")
-    overlap = Engine(model=str(random_whisper), page_size="16", max_running_requests=4,
+    overlap = build_engine(model=str(random_whisper), page_size="16", max_running_requests=4,
                      overlap_schedule="on")
     assert not plain.overlap and overlap.overlap
     base = _outputs(plain, _requests())
@@ -53,10 +55,10 @@ def test_overlap_transcription_of_real_speech():
     """Plain and timestamped decoding (every window carries the batched filters)."""
     runs = []
     for mode in ("off", "on"):
-        engine = Engine(max_running_requests=4, overlap_schedule=mode)
+        engine = build_engine(max_running_requests=4, overlap_schedule=mode)
         files = [DATA / "jfk.wav", DATA / "cards_005.wav"]
-        plain = engine.transcribe(files)
-        timed = engine.transcribe(files, options=TranscribeOptions(timestamps=True))
+        plain = transcribe(engine, files)
+        timed = transcribe(engine, files, options=TranscribeOptions(timestamps=True))
         runs.append(([r.text for r in plain],
                      [[(s.start, s.end, s.tokens) for s in r.segments] for r in timed]))
     assert runs[0] == runs[1]

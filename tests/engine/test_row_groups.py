@@ -14,6 +14,7 @@ from edserve.engine.beam_search import BeamGroup
 from edserve.engine.engine import Engine
 from edserve.engine.request import GenerateRequest, SamplingParams
 from edserve.engine.row_group import StepResult
+from edserve.runtime import build_engine
 
 PROMPT = [50257, 50362]
 EOT = 50256
@@ -90,10 +91,10 @@ def test_beam_update_collapses_ranks_and_drops_before_forking():
 def test_greedy_unchanged_next_to_groups(random_whisper, strategy, page_size):
     mels = _mels(3)
     greedy = [GenerateRequest(PROMPT, m, SamplingParams(max_new_tokens=10)) for m in mels]
-    alone = Engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
+    alone = build_engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
                    max_running_requests=16, debug_checks=True)
     base = [o.token_ids for o in alone.generate(greedy)]
-    engine = Engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
+    engine = build_engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
                     max_running_requests=16, debug_checks=True)
     mixed = [GenerateRequest(PROMPT, m, SamplingParams(max_new_tokens=10)) for m in mels]
     mixed += [GenerateRequest(PROMPT, mels[0], SamplingParams(beam_size=3, max_new_tokens=10)),
@@ -107,7 +108,7 @@ def test_greedy_unchanged_next_to_groups(random_whisper, strategy, page_size):
 
 def test_overlap_on_matches_off_with_groups(random_whisper):
     def run(mode):
-        e = Engine(model=str(random_whisper), page_size="16", max_running_requests=16,
+        e = build_engine(model=str(random_whisper), page_size="16", max_running_requests=16,
                    overlap_schedule=mode)
         reqs = [GenerateRequest(PROMPT, m, SamplingParams(beam_size=2, max_new_tokens=8))
                 for m in _mels(2)]
@@ -120,7 +121,7 @@ def test_overlap_on_matches_off_with_groups(random_whisper):
 
 def test_groups_wait_for_kv_instead_of_failing(random_whisper):
     """A pool with room for about one beam group at a time: the others queue, all finish."""
-    engine = Engine(model=str(random_whisper), page_size="16", max_running_requests=16,
+    engine = build_engine(model=str(random_whisper), page_size="16", max_running_requests=16,
                     max_total_tokens=2200, debug_checks=True)
     reqs = [GenerateRequest(PROMPT, m, SamplingParams(beam_size=4, max_new_tokens=12))
             for m in _mels(3)]
@@ -131,7 +132,7 @@ def test_groups_wait_for_kv_instead_of_failing(random_whisper):
 
 
 def test_abort_group_midway_frees_everything(random_whisper):
-    engine = Engine(model=str(random_whisper), page_size="16", max_running_requests=16,
+    engine = build_engine(model=str(random_whisper), page_size="16", max_running_requests=16,
                     debug_checks=True)
     req = GenerateRequest(PROMPT, _mels(1)[0], SamplingParams(beam_size=4, max_new_tokens=40,
                                                               ignore_eos=True))
@@ -149,7 +150,7 @@ def test_abort_group_midway_frees_everything(random_whisper):
 
 
 def test_keep_encoder_reuse_and_release(random_whisper):
-    engine = Engine(model=str(random_whisper), page_size="128", encoder_kv="flat",
+    engine = build_engine(model=str(random_whisper), page_size="128", encoder_kv="flat",
                     max_running_requests=8, debug_checks=True)
     mel = _mels(1)[0]
     fresh = engine.generate([GenerateRequest(PROMPT, mel, SamplingParams(max_new_tokens=8))])[0]
@@ -179,7 +180,7 @@ def test_group_settings_are_validated(random_whisper):
                 dict(beam_size=2, length_penalty=-1.0)):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
-    engine = Engine(model=str(random_whisper), max_running_requests=2)
+    engine = build_engine(model=str(random_whisper), max_running_requests=2)
     kept = engine.generate([GenerateRequest(PROMPT, _mels(1)[0], SamplingParams(
         max_new_tokens=2), keep_encoder=True)])[0].encoder_kv
     wrong = dataclasses.replace(kept, encoder_len=10, enc_region=10)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 
 from edserve.engine.batch_builder import Pools
-from edserve.engine.forward_batch import ForwardMode
 from edserve.engine.req import Req
 from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
 from edserve.engine.scheduler import Scheduler, SchedulerLimits
 from edserve.engine.step import StepOutput
 from edserve.layers.attention import create_backend
+from edserve.layers.forward_batch import ForwardMode
 from edserve.mem_cache import KVPool, PagedTokenToKVPoolAllocator, ReqToTokenPool
 
 PS, ENC, EOS = 4, 6, 99

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edserve.engine.engine import Engine
 from edserve.engine.logits_filter import LogitsRecorder
 from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
 TOL = 1e-3 if DEVICE == "cuda" else 1e-4
 
 
 def _run(folder, ops, strategy, page_size, mels):
-    engine = Engine(model=str(folder), attention_backend=ops, encoder_kv=strategy,
+    engine = build_engine(model=str(folder), attention_backend=ops, encoder_kv=strategy,
                     page_size=page_size, max_running_requests=2, device=DEVICE,
                     dtype="float32")
     recs = [LogitsRecorder() for _ in mels]

@@ -8,7 +8,8 @@ from whisper_fixtures import CLIPS, DATA, TINY_EN_TEXT, hf_greedy, tiny_en_folde
 
 from edserve.audio.decode import load_audio
 from edserve.audio.mel import whisper_features
-from edserve.engine.engine import Engine
+from edserve.runtime import build_engine
+from edserve.whisper.transcribe import transcribe
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,8 @@ def hf_tokens(audios):
 
 
 def test_default_engine_transcribes_jfk():
-    engine = Engine()
-    [result] = engine.transcribe([DATA / "jfk.wav"])
+    engine = build_engine()
+    [result] = transcribe(engine, [DATA / "jfk.wav"])
     assert result.text == TINY_EN_TEXT
     engine.check_integrity()
 
@@ -41,7 +42,7 @@ def test_default_engine_transcribes_jfk():
 @pytest.mark.parametrize("strategy,page_size", [("flat", "1"), ("aligned", "128"),
                                                  ("ragged", "64"), ("flat", "16")])
 def test_clips_match_hf_greedy_tokens(audios, hf_tokens, strategy, page_size):
-    engine = Engine(encoder_kv=strategy, page_size=page_size, max_running_requests=3)
+    engine = build_engine(encoder_kv=strategy, page_size=page_size, max_running_requests=3)
     from edserve.engine.request import GenerateRequest
 
     reqs = [GenerateRequest([50257, 50362], whisper_features(a, 80)) for a in audios]

@@ -7,9 +7,9 @@ import pytest
 import torch
 from whisper_fixtures import hf_greedy
 
-from edserve.engine.engine import Engine
 from edserve.engine.logits_filter import LogitsRecorder
 from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
 
 STEPS = 12
 PROMPT = [50257, 50362]  # <|startoftranscript|><|notimestamps|>
@@ -34,7 +34,7 @@ def hf_reference(hf_model, mels):
 
 
 def test_encoder_output_matches_hf(random_whisper, hf_model, mels):
-    engine = Engine(model=str(random_whisper), device="cpu", max_running_requests=2)
+    engine = build_engine(model=str(random_whisper), device="cpu", max_running_requests=2)
     with torch.no_grad():
         ours = engine.model.encode(mels[:2])
         ref = hf_model.model.encoder(torch.stack(mels[:2])).last_hidden_state
@@ -46,7 +46,7 @@ def test_encoder_output_matches_hf(random_whisper, hf_model, mels):
 @pytest.mark.parametrize("page_size", ["1", "16", "64", "128"])
 def test_greedy_tokens_and_logits_match_hf(random_whisper, mels, hf_reference, strategy,
                                            page_size):
-    engine = Engine(model=str(random_whisper), device="cpu", page_size=page_size,
+    engine = build_engine(model=str(random_whisper), device="cpu", page_size=page_size,
                     encoder_kv=strategy, max_running_requests=4)
     recorders = [LogitsRecorder() for _ in mels]
     reqs = [GenerateRequest(PROMPT, m, SamplingParams(max_new_tokens=STEPS, ignore_eos=True),

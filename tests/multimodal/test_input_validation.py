@@ -11,10 +11,10 @@ import zlib
 
 import pytest
 
+from edserve.chat.chat_api import normalize_stop
+from edserve.chat.mllama_chat import ChatFormatError, render_chat
 from edserve.multimodal import ImageInputError
-from edserve.multimodal.chat_api import normalize_stop
 from edserve.multimodal.image_io import MAX_IMAGE_PIXELS, load_image
-from edserve.multimodal.mllama_chat import ChatFormatError, render_chat
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:

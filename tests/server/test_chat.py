@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from edserve.chat.chat_api import chat
 from edserve.config import EngineConfig
-from edserve.engine.engine import Engine
-from edserve.multimodal.chat_api import chat
+from edserve.runtime import build_engine
 from edserve.server.config import ServerConfig
 from edserve.server.launch import ServerThread, build
 
@@ -70,7 +70,7 @@ def http(server):
 @pytest.fixture(scope="module")
 def local(folder):
     """The same model in a synchronous engine, for the Python API."""
-    return Engine(model=str(folder), **ENGINE)
+    return build_engine(model=str(folder), **ENGINE)
 
 
 def _create(client, messages, **kw):
@@ -245,7 +245,7 @@ def test_chat_on_whisper_server_is_400():
     from edserve.engine.async_engine import AsyncEngine
     from edserve.server.app import create_app
 
-    aengine = AsyncEngine(Engine(EngineConfig(device="cpu", max_running_requests=1)))
+    aengine = AsyncEngine(build_engine(EngineConfig(device="cpu", max_running_requests=1)))
     with TestClient(create_app(aengine, ServerConfig()), base_url="http://localhost") as tc:
         r = tc.post("/v1/chat/completions", json={"model": "whisper-1", "messages": TEXT_MSG})
     assert r.status_code == 400

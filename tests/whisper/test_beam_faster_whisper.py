@@ -32,10 +32,11 @@ from whisper_fixtures import CLIPS, DATA, tiny_en_folder
 
 from edserve.audio.decode import load_audio
 from edserve.audio.mel import whisper_features
-from edserve.engine.engine import Engine
 from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
 from edserve.whisper import logits as engine_filters
 from edserve.whisper.options import TranscribeOptions
+from edserve.whisper.transcribe import transcribe
 
 pytest.importorskip("faster_whisper")
 
@@ -62,7 +63,7 @@ def fw_model():
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(model=str(tiny_en_folder()), device="cpu", max_running_requests=16)
+    return build_engine(model=str(tiny_en_folder()), device="cpu", max_running_requests=16)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def audios():
 @pytest.fixture(scope="module")
 def edserve_texts(engine, audios):
     opts = TranscribeOptions(beam_size=BEAM, language="en", temperatures=(0.0,))
-    results = engine.transcribe([audios[c] for c in ALL_CLIPS], options=opts)
+    results = transcribe(engine, [audios[c] for c in ALL_CLIPS], options=opts)
     return {c: r.text.strip() for c, r in zip(ALL_CLIPS, results, strict=True)}
 
 

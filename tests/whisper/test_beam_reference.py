@@ -24,7 +24,9 @@ from edserve.audio.mel import whisper_features
 from edserve.engine.engine import Engine
 from edserve.engine.logits_filter import FilterContext, LogitsFilter
 from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
 from edserve.whisper import logits as engine_filters
+from edserve.whisper.transcribe import transcribe
 
 from . import reference_filters as ref_filters
 from .reference_beam import (
@@ -185,7 +187,7 @@ def test_clips_match_oracle(tiny_hf, clip_mels, clip_encs, clip_oracle, oracle_f
     """Beam 5 on every bundled clip, submitted together: the engine's tokens equal the
     oracle's token for token, with the same logprobs and ranked sum (flat 128: the 1500-token
     encoder region ends mid-page)."""
-    engine = Engine(encoder_kv=strategy, page_size=page_size, max_running_requests=16)
+    engine = build_engine(encoder_kv=strategy, page_size=page_size, max_running_requests=16)
     outs = engine.generate([beam_request(m, engine_filter_chain, REAL_STEPS)
                             for m in clip_mels])
     for out, ref, enc in zip(outs, clip_oracle, clip_encs, strict=True):
@@ -203,7 +205,7 @@ def test_patience_and_length_penalty_match_oracle(tiny_hf, clip_mels, clip_encs,
                          max_new_tokens=REAL_STEPS, processors=oracle_filters,
                          enc=clip_encs[i], **kw)
     assert len(ref.finished) == 2 * BEAM
-    engine = Engine(encoder_kv="aligned", page_size="16", max_running_requests=8)
+    engine = build_engine(encoder_kv="aligned", page_size="16", max_running_requests=8)
     [out] = engine.generate([beam_request(clip_mels[i], engine_filter_chain, REAL_STEPS,
                                           **kw)])
     assert_matches(out, ref, tiny_hf, clip_encs[i], oracle_filters, tok)
@@ -214,10 +216,10 @@ def test_transcribe_with_beam_search():
     text."""
     from edserve.whisper.options import TranscribeOptions
 
-    engine = Engine()
-    [result] = engine.transcribe([DATA / "jfk.wav"], options=TranscribeOptions(beam_size=5))
+    engine = build_engine()
+    [result] = transcribe(engine, [DATA / "jfk.wav"], options=TranscribeOptions(beam_size=5))
     assert result.text == TINY_EN_TEXT
-    [again] = engine.transcribe([DATA / "jfk.wav"], beam_size=5)  # the keyword form
+    [again] = transcribe(engine, [DATA / "jfk.wav"], beam_size=5)  # the keyword form
     assert [s.tokens for s in again.segments] == [s.tokens for s in result.segments]
 
 
@@ -229,7 +231,7 @@ def test_random_weights_match_oracle(rand_folder, rand_hf, rand_mels, rand_oracl
     """Random weights (logits far from uniform) and random mels: six beam-5 requests (two
     with an end-of-text bias, so they stop by end-of-text) decoded together equal the oracle at
     every page size x encoder-KV strategy."""
-    engine = Engine(model=str(rand_folder), device="cpu", page_size=page_size,
+    engine = build_engine(model=str(rand_folder), device="cpu", page_size=page_size,
                     encoder_kv=strategy, max_running_requests=16)
     cases = rand_cases(rand_mels, engine_filter_chain, False)
     outs = engine.generate([beam_request(m, f, RAND_STEPS) for m, f in cases])
@@ -242,7 +244,7 @@ def test_random_weights_match_oracle(rand_folder, rand_hf, rand_mels, rand_oracl
 def test_batch_invariance(rand_folder, rand_mels, engine_filter_chain):
     """Each of four beam requests submitted together (one ``generate``) decodes exactly as
     when it runs alone."""
-    engine = Engine(model=str(rand_folder), device="cpu", page_size="16", encoder_kv="flat",
+    engine = build_engine(model=str(rand_folder), device="cpu", page_size="16", encoder_kv="flat",
                     max_running_requests=16)
     together = engine.generate([beam_request(m, engine_filter_chain, RAND_STEPS)
                                 for m in rand_mels])
@@ -276,7 +278,7 @@ def test_beam_request_holds_one_encoder_region(rand_folder, rand_mels, engine_fi
     """A beam-5 request shares one encoder region among its beams: while it decodes it holds
     at most a greedy request's slots plus 5 beams' decoder tokens (each rounded up to a page),
     far below the 5 encoder regions that copying the encoder per beam would take."""
-    engine = Engine(model=str(rand_folder), device="cpu", page_size=page_size,
+    engine = build_engine(model=str(rand_folder), device="cpu", page_size=page_size,
                     encoder_kv=strategy, max_running_requests=16)
     steps = 4  # prefill + 3 decode steps
     beam = _slots_while_decoding(engine, beam_request(rand_mels[0], engine_filter_chain,
@@ -299,7 +301,7 @@ def test_best_of_is_seeded_valid_and_encodes_once(tiny_hf, clip_mels, clip_encs,
     """best_of 5 at temperature 0.7: the same seed gives the same output twice; the output is a
     real sequence whose logprobs are the model's (pre-temperature, filtered) log-softmax; the
     encoder ran once for the request (its 5 samples share it)."""
-    engine = Engine(encoder_kv="flat", page_size="16", max_running_requests=8)
+    engine = build_engine(encoder_kv="flat", page_size="16", max_running_requests=8)
     sp = SamplingParams(temperature=0.7, best_of=5, seed=0, max_new_tokens=REAL_STEPS)
     runs = []
     for _ in range(2):

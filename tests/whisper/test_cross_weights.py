@@ -85,9 +85,9 @@ def test_bad_heads_are_refused(random_model):
 def test_tiny_en_engine_kv_matches_hf():
     """tiny.en: the engine decodes jfk (aligned encoder KV: padded rows, page size 16); the
     hook reads its pool; HF gets the same features and tokens."""
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
 
-    engine = Engine(device="cpu", page_size="16", encoder_kv="aligned",
+    engine = build_engine(device="cpu", page_size="16", encoder_kv="aligned",
                     max_running_requests=2)
     tok = engine.tokenizer
     audio = load_audio(DATA / "jfk.wav")

@@ -12,6 +12,7 @@ from edserve.audio.decode import load_audio
 from edserve.engine.engine import Engine
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import EncoderKV, FinishReason, GenerateOutput
+from edserve.runtime import build_engine
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions
 from edserve.whisper.transcribe import make_task, run_tasks
@@ -43,7 +44,7 @@ def _run(engine: Engine, audios, reuse: bool):
 
 @pytest.mark.parametrize("strategy,page_size", [("flat", "128"), ("aligned", "16")])
 def test_fallback_encodes_each_window_once(audios, strategy, page_size):
-    engine = Engine(encoder_kv=strategy, page_size=page_size, max_running_requests=8,
+    engine = build_engine(encoder_kv=strategy, page_size=page_size, max_running_requests=8,
                     debug_checks=True)
     reused, encoded = _run(engine, audios, reuse=True)
     assert encoded == len(CLIPS)  # one encoder pass per window, not one per temperature

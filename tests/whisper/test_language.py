@@ -27,9 +27,9 @@ JFK_EN = ("And so my fellow Americans, ask not what your country can do for you,
 
 @pytest.fixture(scope="module")
 def base_engine():
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
 
-    return Engine(model="base", device="cpu", max_running_requests=4)
+    return build_engine(model="base", device="cpu", max_running_requests=4)
 
 
 @pytest.fixture(scope="module")

@@ -38,9 +38,9 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def engine():
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
 
-    return Engine(device="cpu", max_running_requests=4)
+    return build_engine(device="cpu", max_running_requests=4)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from edserve.engine.forward_batch import ForwardBatch
+    from edserve.layers.forward_batch import ForwardBatch
 
 
 class Attention(nn.Module):

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from edserve.engine.forward_batch import ForwardBatch
 from edserve.layers.attention.base import Attention, AttentionBackend
 from edserve.layers.attention.ops import AttentionOps
+from edserve.layers.forward_batch import ForwardBatch
 
 
 @dataclass

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from edserve.engine.forward_batch import ForwardBatch
 from edserve.layers.attention.base import Attention
 from edserve.layers.attention.encdec import EncoderDecoderBackend
+from edserve.layers.forward_batch import ForwardBatch
 
 
 @dataclass

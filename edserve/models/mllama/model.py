@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from edserve.engine.forward_batch import ForwardBatch
+from edserve.layers.forward_batch import ForwardBatch
 from edserve.models.mllama.config import MllamaConfig, MllamaTextConfig
 from edserve.models.mllama.rope import RotaryEmbedding
 from edserve.models.mllama.text import (
@@ -52,6 +52,8 @@ class MllamaTextModel(nn.Module):
 
 
 class MllamaModel(nn.Module):
+    model_type = "mllama"  # the registry key (edserve.models.registry)
+
     def __init__(self, config: MllamaConfig) -> None:
         super().__init__()
         self.config = config

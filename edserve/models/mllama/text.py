@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edserve.engine.forward_batch import ForwardBatch
 from edserve.layers.attention.base import Attention
+from edserve.layers.forward_batch import ForwardBatch
 from edserve.models.mllama.config import MllamaTextConfig
 from edserve.models.mllama.rope import apply_rope
 from edserve.models.weights.fused import FusedLinear

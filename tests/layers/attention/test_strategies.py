@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from edserve.engine.forward_batch import ForwardBatch, ForwardMode
 from edserve.layers.attention import Attention, create_backend
+from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 from edserve.mem_cache import KVPool
 
 H, HKV, D = 4, 2, 16

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from edserve.engine.batch_builder import Pools, build_decode, build_prefill, release
-from edserve.engine.forward_batch import ForwardMode
 from edserve.engine.req import Req
 from edserve.engine.request import GenerateRequest
 from edserve.layers.attention import create_backend
+from edserve.layers.forward_batch import ForwardMode
 from edserve.mem_cache import (
     KVPool,
     PagedTokenToKVPoolAllocator,

@@ -9,11 +9,11 @@ import io
 
 import pytest
 
-from edserve.engine.engine import Engine
+from edserve.chat.mllama_request import make_mllama_request
 from edserve.engine.request import SamplingParams
 from edserve.multimodal import ImageInputError
 from edserve.multimodal.mllama_image import MllamaImageConfig, preprocess_images
-from edserve.multimodal.mllama_request import make_mllama_request
+from edserve.runtime import build_engine
 from tests.models.mllama.hf_reference import hf_greedy
 from tests.models.mllama.hf_tiny import save_word_tokenizer, synthetic_image
 
@@ -44,7 +44,7 @@ def cases():
 
 
 def _engine(folder, strategy, page_size, mrr):
-    return Engine(model=str(folder), device="cpu", dtype="float32", encoder_kv=strategy,
+    return build_engine(model=str(folder), device="cpu", dtype="float32", encoder_kv=strategy,
                   page_size=str(page_size), context_length=64, max_total_tokens=4096,
                   max_running_requests=mrr)
 

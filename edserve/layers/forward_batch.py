@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from edserve.layers.attention.base import AttentionBackend
     from edserve.mem_cache.kv_pool import KVPool
 
 
@@ -45,7 +44,9 @@ class ForwardBatch:
     encoder_offsets: torch.Tensor  # [B] int32: column where the decoder region starts
     req_to_token: torch.Tensor  # [rows, cols] int32: the request-to-token table (shared)
     kv_pool: KVPool
-    attn_backend: AttentionBackend
+    # The edserve.layers.attention backend that reads this batch (typed loosely: this leaf
+    # module imports nothing that imports it back).
+    attn_backend: Any
     page_size: int
     # Slots where this step's freshly projected cross K/V go, concatenated over the requests
     # whose encoder runs in this step (prefill only): [sum encoder_lens] int64, else None.

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from edserve.engine.request import SamplingParams
-from edserve.multimodal import ImageInputError
-from edserve.multimodal.chat_api import ChatDecoder, chat, normalize_stop, prepare_chat
-from edserve.multimodal.mllama_chat import (
+from edserve.chat.chat_api import ChatDecoder, chat, normalize_stop, prepare_chat
+from edserve.chat.mllama_chat import (
     ChatFormatError,
     ChatTokenizer,
     chat_prompt_ids,
     render_chat,
 )
-from edserve.multimodal.mllama_request import make_mllama_request
+from edserve.chat.mllama_request import make_mllama_request
+from edserve.engine.request import SamplingParams
+from edserve.multimodal import ImageInputError
 
 H = "<|start_header_id|>{}<|end_header_id|>\n\n"
 SYS = H.format("system") + "Cutting Knowledge Date: December 2023\nToday Date: {}\n\n{}<|eot_id|>"
@@ -119,11 +119,11 @@ def test_decoder_holds_back_partial_characters():
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     pytest.importorskip("transformers")
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
     from tests.models.mllama.chat_tiny import save_chat_model
 
     folder = save_chat_model(tmp_path_factory.mktemp("chat_tpl"))
-    return Engine(model=str(folder), device="cpu", dtype="float32", context_length=96,
+    return build_engine(model=str(folder), device="cpu", dtype="float32", context_length=96,
                   max_running_requests=4)
 
 

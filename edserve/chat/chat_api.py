@@ -11,18 +11,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edserve.chat.mllama_chat import DEFAULT_DATE, ChatTokenizer, chat_prompt_ids
+from edserve.chat.mllama_request import make_mllama_request
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
-from edserve.multimodal.mllama_chat import DEFAULT_DATE, ChatTokenizer, chat_prompt_ids
-from edserve.multimodal.mllama_request import make_mllama_request
 
 MAX_STOP_STRINGS = 16
 
 
 def is_mllama(engine: Any) -> bool:
-    from edserve.models.mllama.model import MllamaModel
-
-    return isinstance(getattr(engine, "model", None), MllamaModel)
+    """The engine (or engine client) serves a Llama-3.2-Vision model."""
+    return getattr(getattr(engine, "model", None), "model_type", None) == "mllama"
 
 
 def normalize_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -153,7 +152,7 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
          date_string: str = DEFAULT_DATE) -> ChatResult:
     """Run one chat completion on a (synchronous) :class:`~edserve.engine.engine.Engine`.
 
-    ``messages`` as in :func:`~edserve.multimodal.mllama_chat.render_chat` (images may also be
+    ``messages`` as in :func:`~edserve.chat.mllama_chat.render_chat` (images may also be
     PIL images, bytes or file paths here). ``max_tokens`` None: the engine's
     ``max_new_tokens``. ``temperature`` 0 is greedy; ``seed`` makes sampling reproducible.
     Bad input raises ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).

@@ -1,0 +1,60 @@
+"""``build_engine``: config -> settings -> checkpoint -> model -> pools -> graphs -> Engine.
+
+The order is nano-vllm's model runner's: load, then size the KV cache from what is left, then
+capture graphs over the pools. Every caller that needs an engine (CLI, batch CLI, server,
+data-parallel worker, Ray Serve, the top-level API, benchmarks, tests) comes through here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from edserve.config import EngineConfig
+from edserve.engine.cuda_graph import DecodeGraphRunner
+from edserve.engine.engine import Engine
+from edserve.engine.parts import EngineParts
+from edserve.layers.attention import create_backend
+from edserve.models.quantize import quantize_model
+from edserve.models.registry import build_model
+from edserve.models.weights import load_checkpoint
+from edserve.runtime.pools import build_pools
+from edserve.runtime.settings import resolve_settings, use_cuda_graph
+
+logger = logging.getLogger("edserve")
+
+DEFAULT_MAX_CONTEXT = 8192  # decoder positions when --context-length is not given
+DEFAULT_PREFILL_TOKENS = {False: 65536, True: 262144}  # by "on CUDA"
+
+
+def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
+                 **overrides: Any) -> Engine:
+    """``build_engine(EngineConfig(...))`` or ``build_engine(page_size="16", ...)``.
+
+    ``checkpoint``: an already loaded :class:`~edserve.models.weights.Checkpoint` (benchmarks
+    build random-weight models in memory); default: load ``config.model``. Raises ValueError
+    for settings this machine or model cannot run, before loading where possible.
+    """
+    config = (config or EngineConfig()).replace(**overrides)
+    s = resolve_settings(config)
+    if checkpoint is None:
+        checkpoint = load_checkpoint(config.model)
+    model, tokenizer = build_model(checkpoint, s.dtype, s.device)
+    del checkpoint
+    model = quantize_model(model, config.quantization)
+    max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
+    backend = create_backend(config.encoder_kv, s.page_size, s.ops)
+    sizing = build_pools(config, s, model, backend, max_decoder_len)
+    running = sizing.max_running_requests
+    max_row = backend.encoder_region(model.max_encoder_len) + max_decoder_len
+    graphs = None
+    if use_cuda_graph(config, s):
+        graphs = DecodeGraphRunner(model, sizing.pools,
+                                   min(config.cuda_graph_max_bs or running, running))
+    return Engine(EngineParts(
+        config=config.replace(max_running_requests=running), device=s.device, dtype=s.dtype,
+        threads=s.threads, page_size=s.page_size, model=model, tokenizer=tokenizer,
+        pools=sizing.pools, max_decoder_len=max_decoder_len,
+        max_prefill_tokens=max(config.max_prefill_tokens or DEFAULT_PREFILL_TOKENS[s.on_cuda],
+                               max_row),
+        graphs=graphs))

@@ -1,0 +1,73 @@
+"""Resolve every ``auto`` of an :class:`~edserve.config.EngineConfig` that depends on the
+machine: device, dtype, CPU threads, attention kernels, page size. Done once, here; the rest of
+the code reads only the resolved values (``RuntimeSettings``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edserve.config import EngineConfig
+from edserve.engine.cpu_modes import apply_threads
+from edserve.layers.attention import resolve_page_size
+from edserve.models.quantize import check_supported
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """What ``auto`` became on this machine."""
+
+    device: torch.device
+    dtype: torch.dtype
+    threads: int | None  # torch CPU threads set at start (None on CUDA)
+    ops: str  # attention kernels: "torch" or "triton"
+    page_size: int
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on CUDA, float32 on CPU (measured fastest exact mode there; int8 is
+    opt-in, ``--quantization int8``: see :mod:`edserve.engine.cpu_modes`)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"--dtype must be one of {sorted(_DTYPES)} or auto, got {name!r}")
+    return _DTYPES[name]
+
+
+def resolve_settings(config: EngineConfig) -> RuntimeSettings:
+    """Resolve and apply (CPU threads) the machine-dependent settings; raises ValueError for
+    settings this machine cannot run, before anything is loaded."""
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    check_supported(config.quantization, device, dtype)
+    threads = apply_threads(config.threads, device)
+    ops = config.attention_backend
+    if ops == "auto":
+        ops = "triton" if device.type == "cuda" else "torch"
+    restrict = tuple(int(s) for s in config.restrict_page_sizes.split(",")) \
+        if config.restrict_page_sizes else None
+    page_size = resolve_page_size(config.page_size, config.encoder_kv, ops, restrict)
+    return RuntimeSettings(device, dtype, threads, ops, page_size)
+
+
+def use_cuda_graph(config: EngineConfig, settings: RuntimeSettings) -> bool:
+    """``--cuda-graph`` unset: on where supported (CUDA, triton, aligned/flat)."""
+    if config.cuda_graph is None:
+        return settings.on_cuda and settings.ops == "triton" and config.encoder_kv != "ragged"
+    return config.cuda_graph

@@ -1,0 +1,74 @@
+"""The composition root's sizing: the running limit (auto on CPU and CUDA, explicit), the pools
+it builds, and what the start-up log says."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from edserve.config import CPU_RUNNING_DEFAULT, EngineConfig
+from edserve.mem_cache import KVCacheConfig, plan_kv_cache
+from edserve.runtime import build_engine
+from edserve.runtime.pools import auto_running
+
+
+def _plan(num_slots_budget_tokens: int, context_len: int = 1948, page_size: int = 128):
+    return plan_kv_cache(KVCacheConfig(
+        num_layers=2, num_kv_heads=2, head_dim=8, dtype=torch.float32, page_size=page_size,
+        max_running_requests=256, context_len=context_len,
+        max_total_tokens=num_slots_budget_tokens))
+
+
+def test_auto_running_fits_worst_case_rows_under_the_graph_cap():
+    plan = _plan(100_000)  # 100_000 // 128 pages -> 99_968 slots; rows of 2048 columns
+    sized, reason = auto_running(plan, cap=256)
+    assert plan.max_context_len == 2048
+    assert sized.num_rows == 99_968 // 2048 == 48
+    assert "48" in reason and "2048" in reason and "256" in reason
+    capped, reason = auto_running(_plan(10_000_000), cap=256)
+    assert capped.num_rows == 256 and "CUDA-graph cap 256" in reason
+    # every auto-sized row fits at its longest: rows x columns <= slots
+    assert sized.num_rows * sized.max_context_len <= sized.num_slots
+
+
+def test_cpu_auto_keeps_the_small_default(caplog):
+    with caplog.at_level(logging.INFO, logger="edserve"):
+        engine = build_engine(EngineConfig(device="cpu"))
+    assert engine.config.max_running_requests == CPU_RUNNING_DEFAULT
+    assert engine.pools.req_to_token_pool.size == CPU_RUNNING_DEFAULT
+    assert "auto on CPU: 16" in caplog.text
+
+
+def test_explicit_limit_is_kept_and_reported(caplog):
+    with caplog.at_level(logging.INFO, logger="edserve"):
+        engine = build_engine(EngineConfig(device="cpu", max_running_requests=3))
+    assert engine.config.max_running_requests == 3 == engine.pools.req_to_token_pool.size
+    assert "--max-running-requests 3" in caplog.text
+
+
+def test_flag_parses_auto_and_integers():
+    import argparse
+
+    from edserve.config import add_config_args, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_config_args(p)
+    assert config_from_args(p.parse_args([])).max_running_requests is None
+    assert config_from_args(p.parse_args(["--max-running-requests", "auto"])) \
+        .max_running_requests is None
+    assert config_from_args(p.parse_args(["--max-running-requests", "7"])) \
+        .max_running_requests == 7
+    with pytest.raises(SystemExit):
+        p.parse_args(["--max-running-requests", "many"])
+    assert "auto" in p.format_help() and "worst case" in p.format_help()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_auto_sizes_from_the_pool():
+    engine = build_engine(EngineConfig(device="cuda", max_running_requests=None))
+    rows = engine.config.max_running_requests
+    assert rows > CPU_RUNNING_DEFAULT and rows <= 256
+    assert engine.runner.graph_runner is None or engine.runner.graph_runner.max_bs == rows
