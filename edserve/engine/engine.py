@@ -16,7 +16,13 @@ from typing import Any
 from edserve.engine.groups import make_group, reserved_slots
 from edserve.engine.parts import EngineParts
 from edserve.engine.req import Req
-from edserve.engine.request import EncoderKV, GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.request import (
+    EncoderKV,
+    GenerateOutput,
+    GenerateRequest,
+    TokenDelta,
+    check_vocab,
+)
 from edserve.engine.runner import ModelRunner
 from edserve.engine.sampler import make_generator
 from edserve.engine.scheduler import Scheduler, SchedulerLimits
@@ -61,15 +67,22 @@ class Engine:
     def make_req(self, request: GenerateRequest,
                  on_delta: Callable[[TokenDelta], None] | None = None,
                  stream: bool = True) -> Req:
-        """Validate a request and wrap it for the scheduler (raises ValueError when invalid)."""
+        """Validate a request and wrap it for the scheduler (raises ValueError when invalid,
+        TypeError for a logits processor that is not a LogitsFilter): the request's own rules
+        (:meth:`GenerateRequest.check`, again: fields may be set after construction), then
+        what depends on this engine's model and pools."""
+        request.check()
         n = len(request.prompt_ids)
-        if n == 0:
-            raise ValueError("prompt_ids must not be empty")
+        check_vocab(request, self.model.input_vocab_size)
         if n >= self.max_decoder_len:
             raise ValueError(f"prompt of {n} tokens leaves no room in the decoder's "
                              f"{self.max_decoder_len} positions (see --context-length)")
         enc_len = self.model.encoder_len(request.encoder_input)  # validates the input
         enc_region = self.pools.backend.encoder_region(enc_len)
+        if request.cross_kv_ranges is not None \
+                and max(end for _, end in request.cross_kv_ranges) > enc_len:
+            raise ValueError(f"cross_kv_ranges reach past the request's {enc_len} encoder "
+                             "tokens")
         max_new = request.sampling.max_new_tokens or self.config.max_new_tokens
         max_new = min(max_new, self.max_decoder_len - n)
         sp = request.sampling

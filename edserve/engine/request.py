@@ -3,24 +3,53 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from numbers import Integral, Real
 from typing import Any
 
 import torch
 
 from edserve.config import MAX_GROUP_ROWS
-
-# A logits processor edits one request's next-token logits in place before sampling.
-# generated: the tokens sampled so far (prompt excluded); logits: [vocab] float32.
-LogitsProcessor = Callable[[list[int], torch.Tensor], None]
+from edserve.engine.logits_filter import LogitsFilter
 
 _rid_counter = itertools.count()
 
 
+def _is_int(value: Any) -> bool:
+    """An integer (Python or numpy), not a bool."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    """A real number (int or float, Python or numpy), not a bool."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _token_ids(value: Any, name: str, allow_empty: bool = True) -> None:
+    """ValueError unless ``value`` is a list or tuple of token ids (ints >= 0)."""
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a list of token ids, got {type(value).__name__}")
+    if not allow_empty and not value:
+        raise ValueError(f"{name} must not be empty")
+    bad = next((t for t in value if not _is_int(t) or t < 0), None)
+    if bad is not None:
+        raise ValueError(f"{name} must hold token ids (integers >= 0), got {bad!r}")
+
+
 def next_rid() -> str:
     return f"req-{next(_rid_counter)}"
+
+
+# (field, type test, what it must be, None allowed) for SamplingParams' numeric fields
+_SAMPLING_TYPES = (("temperature", _is_real, "a number", False),
+                   ("top_p", _is_real, "a number", False),
+                   ("seed", _is_int, "an integer", True),
+                   ("max_new_tokens", _is_int, "an integer", True),
+                   ("patience", _is_real, "a number", True),
+                   ("length_penalty", _is_real, "a number", True))
 
 
 @dataclass(frozen=True)
@@ -44,6 +73,17 @@ class SamplingParams:
     length_penalty: float | None = None
 
     def __post_init__(self) -> None:
+        """Every rule on the fields (ValueError naming the field); stop_token_ids become a
+        tuple."""
+        for name, is_kind, what, optional in _SAMPLING_TYPES:
+            v = getattr(self, name)
+            if not (is_kind(v) or optional and v is None):
+                raise ValueError(f"{name} must be {what}{' or None' if optional else ''}, "
+                                 f"got {v!r}")
+        _token_ids(self.stop_token_ids, "stop_token_ids")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not 0.0 <= self.temperature <= 2.0:
             raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -52,7 +92,7 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         for name in ("beam_size", "best_of"):
             n = getattr(self, name)
-            if not isinstance(n, int) or not 1 <= n <= MAX_GROUP_ROWS:
+            if not _is_int(n) or not 1 <= n <= MAX_GROUP_ROWS:
                 raise ValueError(f"{name} must be an integer in 1..{MAX_GROUP_ROWS}, got {n!r}")
         if self.beam_size > 1 and self.temperature > 0:
             raise ValueError("beam search decodes at temperature 0 (got temperature "
@@ -60,9 +100,10 @@ class SamplingParams:
         if self.best_of > 1 and self.temperature == 0:
             raise ValueError("best_of needs sampling (temperature > 0); at temperature 0 use "
                              "beam_size")
-        if self.patience is not None and (self.beam_size == 1 or not self.patience > 0):
-            raise ValueError(f"patience must be > 0 and needs beam_size > 1, got "
-                             f"{self.patience}")
+        if self.patience is not None and (self.beam_size == 1
+                                          or not 0 < self.patience < math.inf):
+            raise ValueError(f"patience must be a finite number > 0 and needs beam_size > 1, "
+                             f"got {self.patience}")
         if self.length_penalty is not None and not 0.0 <= self.length_penalty <= 10.0:
             raise ValueError(f"length_penalty must be in [0, 10], got {self.length_penalty}")
 
@@ -90,7 +131,8 @@ class GenerateRequest:
     prompt_ids: list[int]
     encoder_input: Any = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    # Batched edits of the next-token logits, applied in order (see engine/logits_filter.py).
+    logits_processors: list[LogitsFilter] = field(default_factory=list)
     # If set, the output carries softmax(logits at prompt position no_speech_pos)[no_speech_token]
     # (Whisper's no-speech probability, read at the <|startoftranscript|> position).
     no_speech_pos: int | None = None
@@ -109,6 +151,77 @@ class GenerateRequest:
     keep_encoder: bool = False
     encoder_kv: EncoderKV | None = None
     rid: str = field(default_factory=next_rid)
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Every rule on the fields that needs no engine (run at construction and again by
+        ``Engine.add_request``, which also checks what depends on the model: token ids within
+        the vocabulary, encoder input, KV rows). TypeError for a logits processor that is not
+        a :class:`LogitsFilter`, ValueError for any other bad field; never inside a step."""
+        _token_ids(self.prompt_ids, "prompt_ids", allow_empty=False)
+        if not isinstance(self.sampling, SamplingParams):
+            raise ValueError(f"sampling must be a SamplingParams, got "
+                             f"{type(self.sampling).__name__}")
+        if not isinstance(self.logits_processors, (list, tuple)):
+            raise TypeError(f"logits_processors must be a list of LogitsFilter, got "
+                            f"{type(self.logits_processors).__name__}")
+        for f in self.logits_processors:
+            if not isinstance(f, LogitsFilter):
+                raise TypeError(
+                    f"logits_processors holds a {type(f).__name__} ({f!r:.60}); each entry must "
+                    "be an edserve.engine.logits_filter.LogitsFilter: a class with "
+                    "apply(logits [n, V], ctx: FilterContext) editing the logits in place "
+                    "(plain callables of the old per-request interface are not accepted)")
+        self._check_positions()
+        if self.on_finished_kv is not None and not callable(self.on_finished_kv):
+            raise ValueError("on_finished_kv must be callable or None")
+        if not isinstance(self.keep_encoder, bool):
+            raise ValueError(f"keep_encoder must be a bool, got {self.keep_encoder!r}")
+        if self.encoder_kv is not None and not isinstance(self.encoder_kv, EncoderKV):
+            raise ValueError(f"encoder_kv must be an EncoderKV handle or None, got "
+                             f"{type(self.encoder_kv).__name__}")
+        if not isinstance(self.rid, str) or not self.rid:
+            raise ValueError(f"rid must be a non-empty string, got {self.rid!r}")
+
+    def _check_positions(self) -> None:
+        """no_speech_pos / no_speech_token (both or neither) and cross_kv_ranges."""
+        n = len(self.prompt_ids)
+        pos, tok = self.no_speech_pos, self.no_speech_token
+        if (pos is None) != (tok is None):
+            raise ValueError("no_speech_pos and no_speech_token go together (set both or "
+                             "neither)")
+        if pos is not None and (not _is_int(pos) or not 0 <= pos < n):
+            raise ValueError(f"no_speech_pos must be a prompt position in 0..{n - 1}, got "
+                             f"{pos!r}")
+        if tok is not None and (not _is_int(tok) or tok < 0):
+            raise ValueError(f"no_speech_token must be a token id, got {tok!r}")
+        ranges = self.cross_kv_ranges
+        if ranges is None:
+            return
+        if not isinstance(ranges, (list, tuple)) or len(ranges) != n:
+            raise ValueError(f"cross_kv_ranges must hold one (start, end) pair per prompt token "
+                             f"({n}), got {type(ranges).__name__} of "
+                             f"{len(ranges) if isinstance(ranges, (list, tuple)) else '?'}")
+        for r in ranges:
+            if not (isinstance(r, (list, tuple)) and len(r) == 2 and all(map(_is_int, r))
+                    and 0 <= r[0] <= r[1]):
+                raise ValueError(f"cross_kv_ranges entries must be (start, end) with "
+                                 f"0 <= start <= end, got {r!r}")
+
+
+def check_vocab(request: GenerateRequest, vocab_size: int) -> None:
+    """ValueError unless every token id the request names is below ``vocab_size`` (the
+    model's embedding rows; ``Engine.add_request`` calls this)."""
+    named = [("prompt_ids", request.prompt_ids),
+             ("sampling.stop_token_ids", request.sampling.stop_token_ids),
+             ("no_speech_token", [] if request.no_speech_token is None
+              else [request.no_speech_token])]
+    for name, ids in named:
+        if ids and max(ids) >= vocab_size:
+            raise ValueError(f"{name} holds token id {max(ids)}, outside the model's vocabulary "
+                             f"of {vocab_size} ids")
 
 
 _handle_ids = itertools.count(1)

@@ -241,6 +241,11 @@ class WhisperForConditionalGeneration(nn.Module):
     def max_decoder_len(self) -> int:
         return self.config.max_target_positions
 
+    @property
+    def input_vocab_size(self) -> int:
+        """Token ids a prompt may hold: ``0 .. input_vocab_size - 1`` (embedding rows)."""
+        return self.config.vocab_size
+
     def encoder_len(self, encoder_input: Any) -> int:
         """Encoder tokens for one request; validates the log-mel (raises ValueError)."""
         if encoder_input is None:

@@ -31,9 +31,23 @@ from edserve.server.guards import (
     RateLimiter,
 )
 from edserve.server.metrics import ServerMetrics, StatusCounterMiddleware
+from edserve.server.openapi import (
+    api_version,
+    audio_operation,
+    install_openapi,
+    model_languages,
+    models_operation,
+    plain_operation,
+)
 from edserve.server.params import mib_label, parse_form
 from edserve.server.transcription import run
 
+DESCRIPTION = ("OpenAI-compatible speech-to-text (Whisper) and image chat (Llama-3.2-Vision) "
+               "served by edserve. Errors: `{\"error\": {message, type, param, code}}`.")
+HEALTH_DOC = plain_operation(
+    "Liveness: 200 while the engine (or a data-parallel worker) serves, else 503",
+    "application/json", {"type": "object", "required": ["status"], "properties": {
+        "status": {"type": "string", "enum": ["ok", "degraded", "engine stopped"]}}}, 503)
 FORM_OVERHEAD = 1024 * 1024  # multipart framing + text fields on top of the file
 AUDIO_MODEL_ALIASES = ("whisper-1",)
 
@@ -75,7 +89,10 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig()
     client = engine if isinstance(engine, EngineClient) \
         else EngineClient(engine, config.served_model_name)
-    app = FastAPI(title="edserve", docs_url=None, redoc_url=None, openapi_url=None)
+    docs = config.openapi_docs
+    app = FastAPI(title="edserve", version=api_version(), description=DESCRIPTION,
+                  docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
     app.state.engine = client
     app.state.config = config
     app.state.metrics = metrics = ServerMetrics(client)
@@ -95,33 +112,36 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     app.add_middleware(StatusCounterMiddleware, counter=metrics.requests)
     app.include_router(chat_router)
 
-    @app.post("/v1/audio/transcriptions")
+    @app.post("/v1/audio/transcriptions", openapi_extra=audio_operation("transcribe"))
     async def transcriptions(request: Request) -> Response:
         return await _audio_endpoint(request, "transcribe")
 
-    @app.post("/v1/audio/translations")
+    @app.post("/v1/audio/translations", openapi_extra=audio_operation("translate"))
     async def translations(request: Request) -> Response:
         return await _audio_endpoint(request, "translate")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", openapi_extra=models_operation())
     async def models(request: Request) -> JSONResponse:
         check_auth(request)
         card = {"id": config.served_model_name, "object": "model", "created": 0,
                 "owned_by": "edserve"}
         return JSONResponse({"object": "list", "data": [card]})
 
-    @app.get("/health")
+    @app.get("/health", openapi_extra=HEALTH_DOC)
     async def health() -> JSONResponse:
         alive = client.is_alive
         return JSONResponse({"status": "ok" if alive else "engine stopped"},
                             status_code=200 if alive else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", openapi_extra=plain_operation(
+        "Prometheus metrics", "text/plain", {"type": "string"}))
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     if config.enable_debug_endpoints:
-        @app.get("/debug/integrity")
+        @app.get("/debug/integrity", openapi_extra=plain_operation(
+            "Run the KV-cache integrity check (tests)", "application/json",
+            {"type": "object"}, 401, 429, 500))
         async def integrity(request: Request) -> JSONResponse:
             check_auth(request)
             debug_limiter.check()
@@ -134,4 +154,6 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
             report["seconds"] = round(time.perf_counter() - started, 4)
             return JSONResponse(report)
 
+    install_openapi(app, list(dict.fromkeys((config.served_model_name, *AUDIO_MODEL_ALIASES))),
+                    config.api_key is not None, model_languages(client.tokenizer))
     return app

@@ -27,13 +27,14 @@ from edserve.chat.chat_api import prepare_chat as _prepare_chat
 from edserve.chat.mllama_chat import ChatFormatError
 from edserve.engine.errors import RequestFailed
 from edserve.multimodal.errors import ImageInputError
+from edserve.server.chat_schemas import SEED_MAX, SEED_MIN
 from edserve.server.checks import check_auth, check_model, read_json, show
 from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError
+from edserve.server.openapi import chat_operation
 from edserve.server.sse import sse_response
 
 router = APIRouter()
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ async def _chunks(client: Any, p: ChatParams, gen_request: Any, decoder: ChatDec
                "usage": _usage(gen_request, decoder)}
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=chat_operation())
 async def chat_completions(request: Request) -> Response:
     check_auth(request)
     state = request.app.state

@@ -70,6 +70,10 @@ class ServerConfig:
         "visible GPU (pinned with CUDA_VISIBLE_DEVICES), on CPU the cores split between them; "
         "each request goes to the least-loaded worker, a worker that dies fails its requests "
         "with 503 and is restarted. Whisper models only.")
+    openapi_docs: bool = _f(
+        True, "Serve the OpenAPI document at /openapi.json and its Swagger UI at /docs "
+        "(no API key needed; the UI loads its scripts from a CDN); --no-openapi-docs turns "
+        "both off.")
     drain_timeout: float = _f(
         30.0, "On SIGINT/SIGTERM, seconds to let in-flight requests finish before the engine "
         "(and any data-parallel worker) is stopped.")

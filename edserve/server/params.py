@@ -52,6 +52,12 @@ def _one(form: FormData, name: str) -> str | None:
     return value
 
 
+def _short(value: Any) -> str:
+    """A client's field value for an error text (at most 32 characters, files by type)."""
+    text = value if isinstance(value, str) else f"<{type(value).__name__}>"
+    return text if len(text) <= 32 else text[:32] + "..."
+
+
 def _temperature(raw: str | None) -> float:
     if raw is None or raw.strip() == "":
         return 0.0
@@ -75,9 +81,8 @@ def _group_size(raw: str | None, name: str) -> int | None:
     except ValueError:
         value = None
     if value is None or not 1 <= value <= MAX_GROUP_ROWS:
-        shown = raw if len(raw) <= 32 else raw[:32] + "..."
         raise APIError(400, f"'{name}' must be an integer from 1 to {MAX_GROUP_ROWS}, got "
-                       f"{shown!r}", name, "invalid_value")
+                       f"{_short(raw)!r}", name, "invalid_value")
     return value
 
 
@@ -92,8 +97,8 @@ def _float_in(raw: str | None, name: str, low: float, high: float, low_open: boo
         value = math.nan
     ok = (value > low if low_open else value >= low) and value <= high  # False for nan
     if not ok or not math.isfinite(value):
-        shown = raw if len(raw) <= 32 else raw[:32] + "..."
-        raise APIError(400, f"'{name}' must be {what}, got {shown!r}", name, "invalid_value")
+        raise APIError(400, f"'{name}' must be {what}, got {_short(raw)!r}", name,
+                       "invalid_value")
     return value
 
 
@@ -109,11 +114,22 @@ def _decoding(form: FormData) -> dict[str, Any]:
 
 
 def _stream(raw: str | None) -> bool:
-    if raw is None or raw.strip().lower() in _FALSE:
+    """``true``/``false`` in their usual text forms; absent, empty or ``null``: not set."""
+    if raw is None or raw.strip().lower() in _FALSE + ("null",):
         return False
     if raw.strip().lower() in _TRUE:
         return True
     raise APIError(400, f"'stream' must be true or false, got {raw!r}", "stream", "invalid_value")
+
+
+def _check_include(form: FormData) -> None:
+    """``include[]``: OpenAI's extra outputs; ``logprobs`` (the only one) is refused."""
+    for v in form.getlist("include[]") + form.getlist("include"):
+        if v == "logprobs":
+            raise APIError(400, "'include[]=logprobs' is not supported: Whisper models return "
+                           "no token log-probabilities", "include[]", "unsupported_value")
+        raise APIError(400, f"'include[]' values must be 'logprobs', got {_short(v)!r}",
+                       "include[]", "invalid_value")
 
 
 def _granularities(form: FormData) -> tuple[str, ...]:
@@ -150,6 +166,7 @@ async def parse_form(form: FormData, max_upload_mb: float,
     model = _one(form, "model")
     if not model:
         raise APIError(400, "'model' is required", "model", "missing_required_parameter")
+    _check_include(form)
     language = (_one(form, "language") or "").strip().lower() or None
     params = dict(model=model, language=language, prompt=_one(form, "prompt") or None,
                   response_format=fmt, temperature=_temperature(_one(form, "temperature")),

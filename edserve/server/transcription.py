@@ -39,6 +39,7 @@ from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions, temperature_schedule
 from edserve.whisper.result import Transcription
 from edserve.whisper.transcribe import make_task, transcribe_async
+from edserve.whisper.usage import TokenUsage
 
 UNDECODABLE = "the uploaded file could not be decoded as audio (corrupt, empty, or not a " \
     "supported audio format)"
@@ -198,11 +199,11 @@ async def run(request: Request, params: TranscriptionParams, task_name: str,
 
 async def _sse(state: Any, task: LongformTask) -> AsyncIterator[dict[str, Any]]:
     """OpenAI's transcription stream: ``transcript.text.delta`` events, one per accepted
-    segment, then ``transcript.text.done`` with the full text (= the deltas concatenated)."""
-    text = TextStream()
-    async for segment in transcribe_async(state.engine, task):
+    segment, then ``transcript.text.done`` with the full text (= the deltas concatenated)
+    and token usage (no ``logprobs``: ``include[]=logprobs`` is refused at the door)."""
+    text, tokens = TextStream(), TokenUsage()
+    async for segment in transcribe_async(state.engine, task, tokens):
         delta = text.push(segment.text)
         if delta:
-            yield {"type": "transcript.text.delta", "delta": delta, "logprobs": None}
-    yield {"type": "transcript.text.done", "text": text.text, "logprobs": None,
-           "usage": usage(task.duration)}
+            yield {"type": "transcript.text.delta", "delta": delta}
+    yield {"type": "transcript.text.done", "text": text.text, "usage": tokens.openai()}

@@ -22,6 +22,7 @@ from edserve.engine.request import GenerateOutput, TokenDelta
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions, temperature_schedule
 from edserve.whisper.result import Segment, Transcription
+from edserve.whisper.usage import TokenUsage
 
 __all__ = ["Segment", "Transcription", "make_task", "transcribe", "transcribe_async",
            "run_tasks"]
@@ -115,14 +116,18 @@ def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
     return [t.result() for t in tasks]
 
 
-async def transcribe_async(aengine: Any, task: LongformTask) -> AsyncIterator[Segment]:
-    """Run ``task`` on an AsyncEngine, yielding segments as their windows are accepted.
+async def transcribe_async(aengine: Any, task: LongformTask,
+                           usage: TokenUsage | None = None) -> AsyncIterator[Segment]:
+    """Run ``task`` on an AsyncEngine, yielding segments as their windows are accepted;
+    ``usage`` (if given) counts the tokens of every engine request.
 
     Cancelling the consumer aborts the window in flight (its KV is freed) and releases the
     encoder region the task kept for a fallback retry."""
     try:
         while (req := task.next_request()) is not None:
             out: GenerateOutput = await aengine.generate(req)
+            if usage is not None:
+                usage.add(req, out)
             segments = task.feed(out)
             _release(aengine, task.take_released())
             for segment in segments:

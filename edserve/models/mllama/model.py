@@ -93,6 +93,11 @@ class MllamaModel(nn.Module):
     def max_decoder_len(self) -> int:
         return self.config.text.max_position_embeddings
 
+    @property
+    def input_vocab_size(self) -> int:
+        """Token ids a prompt may hold (embedding rows: the vocabulary, <|image|>, spares)."""
+        return self.language_model.embed_tokens.num_embeddings
+
     def encoder_len(self, image_input: Any) -> int:
         """Encoder-region keys of a request: sum(valid tiles) * P (N_img * T * P when padding
         tiles are stored for ``cross_attention_empty_rows == "hf"``); 0 for text-only.

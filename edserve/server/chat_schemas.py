@@ -1,0 +1,113 @@
+"""``/v1/chat/completions`` shapes as pydantic models, used only to write the OpenAPI document
+(``chat.py`` parses the body by hand; see :mod:`edserve.server.schemas`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edserve.chat.chat_api import MAX_STOP_STRINGS
+from edserve.server.schemas import _Closed
+
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(BaseModel):
+    url: str = Field(description="A `data:image/...;base64,...` URL (no remote URLs).")
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant"] = Field(
+        description="`developer` is read as `system`.")
+    content: str | list[TextPart | ImagePart] | None = Field(
+        description="A string or a list of parts; null only for `assistant`.")
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = Field(False, description="Send one last chunk with `usage`.")
+
+
+class ChatRequest(BaseModel):
+    """The JSON body (fields not listed are ignored; `tools` are refused with 400). A Whisper
+    server answers every chat request with 400 (`unsupported_task`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(description="The served model id (--served-model-name); any other: 404.")
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=2**31 - 1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=2**31 - 1,
+                                              description="Takes precedence over max_tokens.")
+    temperature: float | None = Field(None, ge=0, le=2, description="Default 1.")
+    top_p: float | None = Field(None, gt=0, le=1, description="Default 1.")
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: str | list[str] | None = Field(None, max_length=MAX_STOP_STRINGS, description=(
+        f"Non-empty string(s), at most {MAX_STOP_STRINGS}; the text ends before the first."))
+    stream: bool | None = Field(None, description="Server-sent chunks, then `data: [DONE]`.")
+    stream_options: StreamOptions | None = None
+    n: Literal[1] | None = Field(None, description="Only 1.")
+
+
+class ChatUsage(_Closed):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(_Closed):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(_Closed):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletion(_Closed):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    system_fingerprint: None
+    choices: list[ChatChoice]
+    usage: ChatUsage
+
+
+class ChunkDelta(_Closed):
+    role: Literal["assistant"] = "assistant"
+    content: str = ""
+
+
+class ChunkChoice(_Closed):
+    index: int
+    delta: ChunkDelta = Field(description="The first chunk carries the role, the last none.")
+    logprobs: None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class ChatCompletionChunk(_Closed):
+    """One ``data:`` line of a chat stream; with `stream_options.include_usage` the last
+    chunk has no choices and carries `usage`."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    system_fingerprint: None
+    choices: list[ChunkChoice]
+    usage: ChatUsage = Field(None, description="Only on the last chunk, when asked for.",
+                             json_schema_extra={"type": "object"})
