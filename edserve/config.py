@@ -16,9 +16,22 @@ from typing import Any
 MAX_GROUP_ROWS = 16  # largest beam_size / best_of a request may ask for (rows per request)
 CPU_RUNNING_DEFAULT = 16  # --max-running-requests auto on CPU
 GRAPH_MAX_BS_DEFAULT = 256  # --max-running-requests auto on CUDA: at most this many (graph cap)
+# How a Whisper window shorter than 30 s is laid out (edserve.audio.mel.window_features):
+# "silence" the log-mel of the audio followed by silence; "zeros" openai-whisper's transcribe()
+MEL_PADDINGS = ("silence", "zeros")
 
 ENCODER_KV_STRATEGIES = ("aligned", "ragged", "flat")
 QUANTIZATION_MODES = ("none", "int8")
+
+
+def check_mel_padding(value: object) -> str:
+    """``value`` when it names a window layout of :data:`MEL_PADDINGS`, else ValueError: the
+    one check behind ServerConfig, the ``mel_padding`` form field and TranscribeOptions (the
+    CLI flags offer :data:`MEL_PADDINGS` as argparse choices)."""
+    if not isinstance(value, str) or value not in MEL_PADDINGS:
+        shown = repr(value) if len(repr(value)) <= 34 else repr(value)[:32] + "..."
+        raise ValueError(f"'mel_padding' must be one of {', '.join(MEL_PADDINGS)}; got {shown}")
+    return value
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:

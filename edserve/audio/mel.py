@@ -9,10 +9,13 @@ numbers openai-whisper ships in ``mel_filters.npz``; it is computed here, not do
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from edserve.config import MEL_PADDINGS
 
 SAMPLE_RATE = 16000
 N_FFT = 400
@@ -53,9 +56,10 @@ def _slaney_filterbank(n_mels: int) -> np.ndarray:
     ramps = mel_f[:, None] - fft_freqs[None, :]  # [n_mels + 2, n_freqs]
     lower = -ramps[:-2] / fdiff[:-1, None]  # rising slopes   [n_mels, n_freqs]
     upper = ramps[2:] / fdiff[1:, None]  # falling slopes  [n_mels, n_freqs]
-    weights = np.maximum(0.0, np.minimum(lower, upper))
+    # float32 before the norm, then the norm in float64 rounded once more: librosa's order of
+    # roundings, so the numbers equal openai-whisper's mel_filters.npz bit for bit
+    weights = np.maximum(0.0, np.minimum(lower, upper)).astype(np.float32)
     weights *= (2.0 / (mel_f[2:] - mel_f[:-2]))[:, None]  # Slaney norm: constant energy per band
-    weights = weights.astype(np.float32)
     weights.flags.writeable = False
     return weights
 
@@ -124,8 +128,51 @@ def whisper_features(
     """Encoder input for one 30 s window: ``[num_samples]`` -> ``[n_mels, N_FRAMES]``.
 
     The audio is zero-padded (or cut) to ``N_SAMPLES`` *before* the STFT (as HF's feature
-    extractor does; openai-whisper's ``transcribe`` instead zero-fills the log-mel past the
-    audio), then the log-mel is cut to ``N_FRAMES`` frames.
+    extractor does: the ``silence`` layout of :func:`window_features`), then the log-mel is
+    cut to ``N_FRAMES`` frames.
     """
     audio = pad_or_trim(audio, N_SAMPLES)
     return log_mel_spectrogram(audio, n_mels, device=device)[:, :N_FRAMES]
+
+
+# A window layout: (log-mel of the whole audio + N_SAMPLES zeros [n_mels, content + N_FRAMES],
+# first frame, real frames) -> the encoder input [n_mels, N_FRAMES].
+WindowLayout = Callable[[torch.Tensor, int, int], torch.Tensor]
+
+
+def _silence_window(mel: torch.Tensor, seek: int, size: int) -> torch.Tensor:
+    return mel[:, seek:seek + N_FRAMES]  # frames past the audio: the appended silence's
+
+
+def _zero_filled_window(mel: torch.Tensor, seek: int, size: int) -> torch.Tensor:
+    return pad_or_trim(mel[:, seek:seek + size], N_FRAMES)  # frames past the audio: 0.0
+
+
+WINDOW_LAYOUTS: dict[str, WindowLayout] = {"silence": _silence_window,
+                                           "zeros": _zero_filled_window}
+assert tuple(WINDOW_LAYOUTS) == MEL_PADDINGS
+
+
+def window_features(mel: torch.Tensor, seek: int, size: int, padding: str) -> torch.Tensor:
+    """The encoder input ``[n_mels, N_FRAMES]`` of the window whose audio is frames
+    ``seek .. seek + size`` (``size`` <= ``N_FRAMES``) of ``mel``.
+
+    ``mel`` is the log-mel of the *whole* audio followed by ``N_SAMPLES`` zero samples
+    (``log_mel_spectrogram(audio, n_mels, padding=N_SAMPLES)``: one STFT, one max-8 floor for
+    the whole audio, as openai-whisper's ``transcribe``). The layouts differ only in a window
+    shorter than 30 s (``size < N_FRAMES``: a clip under 30 s, the last window of long audio):
+
+    * ``silence``: the next ``N_FRAMES - size`` frames of ``mel``, i.e. the log-mel of the
+      appended silence (HF's feature extractor; ``log_mel_spectrogram(pad_or_trim(audio))``
+      for a clip under 30 s, the input of openai-whisper's README ``decode()`` example and of
+      its ``detect_language`` inside ``transcribe``);
+    * ``zeros``: those frames are 0.0 (openai-whisper's ``transcribe`` decoding and
+      faster-whisper: ``pad_or_trim(mel[:, seek:seek + size], N_FRAMES)``).
+
+    ``padding`` is a name of :data:`WINDOW_LAYOUTS` (validated where options are built:
+    :func:`edserve.config.check_mel_padding`).
+    """
+    if not 0 < size <= N_FRAMES or seek + N_FRAMES > mel.shape[-1]:
+        raise ValueError(f"window of {size} frames at {seek} does not fit a log-mel of "
+                         f"{mel.shape[-1]} frames (content + {N_FRAMES} frames of silence)")
+    return WINDOW_LAYOUTS[padding](mel, seek, size)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from edserve.config import MAX_GROUP_ROWS
+from edserve.config import MAX_GROUP_ROWS, MEL_PADDINGS, check_mel_padding
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -43,6 +43,11 @@ class ServerConfig:
     best_of: int = _f(
         1, "Samples drawn for windows decoded at temperature > 0 (the fallback) when a "
         "request sends no 'best_of' field; the most likely one is kept; 1..16.")
+    mel_padding: str = _f(
+        "silence", "Layout of a window shorter than 30 s when a request sends no 'mel_padding' "
+        "field: silence (the log-mel of the audio followed by silence; lower WER on our "
+        "clips) or zeros (the audio's frames zero-filled to 30 s: openai-whisper's "
+        "transcribe() and faster-whisper, the same tokens as theirs).", choices=MEL_PADDINGS)
     enable_debug_endpoints: bool = _f(
         False, "Serve GET /debug/integrity (runs the KV-cache integrity check; for tests). "
         "Needs the API key when one is set; rate-limited by --debug-rate-limit.")
@@ -79,6 +84,7 @@ class ServerConfig:
         "(and any data-parallel worker) is stopped.")
 
     def __post_init__(self) -> None:
+        check_mel_padding(self.mel_padding)
         for name in ("beam_size", "best_of"):
             n = getattr(self, name)
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GROUP_ROWS:

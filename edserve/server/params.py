@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.datastructures import FormData, UploadFile
 
+from edserve.config import check_mel_padding
 from edserve.engine.request import MAX_GROUP_ROWS
 from edserve.server.errors import APIError
 
@@ -41,6 +42,7 @@ class TranscriptionParams:
     best_of: int | None = None
     patience: float | None = None
     length_penalty: float | None = None
+    mel_padding: str | None = None  # None: the server's --mel-padding
 
 
 def _one(form: FormData, name: str) -> str | None:
@@ -102,9 +104,20 @@ def _float_in(raw: str | None, name: str, low: float, high: float, low_open: boo
     return value
 
 
+def _mel_padding(raw: str | None) -> str | None:
+    """``silence`` or ``zeros`` (empty: the server's default)."""
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return check_mel_padding(raw.strip())
+    except ValueError as exc:
+        raise APIError(400, str(exc), "mel_padding", "invalid_value") from None
+
+
 def _decoding(form: FormData) -> dict[str, Any]:
-    """The beam search / best-of fields (see :class:`TranscriptionParams`)."""
+    """The beam search / best-of / mel padding fields (see :class:`TranscriptionParams`)."""
     return dict(
+        mel_padding=_mel_padding(_one(form, "mel_padding")),
         beam_size=_group_size(_one(form, "beam_size"), "beam_size"),
         best_of=_group_size(_one(form, "best_of"), "best_of"),
         patience=_float_in(_one(form, "patience"), "patience", 0.0, math.inf, True,

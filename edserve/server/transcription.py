@@ -80,7 +80,8 @@ def decoding(params: TranscriptionParams, cfg: Any, max_rows: int | None = None
 def build_options(params: TranscriptionParams, task: str, cfg: Any, seed: int
                   ) -> TranscribeOptions:
     """The long-form options of one request: timestamps for timed formats or ``segment``,
-    word timestamps for ``timestamp_granularities[]=word`` (``words`` in verbose_json)."""
+    word timestamps for ``timestamp_granularities[]=word`` (``words`` in verbose_json), the
+    ``mel_padding`` field else the server's ``--mel-padding``."""
     timed = params.response_format in ("srt", "vtt", "verbose_json") \
         or "segment" in params.granularities
     return TranscribeOptions(
@@ -90,7 +91,8 @@ def build_options(params: TranscriptionParams, task: str, cfg: Any, seed: int
         logprob_threshold=cfg.logprob_threshold, no_speech_threshold=cfg.no_speech_threshold,
         condition_on_previous_text=cfg.condition_on_previous_text,
         initial_prompt=params.prompt, timestamps=True if timed else None, seed=seed,
-        word_timestamps="word" in params.granularities, **decoding(params, cfg))
+        word_timestamps="word" in params.granularities,
+        mel_padding=params.mel_padding or cfg.mel_padding, **decoding(params, cfg))
 
 
 def decode(params: TranscriptionParams, max_seconds: float,

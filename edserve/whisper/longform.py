@@ -39,6 +39,7 @@ from edserve.audio.mel import (
     N_SAMPLES,
     SAMPLE_RATE,
     log_mel_spectrogram,
+    window_features,
 )
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import (
@@ -144,9 +145,9 @@ class LongformTask:
         """The engine request for the current window and temperature; None when done."""
         if self.done:
             return None
-        # The window's real frames: past the audio's end they are the spectrogram of appended
-        # silence (as in ``whisper_features``), not openai-whisper's zero-filled log-mel.
-        features = self.mel[:, self.seek:self.seek + N_FRAMES]
+        # past the audio's end: the appended silence's frames, or zeros (options.mel_padding)
+        features = window_features(self.mel, self.seek, self._segment_size(),
+                                   self.opts.mel_padding)
         prompt = self._all_tokens[self._prompt_reset_since:]
         prefix = [self.tok.sot_prev] + prompt[-(self.n_ctx // 2 - 1):] if prompt else []
         sot_seq, filters, forced = self._sot_seq, list(self._processors), 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edserve.config import check_mel_padding
+
 TEMPERATURE_INCREMENT = 0.2
 
 
@@ -33,6 +35,12 @@ class TranscribeOptions:
     :mod:`edserve.whisper.longform`); results then carry ``Segment.words`` and
     ``Transcription.words``, segment times follow the words, and the next window starts at the
     last word's end.
+
+    ``mel_padding``: how a window shorter than 30 s (a clip under 30 s, the last window of
+    longer audio) is laid out, see :func:`edserve.audio.mel.window_features`: ``silence`` (the
+    log-mel of the audio followed by silence; the default, the lower WER on the shared clips)
+    or ``zeros`` (the audio's frames, zero-filled to 3000: openai-whisper's ``transcribe()``
+    and faster-whisper, token for token). Language detection sees the same layout.
     """
 
     language: str | None = None
@@ -61,8 +69,10 @@ class TranscribeOptions:
     best_of: int = 1
     patience: float | None = None
     length_penalty: float | None = None
+    mel_padding: str = "silence"
 
     def __post_init__(self) -> None:
+        check_mel_padding(self.mel_padding)
         if not self.temperatures:
             raise ValueError("temperatures must not be empty")
         for t in self.temperatures:

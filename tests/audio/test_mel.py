@@ -1,4 +1,5 @@
-"""Log-mel features equal HF transformers' WhisperFeatureExtractor (openai-whisper's numbers)."""
+"""Log-mel features equal HF transformers' WhisperFeatureExtractor and openai-whisper's (bit for
+bit); the two window layouts (``silence``, ``zeros``) of a window shorter than 30 s."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from edserve.audio.mel import (
     mel_filters,
     pad_or_trim,
     whisper_features,
+    window_features,
 )
+from edserve.config import check_mel_padding
 
 JFK = Path(__file__).resolve().parents[1] / "data" / "jfk.wav"
 
@@ -82,3 +85,45 @@ def test_pad_or_trim_numpy_and_torch():
 def test_log_mel_rejects_non_1d():
     with pytest.raises(ValueError, match="1-D"):
         log_mel_spectrogram(np.zeros((2, 100), np.float32))
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_filters_and_log_mel_equal_openai_whisper_bit_for_bit(jfk, n_mels):
+    import whisper  # the official package (test extra)
+
+    assert torch.equal(mel_filters(n_mels), whisper.audio.mel_filters("cpu", n_mels))
+    assert torch.equal(log_mel_spectrogram(jfk, n_mels, padding=N_SAMPLES),
+                       whisper.log_mel_spectrogram(jfk, n_mels, padding=N_SAMPLES))
+
+
+def test_window_layouts_of_a_short_clip(jfk):
+    mel = log_mel_spectrogram(jfk, 80, padding=N_SAMPLES)  # [80, 1100 + 3000]
+    size = mel.shape[-1] - N_FRAMES
+    silence = window_features(mel, 0, size, "silence")
+    zeros = window_features(mel, 0, size, "zeros")
+    assert silence.shape == zeros.shape == (80, N_FRAMES)
+    # silence: the log-mel of the clip padded to 30 s (HF's extractor, openai's decode example)
+    assert torch.equal(silence, whisper_features(jfk, 80))
+    # zeros: openai-whisper's transcribe: the clip's frames, then 0.0
+    assert torch.equal(zeros[:, :size], mel[:, :size]) and not zeros[:, size:].any()
+    floor = silence[:, size + 2:]  # past the frames whose STFT window still reaches the clip
+    assert (floor == floor.min()).all() and floor.min() < -0.5  # the log-mel floor, not 0.0
+
+
+def test_window_layouts_agree_on_a_full_window(jfk):
+    mel = log_mel_spectrogram(np.tile(jfk, 4), 80, padding=N_SAMPLES)  # 44 s
+    for seek in (0, 1000):
+        assert torch.equal(window_features(mel, seek, N_FRAMES, "silence"),
+                           window_features(mel, seek, N_FRAMES, "zeros"))
+    last = mel.shape[-1] - N_FRAMES - 4000  # the 14 s left after a window at 4000
+    tail = window_features(mel, 4000, last, "zeros")
+    assert torch.equal(tail[:, :last], mel[:, 4000:4000 + last]) and not tail[:, last:].any()
+    with pytest.raises(ValueError, match="does not fit"):
+        window_features(mel, mel.shape[-1] - 10, 10, "zeros")
+
+
+def test_mel_padding_names_are_checked_once():
+    assert check_mel_padding("zeros") == "zeros"
+    for bad in ("Zeros", "", None, 0, "x" * 100):
+        with pytest.raises(ValueError, match="'mel_padding' must be one of silence, zeros"):
+            check_mel_padding(bad)
