@@ -98,7 +98,8 @@ class Engine:
             max_prefill_tokens=max(config.max_prefill_tokens or _DEFAULT_PREFILL_TOKENS[
                 self.device.type == "cuda"], self.max_row_len),
             eos_token_id=eos,
-            max_decoder_len=self.max_decoder_len)
+            max_decoder_len=self.max_decoder_len,
+            mixed_steps=config.mixed_steps)
         graphs = None
         if self._use_cuda_graph(ops):
             max_bs = config.cuda_graph_max_bs or limits.max_running_requests
