@@ -98,8 +98,17 @@ class EngineConfig:
     max_prefill_tokens: int | None = _f(
         None,
         "Most encoder + prompt tokens admitted in one prefill step (the encoder runs batched "
-        "over them; Whisper requests count 1500 + prompt). Default: 65536 on CPU, 262144 on "
-        "CUDA (fewer, larger encoder batches).",
+        "over them; Whisper requests count 1500 + prompt; one request is always admitted). "
+        "With --mixed-steps it is also the most encoder work a decoding row waits for per "
+        "token. Default: 65536 on CPU, 262144 on CUDA (fewer, larger encoder batches).",
+    )
+    mixed_steps: bool = _f(
+        True,
+        "Mixed steps (chunked prefill for encoder-decoder): while newly admitted requests "
+        "prefill, the rows already decoding take their next token in the same forward, so a "
+        "decoding row never skips a step and waits at most one --max-prefill-tokens budget of "
+        "encoder work (whole 30 s windows: an encoder input is never split) per token. "
+        "--no-mixed-steps: a prefill step carries only the new requests and decoding waits.",
     )
     max_total_tokens: int | None = _f(
         None, "Cap on KV-cache slots (tokens); default: as many as the memory budget allows."

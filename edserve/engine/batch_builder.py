@@ -2,8 +2,9 @@
 ``req_to_token``, and compute the index tensors the attention backend reads.
 
 Prefill (EXTEND) lays each new row out as ``[encoder region | prompt tokens]``; decode takes one
-slot per request at column ``enc_region + kv_len``. Both leave state untouched and return
-``None`` when the pools run short (the scheduler's back-pressure signal).
+slot per request at column ``enc_region + kv_len``; a mixed step (EXTEND with decoding rows
+first) does both in one batch. All leave state untouched and return ``None`` when the pools
+run short (the scheduler's back-pressure signal).
 """
 
 from __future__ import annotations
@@ -101,12 +102,41 @@ def _cross_ranges(reqs: list[Req], mode: ForwardMode, q_lens: list[int]) -> list
     return flat
 
 
-def build_prefill(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
+def build_prefill(pools: Pools, reqs: list[Req], decoding: list[Req] | None = None
+                  ) -> ForwardBatch | None:
     """Allocate rows + slots for newly admitted requests; None (no change) on shortage.
 
     A request that reuses a held encoder region (``request.encoder_kv``) starts its row with
     those slots (shared, copy-on-write for a partial last page) and allocates only its prompt.
+
+    ``decoding``: running requests that take their next token in the same forward (a mixed
+    step): they come first in the batch, one query each, laid out as in :func:`build_decode`;
+    the batch's mode is EXTEND and attention treats every row alike (queries attend causally
+    over their row's decoder region, cross-attention over its encoder region).
     """
+    decoding = decoding or []
+    prefill = _alloc_prefill(pools, reqs)
+    if prefill is None:
+        return None
+    new_locs, enc_locs, positions = prefill
+    dec_locs = None
+    if decoding:
+        dec_locs = _alloc_decode(pools, decoding)
+        if dec_locs is None:
+            release(pools, reqs)  # the new rows go back whole; they stay queued
+            return None
+        positions = [r.kv_len - 1 for r in decoding] + positions
+    q_lens = [1] * len(decoding) + [len(r.prompt_ids) for r in reqs]
+    out = torch.cat([dec_locs, new_locs]) if dec_locs is not None else new_locs
+    return _make_batch(pools, ForwardMode.EXTEND, decoding + reqs, q_lens,
+                       to_device(positions, torch.int64, pools.device), out, enc_locs)
+
+
+def _alloc_prefill(pools: Pools, reqs: list[Req]
+                   ) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
+    """Rows and slots for new requests: (decoder slots [T_new] int64, encoder slots
+    [sum encoder_lens of the rows whose encoder runs] int64, decoder positions [T_new]), or
+    None (no change) on shortage."""
     rtp, alloc, dev = pools.req_to_token_pool, pools.allocator, pools.device
     if rtp.alloc(reqs) is None:
         return None
@@ -143,9 +173,7 @@ def build_prefill(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
         positions += range(len(r.prompt_ids))
         r.kv_len = len(r.prompt_ids)
         start += n - p
-    return _make_batch(pools, ForwardMode.EXTEND, reqs, [len(r.prompt_ids) for r in reqs],
-                       to_device(positions, torch.int64, dev), torch.cat(dec_locs),
-                       torch.cat(enc_locs) if enc_locs else slots[:0])
+    return torch.cat(dec_locs), torch.cat(enc_locs) if enc_locs else slots[:0], positions
 
 
 def _undo_prefill(pools: Pools, reqs: list[Req], reuse: list[Req]) -> None:
@@ -161,6 +189,15 @@ def _undo_prefill(pools: Pools, reqs: list[Req], reuse: list[Req]) -> None:
 
 def build_decode(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
     """One new slot per running request at column ``row_len``; None (no change) on shortage."""
+    locs = _alloc_decode(pools, reqs)
+    if locs is None:
+        return None
+    return _make_batch(pools, ForwardMode.DECODE, reqs, [1] * len(reqs), None, locs, None)
+
+
+def _alloc_decode(pools: Pools, reqs: list[Req]) -> torch.Tensor | None:
+    """The slot of each running request's next token ([B] int64, written at column
+    ``row_len``; ``kv_len`` advances), or None on shortage."""
     rtp, dev = pools.req_to_token_pool, pools.device
     B = len(reqs)
     cols_host = [r.row_len for r in reqs]  # column of each new token
@@ -183,7 +220,7 @@ def build_decode(pools: Pools, reqs: list[Req]) -> ForwardBatch | None:
     rtp.req_to_token[rows, cols] = locs.to(torch.int32)
     for r in reqs:
         r.kv_len += 1
-    return _make_batch(pools, ForwardMode.DECODE, reqs, [1] * B, None, locs.long(), None)
+    return locs.long()
 
 
 def release(pools: Pools, reqs: list[Req]) -> None:

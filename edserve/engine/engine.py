@@ -47,7 +47,8 @@ class Engine:
             max_running_requests=self.pools.req_to_token_pool.size,
             max_prefill_tokens=parts.max_prefill_tokens,
             eos_token_id=self.model.config.eos_token_id,
-            max_decoder_len=self.max_decoder_len)
+            max_decoder_len=self.max_decoder_len,
+            mixed_steps=self.config.mixed_steps)
         history = TokenHistory(self.pools.req_to_token_pool.size, self.max_decoder_len,
                                self.device)
         self.runner = ModelRunner(self.model, self.device, history, parts.graphs)

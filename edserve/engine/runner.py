@@ -36,10 +36,12 @@ class ModelRunner:
         no_speech = None
         if sched.history_edits is not None:  # row groups rearranged at the last update
             self.history.apply(sched.history_edits, self.device)
-        if sched.mode == ForwardMode.EXTEND:
-            self.history.reset(rows)
-            input_ids = sched.prompt_ids
-            encoder_states = self._encode(reqs)
+        if sched.mode == ForwardMode.EXTEND:  # new rows; a mixed step's decode rows first
+            nd = sched.num_decode
+            self.history.reset(rows[nd:])
+            input_ids = sched.prompt_ids if nd == 0 else torch.cat(
+                [self.history.last(rows[:nd]), sched.prompt_ids])  # [T]
+            encoder_states = self._encode(reqs[nd:])
         else:
             input_ids = self.history.last(rows)  # [B] the tokens sampled last step
             encoder_states = None
@@ -71,12 +73,13 @@ class ModelRunner:
         return torch.cat(states)
 
     def _no_speech(self, hidden: torch.Tensor, sched: ScheduledBatch) -> torch.Tensor | None:
-        """[B] softmax(logits at each request's ``no_speech_pos``)[no_speech_token]; NaN for
-        requests that do not ask (Whisper's no-speech probability)."""
+        """[B] softmax(logits at each new request's ``no_speech_pos``)[no_speech_token]; NaN
+        for rows that do not ask or are decoding (Whisper's no-speech probability)."""
         picks = [(i, start + r.request.no_speech_pos, r.request.no_speech_token)
                  for i, (r, start) in enumerate(zip(sched.reqs, sched.batch.q_starts_cpu,
                                                     strict=True))
-                 if r.request.no_speech_pos is not None and r.request.no_speech_token is not None]
+                 if sched.is_new(i) and r.request.no_speech_pos is not None
+                 and r.request.no_speech_token is not None]
         if not picks:
             return None
         dev = hidden.device

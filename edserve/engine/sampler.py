@@ -58,17 +58,20 @@ class CandidatePlan:
     draw_generators: list[torch.Generator | None]  # [D]
 
 
-def plan_sampling(reqs: list[Req], device: torch.device, first_step: bool = False
-                  ) -> SamplingPlan:
+def plan_sampling(reqs: list[Req], device: torch.device,
+                  first_step: bool | list[bool] = False) -> SamplingPlan:
+    """``first_step``: whether the rows sample their first token (per row, or one value for
+    all; a mixed step has both kinds)."""
     plan = _plan_tokens(reqs, device)
     if any(r.group is not None for r in reqs):
-        plan.candidates = _plan_candidates(reqs, device, first_step)
+        first = first_step if isinstance(first_step, list) else [first_step] * len(reqs)
+        plan.candidates = _plan_candidates(reqs, device, first)
     return plan
 
 
-def _plan_candidates(reqs: list[Req], device: torch.device, first_step: bool
+def _plan_candidates(reqs: list[Req], device: torch.device, first_step: list[bool]
                      ) -> CandidatePlan | None:
-    asks = [(i, r, r.group.candidates(r, first_step)) for i, r in enumerate(reqs)
+    asks = [(i, r, r.group.candidates(r, first_step[i])) for i, r in enumerate(reqs)
             if r.group is not None]
     topk = [(i, c.topk) for i, r, c in asks if c.topk]
     draws = [(i, r, c.draws) for i, r, c in asks if c.draws]

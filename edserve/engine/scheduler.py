@@ -10,6 +10,17 @@ Admission reserves each request's worst case (encoder region + prompt + max new 
 whole pages) against the allocator's free slots, so a running request can never run out of KV
 mid-decode: an exhausted pool makes new requests wait, it never fails or evicts running ones.
 
+Mixed steps (``SchedulerLimits.mixed_steps``, chunked prefill for encoder-decoder): a prefill
+step also carries every running row that may take a token, ahead of the new rows, in one
+forward. So a running row is in *every* step, and the work between two of its tokens is one
+decode token plus at most one admission budget (``max_prefill_tokens``) of encoder + prompt
+tokens: the encoder input is atomic (a whole 30 s window is never split across steps), so the
+budget bounds how many windows run per step (one request is always admitted). The same rows
+in separate steps (``mixed_steps`` off) would wait for back-to-back prefill steps while
+arrivals keep coming; alternating prefill and decode steps would bound the wait as well but
+cost one more forward per prefill step. The decode rows of a mixed step run eagerly (CUDA
+graphs capture decode-only steps).
+
 Overlap scheduling calls ``schedule`` for step N+1 before ``update`` for step N, so finish
 checks lag one step: a request that stopped at step N has already been given step N+1, whose
 token ``update`` ignores. Length limits are known without tokens, so a request at its limit is
@@ -45,6 +56,7 @@ class SchedulerLimits:
     max_prefill_tokens: int  # encoder + prompt tokens admitted in one prefill step
     eos_token_id: int
     max_decoder_len: int  # model's decoder position limit
+    mixed_steps: bool = False  # running rows decode in every prefill step (see schedule)
 
 
 class Scheduler:
@@ -119,14 +131,14 @@ class Scheduler:
     # ---- schedule ---------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         """The next step's batch (rows and slots allocated), or None when nothing can run."""
+        reqs = [r for r in self.running if not self._length_reached(r, r.steps)]
+        if reqs and any(r.group is not None for r in reqs):
+            reqs = _groups_side_by_side(reqs)
         new = self._admit()
         if new:
-            return self._prefill(new)
-        reqs = [r for r in self.running if not self._length_reached(r, r.steps)]
+            return self._prefill(new, reqs if self.limits.mixed_steps else [])
         if not reqs:
             return None
-        if any(r.group is not None for r in reqs):
-            reqs = _groups_side_by_side(reqs)
         batch = build_decode(self.pools, reqs)
         if batch is None:  # cannot happen with reservations
             logger.warning("KV allocation failed for a decode batch; retrying later")
@@ -143,21 +155,29 @@ class Scheduler:
                               history_edits=edits if edits else None,
                               sync_update=any(r.group is not None for r in reqs))
 
-    def _prefill(self, reqs: list[Req]) -> ScheduledBatch | None:
-        batch = build_prefill(self.pools, reqs)
+    def _prefill(self, reqs: list[Req], decoding: list[Req]) -> ScheduledBatch | None:
+        """A prefill step for the admitted ``reqs``; with ``decoding`` (mixed steps) the
+        running rows take their next token in the same forward, ahead of the new rows."""
+        batch = build_prefill(self.pools, reqs, decoding)
         if batch is None:  # cannot happen with reservations; keep requests queued if it does
             logger.warning("KV allocation failed for a prefill batch; retrying later")
             self.waiting.extendleft(reversed(reqs))
             return None
         self.running.extend(reqs)
+        for r in decoding:
+            r.steps += 1
         for r in reqs:
             r.steps = 1
             if r.group is not None and r.request.encoder_kv is None:
                 r.group.hold = hold_encoder(self.pools, r)  # for the group's lifetime
         dev = self.pools.device
         prompt = to_device([t for r in reqs for t in r.prompt_ids], torch.int64, dev)
-        return self._scheduled(ForwardMode.EXTEND, reqs, batch,
-                               plan_sampling(reqs, dev, first_step=True), prompt)
+        rows = decoding + reqs
+        first = [False] * len(decoding) + [True] * len(reqs)
+        sched = self._scheduled(ForwardMode.EXTEND, rows, batch,
+                                plan_sampling(rows, dev, first_step=first), prompt)
+        sched.num_decode = len(decoding)
+        return sched
 
     def _decode_plan(self, reqs: list[Req]) -> SamplingPlan:
         key = tuple(r.serial for r in reqs)
@@ -229,10 +249,11 @@ class Scheduler:
         tokens, logprobs, no_speech = output.fetch()
         if sched.sync_update:
             self._update_groups(sched, output, tokens, logprobs, no_speech)
-        for req, tok, lp, ns in zip(sched.reqs, tokens, logprobs, no_speech, strict=True):
+        for i, (req, tok, lp, ns) in enumerate(zip(sched.reqs, tokens, logprobs, no_speech,
+                                                   strict=True)):
             if req.finish_reason is not None or req.group is not None:
                 continue  # finished or aborted while this step was in flight; groups: above
-            if sched.mode == ForwardMode.EXTEND:
+            if sched.is_new(i):
                 req.no_speech_prob = ns
             sp = req.request.sampling
             if (tok == self.limits.eos_token_id and not sp.ignore_eos) \
@@ -267,7 +288,7 @@ class Scheduler:
                 no_speech: list[float | None]) -> None:
         for gid, results in per_group.items():
             group = groups[gid]
-            if sched.mode == ForwardMode.EXTEND:
+            if group.leader in sched.reqs and sched.is_new(sched.reqs.index(group.leader)):
                 group.leader.no_speech_prob = no_speech[sched.reqs.index(group.leader)]
             self.num_generated_tokens += len(results)
             steps = max(m.steps for m in group.members)

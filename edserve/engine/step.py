@@ -27,11 +27,18 @@ class ScheduledBatch:
     reqs: list[Req]  # the batch's requests, in row order of every [B] tensor below
     batch: ForwardBatch  # index tensors (rows, slots, lengths), already on the device
     sampling: SamplingPlan  # filter groups, temperatures, generators of these rows
-    prompt_ids: torch.Tensor | None = None  # [T] int64 prompt tokens (EXTEND only)
+    prompt_ids: torch.Tensor | None = None  # [T_new] int64 new rows' prompt tokens (EXTEND)
+    # EXTEND (a mixed step): the first ``num_decode`` rows are running rows taking their next
+    # token (one query each, input = their last sampled token); the rest are newly admitted
+    num_decode: int = 0
     history_edits: HistoryEdits | None = None  # row groups' edits from the previous update
     # True when ``update`` must run before the next ``schedule`` (row groups decide on the
     # host which rows continue), so the engine does not overlap this step
     sync_update: bool = False
+
+    def is_new(self, i: int) -> bool:
+        """Row ``i`` was admitted by this step (it prefills; EXTEND only)."""
+        return self.mode == ForwardMode.EXTEND and i >= self.num_decode
 
 
 @dataclass

@@ -203,6 +203,21 @@ class WhisperDecoder(nn.Module):
             del y
 
 
+def _stack_to_device(mels: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """``torch.stack(mels)`` on ``device``. On CUDA, host log-mels are stacked straight into one
+    page-locked buffer and uploaded by one non-blocking copy (a copy from pageable memory would
+    make the host wait for the device); PyTorch's caching host allocator keeps the buffer alive
+    until the copy has run."""
+    if device.type != "cuda" or all(m.device == device for m in mels):
+        return torch.stack([m.to(device) for m in mels])
+    if any(m.device.type != "cpu" for m in mels):  # some already on a device: one copy each
+        return torch.stack([m.pin_memory().to(device, non_blocking=True)
+                            if m.device.type == "cpu" else m.to(device) for m in mels])
+    host = torch.empty((len(mels), *mels[0].shape), dtype=mels[0].dtype, pin_memory=True)
+    torch.stack(mels, out=host)
+    return host.to(device, non_blocking=True)
+
+
 class _Inner(nn.Module):
     def __init__(self, cfg: WhisperConfig) -> None:
         super().__init__()
@@ -247,30 +262,40 @@ class WhisperForConditionalGeneration(nn.Module):
         return self.config.vocab_size
 
     def encoder_len(self, encoder_input: Any) -> int:
-        """Encoder tokens for one request; validates the log-mel (raises ValueError)."""
+        """Encoder tokens for one request; validates the log-mel (raises ValueError).
+
+        Shape and dtype only for a device tensor (reading its values would make the host wait
+        for the device); a host tensor is also checked for NaN/inf (host work, no sync).
+        Audio is refused earlier when it has non-finite samples (``edserve.audio``)."""
         if encoder_input is None:
             return 0
-        expected = (self.config.num_mel_bins, 2 * self.config.max_source_positions)
-        if not torch.is_tensor(encoder_input) or tuple(encoder_input.shape) != expected:
-            shape = list(encoder_input.shape) if torch.is_tensor(encoder_input) \
-                else type(encoder_input).__name__
-            raise ValueError(f"Whisper expects a log-mel tensor of shape {list(expected)}, "
-                             f"got {shape}")
-        if not torch.isfinite(encoder_input).all():
+        self._check_mel(encoder_input)
+        if encoder_input.device.type == "cpu" and not torch.isfinite(encoder_input).all():
             raise ValueError("Whisper log-mel contains NaN or infinite values")
         return self.config.max_source_positions
 
+    def _check_mel(self, mel: Any) -> None:
+        expected = (self.config.num_mel_bins, 2 * self.config.max_source_positions)
+        if not torch.is_tensor(mel) or tuple(mel.shape) != expected \
+                or not mel.dtype.is_floating_point:
+            got = f"{list(mel.shape)} {mel.dtype}" if torch.is_tensor(mel) \
+                else type(mel).__name__
+            raise ValueError(f"Whisper expects a floating-point log-mel tensor of shape "
+                             f"{list(expected)}, got {got}")
+
     def encode(self, encoder_inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Log-mels ``[n_mels, 3000]`` per request -> encoder states ``[1500, d]`` per request."""
+        """Log-mels ``[n_mels, 3000]`` per request -> encoder states ``[1500, d]`` per request.
+
+        No host<->device sync: inputs are checked by shape only (values were checked at
+        submission, :meth:`encoder_len`) and host log-mels go up in one page-locked,
+        non-blocking copy; the model dtype conversion runs on the device."""
         if not encoder_inputs:
             return []
         p = next(self.parameters())
         for m in encoder_inputs:
-            self.encoder_len(m)
-        dev = encoder_inputs[0].device
-        mel = torch.stack([m.to(dev) for m in encoder_inputs])  # [N, n_mels, 3000]
-        mel = mel.to(device=p.device, dtype=p.dtype)  # one transfer, in the model dtype
-        return list(self.model.encoder(mel).unbind(0))  # N x [1500, d]
+            self._check_mel(m)
+        mel = _stack_to_device(encoder_inputs, p.device)  # [N, n_mels, 3000]
+        return list(self.model.encoder(mel.to(p.dtype)).unbind(0))  # N x [1500, d]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 encoder_states: torch.Tensor | None) -> torch.Tensor:

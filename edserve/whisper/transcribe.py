@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from edserve.audio.decode import load_audio
-from edserve.audio.errors import EmptyAudioError
+from edserve.audio.errors import EmptyAudioError, NonFiniteAudioError
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import GenerateOutput, TokenDelta
 from edserve.whisper.longform import LongformTask
@@ -110,6 +110,8 @@ def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
                                     best_of=best_of, patience=patience,
                                     length_penalty=length_penalty)
     audios = [a if isinstance(a, np.ndarray) else load_audio(a) for a in inputs]
+    if any(not np.isfinite(a).all() for a in audios):  # files: refused by load_audio
+        raise NonFiniteAudioError()
     tasks = [make_task(engine, audio, options, _name(inputs[i], i))
              for i, audio in enumerate(audios)]
     run_tasks(engine, tasks, on_finish)

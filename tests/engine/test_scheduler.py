@@ -123,3 +123,72 @@ def test_finished_kv_hook_sees_the_row_before_it_is_freed():
     assert free_then < pools.allocator.size  # still held while the hook ran
     assert b.finish_reason == FinishReason.ERROR and "boom" in b.error
     assert pools.allocator.available_size() == pools.allocator.size
+
+
+def _mixed_sched(pools: Pools, budget: int, mixed: bool = True) -> Scheduler:
+    return Scheduler(pools, SchedulerLimits(8, budget, EOS, 448, mixed_steps=mixed))
+
+
+def test_mixed_step_carries_the_decoding_rows_first():
+    pools = _pools(slots=128, rows=4)
+    sched = _mixed_sched(pools, 1000)
+    a, b = _req(5), _req(5, prompt=(7, 8, 9))
+    sched.add(a)
+    sched.update(sched.schedule(), _output([10]))  # a: prefill (6 + 2 columns, pages 1-2)
+    sched.add(b)
+    step = sched.schedule()
+    assert step.mode == ForwardMode.EXTEND and step.reqs == [a, b] and step.num_decode == 1
+    assert [step.is_new(i) for i in range(2)] == [False, True]
+    assert step.prompt_ids.tolist() == [7, 8, 9]  # only the new row's prompt
+    assert step.batch.positions.tolist() == [2, 0, 1, 2]  # a's third token, b's prompt
+    assert step.batch.cu_q.tolist() == [0, 1, 4]
+    assert step.batch.seq_lens.tolist() == [3, 3] and step.batch.prefix_lens.tolist() == [2, 0]
+    rtp = pools.req_to_token_pool.req_to_token
+    assert step.batch.out_cache_loc.tolist() == [rtp[1, 8].item()] + rtp[2, 6:9].tolist()
+    assert step.batch.encoder_out_cache_loc.tolist() == rtp[2, :6].tolist()  # b's encoder only
+    sched.update(step, _output([11, 20]))
+    assert a.output_ids == [10, 11] and b.output_ids == [20] and (a.steps, b.steps) == (2, 1)
+    while sched.has_work():
+        step = sched.schedule()
+        sched.update(step, _output([12] * len(step.reqs)))
+    assert pools.allocator.available_size() == pools.allocator.size
+
+
+def _longest_gap(mixed: bool) -> tuple[int, list[int]]:
+    """A row decoding while one request arrives before every step (budget: one request per
+    step). Returns the most consecutive steps the running row was left out of, and the
+    encoder + prompt tokens each step admitted."""
+    pools = _pools(slots=512, rows=8)
+    sched = _mixed_sched(pools, ENC + 2, mixed)
+    first = _req(12)
+    sched.add(first)
+    gap = longest = 0
+    admitted = []
+    for i in range(10):
+        if i < 7:
+            sched.add(_req(2))
+        step = sched.schedule()
+        new = [r for j, r in enumerate(step.reqs) if step.is_new(j)]
+        admitted.append(sum(r.enc_region + len(r.prompt_ids) for r in new))
+        if first.steps and first not in step.reqs:
+            gap += 1
+            longest = max(longest, gap)
+        elif first in step.reqs:
+            gap = 0
+        sched.update(step, _output([5] * len(step.reqs)))
+    while sched.has_work():
+        step = sched.schedule()
+        sched.update(step, _output([5] * len(step.reqs)))
+    assert pools.allocator.available_size() == pools.allocator.size
+    return longest, admitted
+
+
+def test_a_running_row_is_in_every_step_while_arrivals_prefill():
+    """The "longest gap" guarantee: with mixed steps a running row takes a token in every
+    step, and each step adds at most one budget of encoder + prompt tokens; without them the
+    row waits for every arrival's prefill step."""
+    longest, admitted = _longest_gap(mixed=True)
+    assert longest == 0
+    assert max(admitted) == ENC + 2 and admitted[:7] == [ENC + 2] * 7
+    longest_off, _ = _longest_gap(mixed=False)
+    assert longest_off == 7  # the 7 arrivals each took a prefill step of their own

@@ -1,0 +1,188 @@
+"""Prefill speed on the GPU: edserve's Whisper encoder and prefill step vs HF's WhisperEncoder on
+the same random weights, in one process (runs alternate; medians of ``--repeats``).
+
+Per batch size (30 s clips), per clip:
+  ours encode   ``model.encode(mels)``: the encoder alone (host log-mels uploaded inside)
+  ours prefill  one engine step admitting every clip: encoder + cross-K/V projection and pool
+                write + decoder prompt + first token (what a request waits for)
+  HF encoder    ``WhisperEncoder(mels)`` (sdpa), log-mels already on the device
+  floor         encoder FLOPs / the measured bf16 matmul rate (8192^3 GEMM)
+Then a torch-profiler table of one prefill step (per op: device time, GFLOP, achieved TFLOP/s,
+share of the step; the profiler counts FLOPs of matmuls and convolutions), and the SDPA backends
+(flash, cuDNN, efficient, math) on the encoder's bidirectional 1500 x 1500 self-attention.
+``--compile`` also times ``torch.compile`` of edserve's encoder (a measured option, not used by
+the engine).
+
+  python benchmarks/prefill_gpu.py --arch large-v3 --batch 1 8 16 32
+  python benchmarks/prefill_gpu.py --dry-run      # toy shapes on CPU: the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import whisper_gpu as wg
+
+from edserve.engine.request import GenerateRequest, SamplingParams
+
+
+def timed_ms(fn, dev: str, repeats: int) -> float:
+    """Median wall time of ``fn()`` in ms, device work included (one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        wg.sync(dev)
+        t0 = time.perf_counter()
+        fn()
+        wg.sync(dev)
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def encoder_flops(arch: str) -> float:
+    """FLOPs of one 30 s window through the encoder (GEMMs, attention, convolutions)."""
+    a = wg.ARCHS[arch]
+    d, L, f, S = a["d_model"], a["layers"], a["ffn"], 1500
+    gemms = 2 * S * L * (4 * d * d + 2 * d * f)
+    attention = 4 * L * S * S * d
+    convs = 2 * 3 * (2 * S * a["n_mels"] * d + S * d * d)
+    return gemms + attention + convs
+
+
+def prefill_step(engine, mels: list[torch.Tensor]):
+    """A callable running one engine step that admits every clip (then finishes them)."""
+    tok = engine.tokenizer
+    sp = SamplingParams(max_new_tokens=1, ignore_eos=True)
+
+    def run():
+        for m in mels:
+            engine.add_request(GenerateRequest([tok.sot], m, sp))
+        engine.step()
+        assert not engine.scheduler.waiting, "raise --max-prefill-tokens: clips left waiting"
+        wg.drain(engine)
+    return run
+
+
+def profile_table(fn, dev: str, flops_rate: float, rows: int) -> None:
+    """One call of ``fn`` under the torch profiler: the ops with the most device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    fn()
+    wg.sync(dev)
+    with profile(activities=acts, with_flops=True) as prof:
+        fn()
+        wg.sync(dev)
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    timeof = (lambda e: e.self_device_time_total) if dev == "cuda" \
+        else (lambda e: e.self_cpu_time_total)
+    total = sum(timeof(e) for e in events) or 1.0
+    print(f"\n# one prefill step, ops by {'device' if dev == 'cuda' else 'CPU'} time "
+          f"(total {total / 1000:.2f} ms)")
+    print("op                                  calls   time ms  share   GFLOP  TFLOP/s  "
+          "% matmul rate")
+    for e in sorted(events, key=timeof, reverse=True)[:rows]:
+        t_us = timeof(e)
+        gflop = (e.flops or 0) / 1e9
+        rate = gflop / 1e3 / (t_us / 1e6) if t_us and gflop else 0.0
+        pct = f"{100 * rate * 1e12 / flops_rate:6.1f}" if rate else "     -"
+        print(f"{e.key[:35]:35s} {e.count:6d} {t_us / 1000:9.3f} {100 * t_us / total:5.1f}% "
+              f"{gflop:7.1f} {rate:8.1f}  {pct}")
+    if dev == "cuda":
+        kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        print("\n# kernels by device time")
+        for e in sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:rows]:
+            print(f"{e.self_device_time_total / 1000:9.3f} ms  {e.count:5d}x  {e.key[:90]}")
+
+
+def sdpa_backends(arch: str, dev: str, dtype: torch.dtype, batch: int, repeats: int) -> None:
+    """Each SDPA backend on the encoder's self-attention shape (no mask, 1500 x 1500)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    a = wg.ARCHS[arch]
+    H, hd = a["heads"], a["d_model"] // a["heads"]
+    # q, k, v as the encoder makes them: views of one [N, S, 3, H, hd] projection
+    qkv = torch.randn(batch, 1500, 3, H, hd, device=dev, dtype=dtype)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    flops = 4 * batch * H * 1500 * 1500 * hd
+    print(f"\n# SDPA, {batch} x {H} heads x 1500 x 1500, head dim {hd}, {dtype}")
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"):
+        backend = getattr(SDPBackend, name, None)
+        if backend is None:
+            print(f"{name:20s} not in this torch")
+            continue
+        try:
+            with sdpa_kernel(backend):
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+                ms = timed_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v),
+                              dev, repeats)
+        except RuntimeError as e:
+            print(f"{name:20s} unsupported: {str(e).splitlines()[0][:90]}")
+            continue
+        err = (out.float() - ref).abs().max().item()
+        print(f"{name:20s} {ms:8.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s  max|err| {err:.1e}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="large-v3", choices=sorted(wg.ARCHS))
+    ap.add_argument("--batch", nargs="+", type=int, default=[1, 8, 16, 32])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile-batch", type=int, default=16)
+    ap.add_argument("--rows", type=int, default=15, help="rows of the profiler tables")
+    ap.add_argument("--config", default="flat:128", help="strategy:page_size of the engine")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile(encoder)")
+    ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
+    args = ap.parse_args()
+    dev = "cpu" if args.dry_run else "cuda"
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    if args.dry_run:
+        args.arch, args.batch, args.repeats, args.profile_batch = "toy", [1, 2], 2, 2
+    _, flops_rate = wg.ceilings(dev)
+    per_clip = encoder_flops(args.arch)
+    floor_ms = 1000 * per_clip / flops_rate
+    print(f"# {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, {args.arch}, "
+          f"{dtype}: bf16 matmul {flops_rate / 1e12:.0f} TFLOP/s; encoder "
+          f"{per_clip / 1e12:.3f} TFLOP per 30 s clip -> floor {floor_ms:.2f} ms per clip")
+    hf = wg.build_hf(args.arch, dev, dtype)
+    strategy, ps = args.config.split(":")
+    conc = max(args.batch + [args.profile_batch])
+    engine = wg.make_engine(hf, args.arch, conc, 2, device=dev, dtype=str(dtype)[6:],
+                            encoder_kv=strategy, page_size=ps,
+                            max_prefill_tokens=conc * 1600, debug_checks=False)
+    model = engine.model
+    compiled = torch.compile(model.model.encoder) if args.compile else None
+    n_mels = wg.ARCHS[args.arch]["n_mels"]
+    print("batch  ours encode  ours prefill  HF encoder  ours/HF  %floor (encode)"
+          + ("  compiled" if compiled else "") + "   ms per clip")
+    for n in args.batch:
+        gen = torch.Generator().manual_seed(n)
+        host = [torch.randn(n_mels, 3000, generator=gen) * 0.5 for _ in range(n)]
+        feats = torch.stack(host).to(device=dev, dtype=dtype)
+        runs = {"enc": lambda h=host: model.encode(h),
+                "hf": lambda f=feats: hf.model.encoder(f),
+                "pre": prefill_step(engine, host)}
+        if compiled is not None:
+            runs["cmp"] = lambda f=feats: compiled(f)
+        t = {k: [] for k in runs}
+        with torch.inference_mode():
+            for _ in range(args.repeats):  # alternate so drift hits all equally
+                for k, fn in runs.items():
+                    t[k].append(timed_ms(fn, dev, 1))
+        m = {k: statistics.median(v) / n for k, v in t.items() if v}
+        print(f"{n:5d}  {m['enc']:11.3f}  {m['pre']:12.3f}  {m['hf']:10.3f}  "
+              f"{m['enc'] / m['hf']:7.2f}  {100 * floor_ms / m['enc']:14.1f}"
+              + (f"  {m['cmp']:8.3f}" if compiled else ""))
+    gen = torch.Generator().manual_seed(0)
+    host = [torch.randn(n_mels, 3000, generator=gen) * 0.5 for _ in range(args.profile_batch)]
+    with torch.inference_mode():
+        profile_table(prefill_step(engine, host), dev, flops_rate, args.rows)
+    sdpa_backends(args.arch, dev, dtype, args.profile_batch, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
