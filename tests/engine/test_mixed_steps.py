@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from edserve.engine.forward_batch import ForwardMode
 
 from edserve.engine.engine import Engine
 from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.layers.forward_batch import ForwardMode
 from edserve.runtime import build_engine
 
 PROMPT = [50257, 50362]

@@ -13,10 +13,10 @@ from contextlib import contextmanager
 import pytest
 import torch
 from cuda_syncs import count_syncs
-from edserve.engine.forward_batch import ForwardMode
 from whisper_fixtures import make_random_whisper
 
 from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.layers.forward_batch import ForwardMode
 from edserve.runtime import build_engine
 from edserve.whisper.logits import (
     ApplyTimestampRules,
