@@ -115,14 +115,19 @@ def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
     return [t.result() for t in tasks]
 
 
-async def transcribe_async(aengine: Any, task: LongformTask) -> AsyncIterator[Segment]:
-    """Run ``task`` on an AsyncEngine, yielding segments as their windows are accepted.
+async def transcribe_async(aengine: Any, task: LongformTask,
+                           on_output: Callable[[GenerateOutput], None] | None = None
+                           ) -> AsyncIterator[Segment]:
+    """Run ``task`` on an AsyncEngine, yielding segments as their windows are accepted;
+    ``on_output`` sees every window's engine output (e.g. its stage timings).
 
     Cancelling the consumer aborts the window in flight (its KV is freed) and releases the
     encoder region the task kept for a fallback retry."""
     try:
         while (req := task.next_request()) is not None:
             out: GenerateOutput = await aengine.generate(req)
+            if on_output is not None:
+                on_output(out)
             segments = task.feed(out)
             _release(aengine, task.take_released())
             for segment in segments:
