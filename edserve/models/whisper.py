@@ -262,6 +262,8 @@ class WhisperForConditionalGeneration(nn.Module):
             self.encoder_len(m)
         dev = encoder_inputs[0].device
         mel = torch.stack([m.to(dev) for m in encoder_inputs])  # [N, n_mels, 3000]
+        if mel.device.type == "cpu" and p.device.type == "cuda":  # pinned: no host stall
+            mel = mel.pin_memory().to(p.device, non_blocking=True)
         mel = mel.to(device=p.device, dtype=p.dtype)  # one transfer, in the model dtype
         return list(self.model.encoder(mel).unbind(0))  # N x [1500, d]
 
