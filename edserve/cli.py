@@ -1,4 +1,4 @@
-"""Command line: ``edserve transcribe FILE...`` and ``edserve serve``.
+"""Command line: ``edserve transcribe FILE...``, ``edserve serve`` and ``edserve bench``.
 
 Engine flags come from :class:`edserve.config.EngineConfig`; their help text is the field docs.
 """
@@ -18,6 +18,7 @@ from edserve.batch_cli import (
     run_batch,
     wants_batch,
 )
+from edserve.bench.cli import add_bench
 from edserve.config import CPU_RUNNING_DEFAULT, EngineConfig, add_config_args, config_from_args
 from edserve.integrations.ray_cli import add_serve_ray
 
@@ -166,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_transcribe(sub)
     _add_serve(sub)
     add_serve_ray(sub)
+    add_bench(sub)
     return parser
 
 

@@ -249,6 +249,9 @@ class WhisperTokenizer:
         Tokens for lone symbols such as ``"#"`` or ``" ["`` (but not ``"-"`` / ``"'"`` inside
         words) and musical notes; sorted ids.
         """
+        cached = self.__dict__.get("_non_speech")
+        if cached is not None:  # encoded once per tokenizer (~2 ms), not once per task
+            return cached
         symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』')
         symbols += "<< >> <<< >>> -- --- -( -[ (' (\" (( )) ((( ))) [[ ]] {{ }} ♪♪ ♪♪♪".split()
         miscellaneous = set("♩♪♫♬♭♮♯")  # may be split into several byte tokens: keep the first
@@ -257,4 +260,5 @@ class WhisperTokenizer:
             for tokens in (self.encode(symbol), self.encode(" " + symbol)):
                 if len(tokens) == 1 or symbol in miscellaneous:
                     result.add(tokens[0])
-        return tuple(sorted(result))
+        self._non_speech: tuple[int, ...] = tuple(sorted(result))
+        return self._non_speech

@@ -122,8 +122,10 @@ class AsyncEngine:
         return await asyncio.wrap_future(self.call_soon(fn))
 
     # ---- requests -----------------------------------------------------------------------
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
-        """Submit ``request`` and yield its deltas; the last one has ``finished`` and ``output``.
+    async def stream(self, request: GenerateRequest, per_token: bool = True
+                     ) -> AsyncIterator[TokenDelta]:
+        """Submit ``request`` and yield its deltas; the last one has ``finished`` and ``output``
+        (``per_token`` False: only that one; no per-token hop across threads).
 
         Raises ValueError (from the engine's validation) before yielding anything. Closing or
         cancelling the iterator before the last delta aborts the request.
@@ -145,7 +147,7 @@ class AsyncEngine:
         with self._lock:
             self._inflight[rid] = deliver
         try:
-            self.engine.add_request(request, deliver)
+            self.engine.add_request(request, deliver, stream=per_token)
         except BaseException:
             with self._lock:
                 self._inflight.pop(rid, None)
@@ -166,7 +168,7 @@ class AsyncEngine:
         """Run ``request`` to completion; cancellation aborts it (its KV is freed). The output
         may still say ``FinishReason.ERROR``/``ABORT``; :class:`RequestFailed` when the stream
         ended without one."""
-        stream = self.stream(request)
+        stream = self.stream(request, per_token=False)
         try:
             async for delta in stream:
                 if delta.finished:

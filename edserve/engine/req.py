@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from edserve.engine.request import (
     FinishReason,
     GenerateOutput,
     GenerateRequest,
+    RequestTiming,
     TokenDelta,
 )
 from edserve.engine.row_group import RowGroup
@@ -45,6 +47,11 @@ class Req:
     cow_pending: bool = False  # a fork: copy a shared partial last page before writing
     kept_encoder: EncoderKV | None = None  # the keep_encoder handle, once finished
     serial: int = field(default_factory=lambda: next(_serials))  # unique per Req object
+    # perf_counter() stamps for the output's RequestTiming: made (submitted), admitted
+    # (prefill scheduled), first token committed
+    submitted_at: float = field(default_factory=time.perf_counter)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
 
     @property
     def rid(self) -> str:
@@ -69,4 +76,12 @@ class Req:
         assert self.finish_reason is not None
         return GenerateOutput(self.rid, list(self.output_ids), list(self.logprobs),
                               self.finish_reason, self.no_speech_prob, self.error,
-                              self.stop_logprob, self.kept_encoder)
+                              self.stop_logprob, self.kept_encoder, self._timing())
+
+    def _timing(self) -> RequestTiming | None:
+        if self.admitted_at is None:
+            return None
+        now = time.perf_counter()
+        first = self.first_token_at if self.first_token_at is not None else now
+        return RequestTiming(self.admitted_at - self.submitted_at, first - self.admitted_at,
+                             now - first)

@@ -259,6 +259,17 @@ class FinishedKV:
         return self.row_slots[:self.encoder_len]
 
 
+@dataclass(frozen=True)
+class RequestTiming:
+    """Where one request's time went in the engine (seconds, measured on the engine's
+    clock): submitted -> admitted (``queue_wait``), admitted -> first token committed
+    (``prefill``: encoder + prompt), first token -> finished (``decode``)."""
+
+    queue_wait: float
+    prefill: float
+    decode: float
+
+
 @dataclass
 class GenerateOutput:
     rid: str
@@ -270,6 +281,7 @@ class GenerateOutput:
     # log-probability of the end-of-text/stop token when the request stopped on one
     stop_logprob: float | None = None
     encoder_kv: EncoderKV | None = None  # set when the request asked for keep_encoder
+    timing: RequestTiming | None = None  # engine stage times (None: never admitted)
 
     @property
     def sum_logprob(self) -> float:

@@ -30,6 +30,7 @@ never scheduled past it (its reservation always covers every scheduled step).
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -166,8 +167,10 @@ class Scheduler:
         self.running.extend(reqs)
         for r in decoding:
             r.steps += 1
+        now = time.perf_counter()
         for r in reqs:
             r.steps = 1
+            r.admitted_at = now
             if r.group is not None and r.request.encoder_kv is None:
                 r.group.hold = hold_encoder(self.pools, r)  # for the group's lifetime
         dev = self.pools.device
@@ -247,6 +250,10 @@ class Scheduler:
     def update(self, sched: ScheduledBatch, output: StepOutput) -> None:
         """Commit one step's tokens (waits for them: the step's one device->host sync)."""
         tokens, logprobs, no_speech = output.fetch()
+        if sched.mode == ForwardMode.EXTEND:  # the prefill's tokens are here
+            now = time.perf_counter()
+            for req in sched.reqs:
+                req.first_token_at = now
         if sched.sync_update:
             self._update_groups(sched, output, tokens, logprobs, no_speech)
         for i, (req, tok, lp, ns) in enumerate(zip(sched.reqs, tokens, logprobs, no_speech,

@@ -57,6 +57,7 @@ async def _audio_endpoint(request: Request, task: str) -> Response:
     require_audio_model(request)
     state = request.app.state
     cfg: ServerConfig = state.config
+    started = time.perf_counter()
     try:
         form = await request.form(max_files=4, max_fields=64, max_part_size=FORM_OVERHEAD)
     except StarletteHTTPException as exc:
@@ -79,6 +80,7 @@ async def _audio_endpoint(request: Request, task: str) -> Response:
         finally:
             await form.close()
         check_model(request, params.model, AUDIO_MODEL_ALIASES)
+        state.metrics.stage("upload_read", time.perf_counter() - started)
         return await run(request, params, task, on_prepared=release)
     finally:
         release()

@@ -20,6 +20,13 @@ from starlette.requests import ClientDisconnect
 from edserve.server.errors import send_error
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                 5.0, 10.0, 30.0, 60.0, 120.0)
+# One audio request's stages, in order: the upload read and parsed, the audio decoded, its
+# log-mel computed, then per engine window (summed over a request's windows) the wait for
+# admission, the prefill (encoder + prompt), the decode steps, and the response rendered.
+STAGES = ("upload_read", "audio_decode", "features", "queue_wait", "prefill", "decode",
+          "response")
 logger = logging.getLogger("edserve.server")
 
 
@@ -54,9 +61,42 @@ class ServerMetrics:
                                  ("endpoint",), buckets=LATENCY_BUCKETS, registry=self.registry)
         self.audio_seconds = Counter("edserve_audio_seconds", "Seconds of audio transcribed.",
                                      registry=self.registry)
+        self.stages = Histogram("edserve_request_stage_seconds",
+                                "Seconds per audio request in each stage: " + ", ".join(STAGES)
+                                + " (engine stages summed over the request's windows).",
+                                ("stage",), buckets=STAGE_BUCKETS, registry=self.registry)
+        for name in STAGES:  # every stage on /metrics from the start (count 0)
+            self.stages.labels(name)
+
+    def stage(self, name: str, seconds: float) -> None:
+        """Observe one request's time in stage ``name`` (one of :data:`STAGES`; any thread)."""
+        self.stages.labels(name).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class EngineTimes:
+    """The engine stage times (queue wait, prefill, decode) of one request's windows, summed
+    from each output's :class:`~edserve.engine.request.RequestTiming`; observed once."""
+
+    def __init__(self) -> None:
+        self.totals = {"queue_wait": 0.0, "prefill": 0.0, "decode": 0.0}
+        self.windows = 0
+
+    def add(self, request: Any, output: Any) -> None:
+        """``transcribe_async``'s ``on_output`` hook (the request is not needed)."""
+        timing = getattr(output, "timing", None)
+        if timing is None:
+            return
+        self.windows += 1
+        for name in self.totals:
+            self.totals[name] += getattr(timing, name)
+
+    def observe(self, metrics: ServerMetrics) -> None:
+        if self.windows:
+            for name, seconds in self.totals.items():
+                metrics.stage(name, seconds)
 
 
 class StatusCounterMiddleware:

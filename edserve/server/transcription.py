@@ -31,6 +31,7 @@ from edserve.audio.errors import (
 from edserve.engine.errors import RequestFailed
 from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError
+from edserve.server.metrics import EngineTimes
 from edserve.server.params import TranscriptionParams
 from edserve.server.sse import sse_response
 from edserve.server.text_stream import TextStream
@@ -120,17 +121,23 @@ def decode(params: TranscriptionParams, max_seconds: float,
 
 
 def _featurize(client: Any, params: TranscriptionParams, task: str, cfg: Any,
-               cancel: threading.Event) -> LongformTask:
-    """Worker thread: decode, then the log-mel features (skipped once ``cancel`` is set)."""
+               cancel: threading.Event, stage: Any) -> LongformTask:
+    """Worker thread: decode, then the log-mel features (skipped once ``cancel`` is set);
+    ``stage(name, seconds)`` hears how long each took."""
+    started = time.perf_counter()
     audio = decode(params, cfg.max_audio_seconds, cancel)
+    decoded = time.perf_counter()
+    stage("audio_decode", decoded - started)
     if cancel.is_set():
         raise DecodeCancelled("client gone")
     options = build_options(params, task, cfg, client.config.seed)
     try:
-        return make_task(client, audio, options, "upload")
+        made = make_task(client, audio, options, "upload")
     except EmptyAudioError:
         raise APIError(400, "the uploaded file holds no audio samples", "file",
                        "empty_audio") from None
+    stage("features", time.perf_counter() - decoded)
+    return made
 
 
 async def prepare(app_state: Any, params: TranscriptionParams, task: str,
@@ -146,7 +153,8 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
                        "--data-parallel-size > 1 (the KV cache lives in the workers); use "
                        "'segment'", "timestamp_granularities[]", "unsupported_value")
     try:
-        return await asyncio.to_thread(_featurize, client, params, task, cfg, cancel)
+        return await asyncio.to_thread(_featurize, client, params, task, cfg, cancel,
+                                       app_state.metrics.stage)
     except BaseException:
         cancel.set()
         raise
@@ -166,8 +174,8 @@ def render(result: Transcription, params: TranscriptionParams, task: str) -> Res
     return PlainTextResponse(body)
 
 
-async def _collect(client: Any, task: LongformTask) -> Transcription:
-    async for _ in transcribe_async(client, task):
+async def _collect(client: Any, task: LongformTask, times: EngineTimes) -> Transcription:
+    async for _ in transcribe_async(client, task, times.add):
         pass
     return task.result()
 
@@ -188,24 +196,35 @@ async def run(request: Request, params: TranscriptionParams, task_name: str,
             on_prepared()
     if params.stream:
         return sse_response(_sse(state, task), "transcription")
+    times = EngineTimes()
     try:
-        result = await unless_disconnected(request, _collect(state.engine, task))
+        result = await unless_disconnected(request, _collect(state.engine, task, times))
     except ClientGone:
         return Response(status_code=499)
     except (RequestFailed, RuntimeError) as exc:  # RuntimeError: LongformTask.feed (for now)
         raise APIError(500, f"transcription failed: {exc}", None, "engine_error") from None
+    times.observe(state.metrics)
+    rendered = time.perf_counter()
+    response = render(result, params, task_name)
+    state.metrics.stage("response", time.perf_counter() - rendered)
     state.metrics.latency.labels(task_name).observe(time.perf_counter() - start)
     state.metrics.audio_seconds.inc(result.duration)
-    return render(result, params, task_name)
+    return response
 
 
 async def _sse(state: Any, task: LongformTask) -> AsyncIterator[dict[str, Any]]:
     """OpenAI's transcription stream: ``transcript.text.delta`` events, one per accepted
     segment, then ``transcript.text.done`` with the full text (= the deltas concatenated)
     and token usage (no ``logprobs``: ``include[]=logprobs`` is refused at the door)."""
-    text, tokens = TextStream(), TokenUsage()
-    async for segment in transcribe_async(state.engine, task, tokens):
+    text, tokens, times = TextStream(), TokenUsage(), EngineTimes()
+
+    def seen(req: Any, out: Any) -> None:
+        tokens.add(req, out)
+        times.add(req, out)
+
+    async for segment in transcribe_async(state.engine, task, seen):
         delta = text.push(segment.text)
         if delta:
             yield {"type": "transcript.text.delta", "delta": delta}
+    times.observe(state.metrics)
     yield {"type": "transcript.text.done", "text": text.text, "usage": tokens.openai()}

@@ -11,6 +11,7 @@ No filter syncs with the host.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,6 +25,22 @@ def _cache() -> dict:
     return field(default_factory=dict, compare=False, repr=False)
 
 
+_INTERNED: dict[tuple, Any] = {}
+_MAX_INTERNED = 256  # distinct id sets kept (a model has a handful; bounds odd callers)
+
+
+def _interned(cls: type, ids: tuple[int, ...]) -> Any:
+    """One shared instance per (filter class, ids): every task of a model reuses it and its
+    device masks (built and uploaded once, not once per task)."""
+    key = (cls, ids)
+    found = _INTERNED.get(key)
+    if found is None:
+        found = cls(ids)
+        if len(_INTERNED) < _MAX_INTERNED:
+            found = _INTERNED.setdefault(key, found)
+    return found
+
+
 @dataclass(frozen=True)
 class SuppressTokens(LogitsFilter):
     """Forbid a fixed set of tokens at every position."""
@@ -33,7 +50,7 @@ class SuppressTokens(LogitsFilter):
 
     @classmethod
     def of(cls, ids: list[int] | tuple[int, ...]) -> SuppressTokens:
-        return cls(tuple(sorted(set(ids))))
+        return _interned(cls, tuple(sorted(set(ids))))
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         logits.masked_fill_(vocab_mask(self.ids, logits.shape[-1], logits.device, self._masks),
@@ -49,7 +66,7 @@ class SuppressBlank(LogitsFilter):
 
     @classmethod
     def of(cls, tokenizer: WhisperTokenizer) -> SuppressBlank:
-        return cls(tuple(tokenizer.encode(" ") + [tokenizer.eot]))
+        return _interned(cls, tuple(tokenizer.encode(" ") + [tokenizer.eot]))
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         mask = vocab_mask(self.ids, logits.shape[-1], logits.device, self._masks)

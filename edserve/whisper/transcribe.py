@@ -18,11 +18,10 @@ import numpy as np
 from edserve.audio.decode import load_audio
 from edserve.audio.errors import EmptyAudioError, NonFiniteAudioError
 from edserve.engine.errors import RequestFailed
-from edserve.engine.request import GenerateOutput, TokenDelta
+from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions, temperature_schedule
 from edserve.whisper.result import Segment, Transcription
-from edserve.whisper.usage import TokenUsage
 
 __all__ = ["Segment", "Transcription", "make_task", "transcribe", "transcribe_async",
            "run_tasks"]
@@ -119,17 +118,19 @@ def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
 
 
 async def transcribe_async(aengine: Any, task: LongformTask,
-                           usage: TokenUsage | None = None) -> AsyncIterator[Segment]:
+                           on_output: Callable[[GenerateRequest, GenerateOutput], None]
+                           | None = None) -> AsyncIterator[Segment]:
     """Run ``task`` on an AsyncEngine, yielding segments as their windows are accepted;
-    ``usage`` (if given) counts the tokens of every engine request.
+    ``on_output`` sees every window's engine request and output (token usage, stage
+    timings).
 
     Cancelling the consumer aborts the window in flight (its KV is freed) and releases the
     encoder region the task kept for a fallback retry."""
     try:
         while (req := task.next_request()) is not None:
             out: GenerateOutput = await aengine.generate(req)
-            if usage is not None:
-                usage.add(req, out)
+            if on_output is not None:
+                on_output(req, out)
             segments = task.feed(out)
             _release(aengine, task.take_released())
             for segment in segments:

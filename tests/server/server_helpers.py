@@ -6,6 +6,7 @@ import io
 import time
 import wave
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -57,3 +58,33 @@ def wait_healthy(proc, url: str, log_path: Path, timeout: float = 120.0) -> None
             pass
         assert time.monotonic() < deadline, "server did not start"
         time.sleep(0.2)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(log_path: Path, *flags: str, **popen: Any) -> tuple[Any, str]:
+    """``python -m edserve serve`` on a free loopback port with ``flags``, waited for with
+    :func:`wait_healthy`; returns (Popen, base URL). The caller terminates it."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    log = log_path.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "edserve", "serve", "--port", str(port),
+                             *flags], stdout=log, stderr=subprocess.STDOUT, **popen)
+    log.close()  # the child holds its own descriptor
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url, log_path)
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        raise
+    return proc, url

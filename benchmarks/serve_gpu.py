@@ -1,0 +1,197 @@
+"""``edserve serve`` end to end vs the engine on the same requests (issue 18's protocol).
+
+Saves a random-weight HF Whisper folder (large-v3 shapes, the tiny.en tokenizer), measures the
+engine-level figure (``Engine.generate``: every request of a short clip submitted at once, the
+transcription filters on, 17 new tokens per window, fallback off), then starts ``edserve
+serve`` on the same folder (``--max-running-requests 64``, ``--context-length 34``: windows of
+at most 17 new tokens, fallback thresholds off) and drives it with ``edserve bench``'s client at
+each concurrency on ``tests/data/jfk.wav`` (json responses), plus long-form: concurrent
+10-minute files made by tiling the test clips, against the in-process transcription driver on
+the same files. Prints the ratios, the server's stage breakdown and the API process's CPU time
+per request (threads other than the engine's), and writes a JSON summary.
+
+  python benchmarks/serve_gpu.py --json /tmp/out/serve_gpu.json          # H200
+  python benchmarks/serve_gpu.py --dry-run                               # toy model, CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import whisper_gpu as wg
+from proc_stats import cpu_delta, thread_cpu
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ["PYTHONPATH"] = os.pathsep.join(  # the server subprocess runs this checkout too
+    [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+from edserve.audio.decode import load_audio  # noqa: E402
+from edserve.bench.client import BenchTarget, LoadPlan, run_load  # noqa: E402
+from edserve.bench.load import AudioItem  # noqa: E402
+from edserve.bench.report import scrape_stages, stage_delta, summarize  # noqa: E402
+
+DATA = ROOT / "tests" / "data"
+CONTEXT = 34  # decoder positions: n_ctx // 2 = 17 new tokens per window
+NO_FALLBACK = ("--compression-ratio-threshold", "inf", "--logprob-threshold=-inf",
+               "--no-speech-threshold", "inf")
+
+
+def save_folder(arch: str, folder: Path, device: str) -> Path:
+    model = wg.build_hf(arch, device, torch.bfloat16 if device == "cuda" else torch.float32)
+    model.save_pretrained(folder, safe_serialization=True)
+    shutil.copy(wg.tokenizer_path(), folder / "tokenizer.json")
+    del model
+    return folder
+
+
+def options():
+    from edserve.whisper.options import TranscribeOptions
+
+    # the server's options for a json request at temperature 0 with the thresholds off
+    return TranscribeOptions(temperatures=(0.0,), compression_ratio_threshold=None,
+                             logprob_threshold=None, no_speech_threshold=None)
+
+
+def engine_figures(folder: Path, clip: np.ndarray, n_short: int, long_audio: list[np.ndarray],
+                   rows: int, extra: dict) -> dict[str, float]:
+    """Engine.generate on ``n_short`` first-window requests of ``clip`` (requests/s), and the
+    in-process driver on the long files (audio seconds/s)."""
+    from edserve.engine.engine import Engine
+    from edserve.whisper.transcribe import make_task, run_tasks
+
+    engine = Engine(model=str(folder), max_running_requests=rows, context_length=CONTEXT,
+                    **extra)
+    dev = str(engine.device)
+
+    def short_run(engine, n: int) -> float:
+        reqs = [make_task(engine, clip, options(), "clip").next_request() for _ in range(n)]
+        wg.sync(dev)
+        t0 = time.perf_counter()
+        outs = engine.generate(reqs)
+        wg.sync(dev)
+        assert all(o.error is None for o in outs), outs[0].error
+        return time.perf_counter() - t0
+
+    short_run(engine, min(n_short, rows))  # warm-up
+    short_s = short_run(engine, n_short)
+    tasks = [make_task(engine, a, options(), f"long{i}") for i, a in enumerate(long_audio)]
+    wg.sync(dev)
+    t0 = time.perf_counter()
+    run_tasks(engine, tasks)
+    wg.sync(dev)
+    long_s = time.perf_counter() - t0
+    engine.check_integrity()
+    del engine
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {"requests_per_s": n_short / short_s, "short_s": short_s,
+            "longform_audio_s_per_s": sum(len(a) for a in long_audio) / 16000 / long_s,
+            "longform_s": long_s}
+
+
+def long_files(folder: Path, n: int, seconds: float) -> list[tuple[Path, np.ndarray]]:
+    """``n`` WAV files of ``seconds`` each: the test clips tiled with 0.5 s pauses (each file
+    starts at a different clip so the windows differ)."""
+    from tests.server.server_helpers import wav_bytes
+
+    clips = [load_audio(DATA / f"{c}.wav") for c in ("jfk", "librivox_0870", "cards_005")]
+    pause = np.zeros(8000, dtype=np.float32)
+    out = []
+    for i in range(n):
+        parts, total, k = [], 0, i
+        while total < seconds * 16000:
+            parts += [clips[k % 3], pause]
+            total += len(clips[k % 3]) + len(pause)
+            k += 1
+        audio = np.concatenate(parts)[:int(seconds * 16000)]
+        path = folder / f"long{i}.wav"
+        path.write_bytes(wav_bytes(audio))
+        out.append((path, load_audio(path)))  # what the server will see (16-bit rounding)
+    return out
+
+
+def bench(url: str, items: list[AudioItem], concurrency: int, pid: int) -> dict:
+    target = BenchTarget(url, timeout=1800)
+    before, cpu0 = scrape_stages(url), thread_cpu(pid)
+    results, wall = asyncio.run(run_load(target, LoadPlan(items, concurrency)))
+    cpu = cpu_delta(cpu0, thread_cpu(pid))
+    s = summarize(results, wall, {"concurrency": concurrency, "num_requests": len(items)},
+                  stage_delta(before, scrape_stages(url)))
+    s["api_cpu_ms_per_request"] = 1000 * cpu["api"] / max(1, len(items))
+    s["engine_cpu_ms_per_request"] = 1000 * cpu["engine"] / max(1, len(items))
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="large-v3", choices=sorted(wg.ARCHS))
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 64, 128])
+    ap.add_argument("--requests", type=int, default=256, help="short-clip requests per level")
+    ap.add_argument("--longform", type=int, default=16, help="concurrent long files")
+    ap.add_argument("--longform-seconds", type=float, default=600.0)
+    ap.add_argument("--rows", type=int, default=64, help="--max-running-requests")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--dry-run", action="store_true", help="toy model on the CPU, few requests")
+    args = ap.parse_args()
+    device, extra = "cuda", {}
+    if args.dry_run:  # one torch thread: two oversubscribe a shared 2-core box (8x slower)
+        device, args.arch, args.concurrency, args.requests = "cpu", "toy", [1, 2], 4
+        args.longform, args.longform_seconds, args.rows, extra = 2, 40.0, 4, {"threads": 1}
+    from tests.server.server_helpers import start_server
+
+    work = Path(tempfile.mkdtemp(prefix="serve_gpu_"))
+    folder = save_folder(args.arch, work / "model", device)
+    clip_path = DATA / "jfk.wav"
+    clip = load_audio(clip_path)
+    longs = long_files(work, args.longform, args.longform_seconds)
+    eng = engine_figures(folder, clip, args.requests, [a for _, a in longs], args.rows, extra)
+    print(f"# engine: {eng['requests_per_s']:.1f} short requests/s, long-form "
+          f"{eng['longform_audio_s_per_s']:.0f} audio s/s", flush=True)
+    proc, url = start_server(work / "serve.log", "--model", str(folder), "--device", device,
+                             "--max-running-requests", str(args.rows), "--context-length",
+                             str(CONTEXT), *NO_FALLBACK,
+                             *(f"--{k}={v}" for k, v in extra.items()))
+    summary = {"arch": args.arch, "device": device, "engine": eng, "serve": {}}
+    try:
+        short = AudioItem("jfk.wav", clip_path.read_bytes(), len(clip) / 16000)
+        bench(url, [short] * max(8, args.rows), min(8, args.rows), proc.pid)  # warm-up
+        print("conc  req/s  x engine  p50 ms  p99 ms  api CPU ms/req  failed", flush=True)
+        for c in args.concurrency:
+            s = bench(url, [short] * args.requests, c, proc.pid)
+            s["ratio_to_engine"] = s["requests_per_s"] / eng["requests_per_s"]
+            summary["serve"][str(c)] = s
+            lat = s["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
+            print(f"{c:4d}  {s['requests_per_s']:5.1f}  {s['ratio_to_engine']:8.2f}  "
+                  f"{lat['p50']:6.0f}  {lat['p99']:6.0f}  {s['api_cpu_ms_per_request']:14.2f}  "
+                  f"{s['failed']}", flush=True)
+            for stage, d in (s["stages"] or {}).items():
+                print(f"#   {stage:12s} {d['mean_ms']:9.2f} ms (n={d['count']})")
+        items = [AudioItem(p.name, p.read_bytes(), len(a) / 16000) for p, a in longs]
+        s = bench(url, items, len(items), proc.pid)
+        s["ratio_to_engine"] = s["audio_seconds_per_s"] / eng["longform_audio_s_per_s"]
+        summary["longform"] = s
+        print(f"long-form x{len(items)} {args.longform_seconds:.0f} s: "
+              f"{s['audio_seconds_per_s']:.0f} audio s/s = {s['ratio_to_engine']:.2f} x engine "
+              f"({eng['longform_audio_s_per_s']:.0f}); failed {s['failed']}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

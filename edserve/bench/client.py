@@ -1,0 +1,162 @@
+"""Send the benchmark's requests (httpx, async) at a fixed concurrency or a Poisson rate.
+
+One request = one multipart upload to ``/v1/audio/{endpoint}``. Latency is client-side end to
+end (request sent -> whole response read); with ``stream`` the time to the first
+``transcript.text.delta`` event is recorded too (TTFT). A streamed answer counts as a success
+only if it ends with ``transcript.text.done``; an ``event: error`` in the stream counts under
+status ``stream-error``, a connection or timeout failure under ``transport``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from edserve.bench.load import AudioItem
+
+
+@dataclass(frozen=True)
+class BenchTarget:
+    """Where and what to send (everything but the audio and the schedule)."""
+
+    base_url: str
+    endpoint: str = "transcriptions"  # or "translations"
+    model: str = "whisper-1"
+    response_format: str = "json"
+    stream: bool = False
+    api_key: str | None = None
+    fields: tuple[tuple[str, str], ...] = ()  # extra form fields (beam_size, language, ...)
+    timeout: float = 600.0
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url.rstrip('/')}/v1/audio/{self.endpoint}"
+
+    def form(self) -> dict[str, str | list[str]]:
+        form: dict[str, str | list[str]] = {"model": self.model,
+                                            "response_format": self.response_format}
+        if self.stream:
+            form["stream"] = "true"
+        for key, value in self.fields:  # repeated keys (timestamp_granularities[]) -> lists
+            if key in form and key not in ("model", "response_format", "stream"):
+                old = form[key]
+                form[key] = (old if isinstance(old, list) else [old]) + [value]
+            else:
+                form[key] = value
+        return form
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@dataclass
+class RequestResult:
+    """One request's outcome. ``status``: the HTTP status as text, ``transport`` (no answer)
+    or ``stream-error``; ``ok`` only for a complete 200 answer."""
+
+    status: str
+    latency: float  # seconds, request sent -> response read
+    seconds: float  # audio seconds of the upload
+    ttft: float | None = None  # seconds to the first streamed text delta
+    text: str = ""
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "200"
+
+
+async def _read_stream(response: httpx.Response, started: float, result: RequestResult
+                       ) -> None:
+    done, event = False, ""
+    async for line in response.aiter_lines():
+        if line.startswith("event:"):
+            event = line[6:].strip()
+            continue
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            continue
+        msg = json.loads(payload)
+        if event == "error" or msg.get("type") == "error":
+            result.status, result.error = "stream-error", json.dumps(msg.get("error", msg))
+            return
+        if msg.get("type") == "transcript.text.delta" and result.ttft is None:
+            result.ttft = time.perf_counter() - started
+        elif msg.get("type") == "transcript.text.done":
+            result.text, done = msg.get("text", ""), True
+    if not done:
+        result.status, result.error = "stream-error", "stream ended without text.done"
+
+
+async def send_one(client: httpx.AsyncClient, target: BenchTarget, item: AudioItem
+                   ) -> RequestResult:
+    """Upload ``item`` once; never raises for server or network failures (they are results)."""
+    files = {"file": (item.name, item.data, "application/octet-stream")}
+    started = time.perf_counter()
+    result = RequestResult("transport", 0.0, item.seconds)
+    try:
+        async with client.stream("POST", target.url, data=target.form(), files=files,
+                                 headers=target.headers()) as response:
+            result.status = str(response.status_code)
+            if response.status_code == 200 and target.stream:
+                await _read_stream(response, started, result)
+            else:
+                body = await response.aread()
+                if response.status_code == 200:
+                    result.text = _text(body, target.response_format)
+                else:
+                    result.error = body.decode("utf-8", "replace")[:500]
+    except httpx.HTTPError as exc:
+        result.status, result.error = "transport", f"{type(exc).__name__}: {exc}"
+    result.latency = time.perf_counter() - started
+    return result
+
+
+def _text(body: bytes, response_format: str) -> str:
+    if response_format in ("json", "verbose_json"):
+        try:
+            return str(json.loads(body).get("text", ""))
+        except (ValueError, AttributeError):
+            return ""
+    return body.decode("utf-8", "replace")
+
+
+@dataclass
+class LoadPlan:
+    """The schedule: ``items`` in order; ``offsets`` (seconds from the start, Poisson) or None
+    to send as fast as ``concurrency`` allows; ``concurrency`` caps requests in flight."""
+
+    items: list[AudioItem]
+    concurrency: int
+    offsets: list[float] | None = None
+    on_done: list = field(default_factory=list)  # callbacks(result), e.g. a progress bar
+
+
+async def run_load(target: BenchTarget, plan: LoadPlan) -> tuple[list[RequestResult], float]:
+    """Send every planned request; returns the results (plan order) and the wall seconds from
+    the first send to the last answer."""
+    limits = httpx.Limits(max_connections=plan.concurrency,
+                          max_keepalive_connections=plan.concurrency)
+    timeout = httpx.Timeout(target.timeout, connect=min(30.0, target.timeout))
+    results: list[RequestResult | None] = [None] * len(plan.items)
+    gate = asyncio.Semaphore(plan.concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+
+        async def one(i: int) -> None:
+            if plan.offsets is not None:
+                await asyncio.sleep(max(0.0, start + plan.offsets[i] - time.perf_counter()))
+            async with gate:
+                results[i] = res = await send_one(client, target, plan.items[i])
+            for callback in plan.on_done:
+                callback(res)
+
+        await asyncio.gather(*(one(i) for i in range(len(plan.items))))
+        wall = time.perf_counter() - start
+    return [r for r in results if r is not None], wall

@@ -1,0 +1,116 @@
+"""Summaries of a benchmark run: throughput, latency percentiles, failures by status, and the
+server's per-stage breakdown (the delta of ``edserve_request_stage_seconds`` between a scrape
+of ``/metrics`` before and after the run; absent for servers without that histogram)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import httpx
+import numpy as np
+
+from edserve.bench.client import RequestResult
+
+STAGE_METRIC = "edserve_request_stage_seconds"
+PERCENTILES = (50, 95, 99)
+
+
+def scrape_stages(base_url: str, headers: dict[str, str] | None = None
+                  ) -> dict[str, tuple[float, float]] | None:
+    """``stage -> (sum seconds, count)`` from the server's ``/metrics``; None when the server
+    has no such endpoint or histogram (vLLM, Speaches, ...)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        r = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers or {}, timeout=10)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    stages: dict[str, list[float]] = {}
+    try:
+        for family in text_string_to_metric_families(r.text):
+            if family.name != STAGE_METRIC:
+                continue
+            for s in family.samples:
+                stage = s.labels.get("stage")
+                if stage is None:
+                    continue
+                acc = stages.setdefault(stage, [0.0, 0.0])
+                if s.name.endswith("_sum"):
+                    acc[0] = s.value
+                elif s.name.endswith("_count"):
+                    acc[1] = s.value
+    except ValueError:  # not Prometheus text
+        return None
+    return {k: (v[0], v[1]) for k, v in stages.items()} or None
+
+
+def stage_delta(before: dict | None, after: dict | None) -> dict[str, dict[str, float]] | None:
+    """Per stage: observations and mean milliseconds between two scrapes."""
+    if before is None or after is None:
+        return None
+    out = {}
+    for stage, (total, count) in after.items():
+        t0, c0 = before.get(stage, (0.0, 0.0))
+        n = count - c0
+        out[stage] = {"count": int(n), "mean_ms": 1000 * (total - t0) / n if n else 0.0,
+                      "total_s": total - t0}
+    return out
+
+
+def _dist(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ms = np.asarray(values) * 1000
+    out = {"mean": float(ms.mean())}
+    out.update({f"p{p}": float(np.percentile(ms, p)) for p in PERCENTILES})
+    return out
+
+
+def summarize(results: list[RequestResult], wall: float, config: dict[str, Any],
+              stages: dict | None = None) -> dict[str, Any]:
+    """The machine-readable result (``--json``); throughput counts successful requests."""
+    good = [r for r in results if r.ok]
+    failures = Counter(r.status for r in results if not r.ok)
+    audio = sum(r.seconds for r in good)
+    return {
+        "config": config,
+        "num_requests": len(results),
+        "completed": len(good),
+        "failed": len(results) - len(good),
+        "failures": dict(sorted(failures.items())),
+        "duration_s": wall,
+        "requests_per_s": len(good) / wall if wall > 0 else 0.0,
+        "audio_seconds": audio,
+        "audio_seconds_per_s": audio / wall if wall > 0 else 0.0,
+        "latency_ms": _dist([r.latency for r in good]),
+        "ttft_ms": _dist([r.ttft for r in good if r.ttft is not None]),
+        "stages": stages,
+        "errors": sorted({r.error for r in results if r.error})[:10],
+    }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The printed table (in the spirit of ``vllm bench serve``'s)."""
+    lines = ["============ edserve bench result ============",
+             f"{'Successful requests:':<36}{s['completed']}",
+             f"{'Failed requests:':<36}{s['failed']}"]
+    for status, n in s["failures"].items():
+        lines.append(f"{'  status ' + status + ':':<36}{n}")
+    lines += [f"{'Benchmark duration (s):':<36}{s['duration_s']:.2f}",
+              f"{'Request throughput (req/s):':<36}{s['requests_per_s']:.2f}",
+              f"{'Audio throughput (audio s/s):':<36}{s['audio_seconds_per_s']:.2f}"]
+    for key, title in (("latency_ms", "End-to-end latency"), ("ttft_ms", "Time to first delta")):
+        if s[key] is None:
+            continue
+        lines.append(f"{'-' * 12}{title}{'-' * max(0, 34 - len(title))}")
+        for stat, value in s[key].items():
+            lines.append(f"{f'{stat.capitalize()} (ms):':<36}{value:.1f}")
+    if s["stages"]:
+        lines.append(f"{'-' * 12}Server stages (mean ms per observation){'-' * 0}")
+        for stage, d in s["stages"].items():
+            lines.append(f"{stage + ':':<36}{d['mean_ms']:.2f}  (n={d['count']})")
+    lines.append("=" * 46)
+    return "\n".join(lines)
