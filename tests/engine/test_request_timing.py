@@ -8,8 +8,8 @@ import time
 
 import torch
 
-from edserve.engine.engine import Engine
 from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
 
 
 def _request(i: int, tokens: int) -> GenerateRequest:
@@ -19,7 +19,7 @@ def _request(i: int, tokens: int) -> GenerateRequest:
 
 
 def test_outputs_carry_ordered_stage_times(random_whisper):
-    engine = Engine(model=str(random_whisper), max_running_requests=2)
+    engine = build_engine(model=str(random_whisper), max_running_requests=2)
     requests = [_request(i, 6) for i in range(4)]
     started = time.perf_counter()
     outs = engine.generate(requests)
@@ -38,7 +38,7 @@ def test_outputs_carry_ordered_stage_times(random_whisper):
 
 
 def test_aborted_before_admission_has_no_timing(random_whisper):
-    engine = Engine(model=str(random_whisper), max_running_requests=1)
+    engine = build_engine(model=str(random_whisper), max_running_requests=1)
     outs = {}
     reqs = [_request(i, 3) for i in range(2)]
     for r in reqs:
