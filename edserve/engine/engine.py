@@ -85,11 +85,16 @@ class Engine:
         restrict = tuple(int(s) for s in config.restrict_page_sizes.split(",")) \
             if config.restrict_page_sizes else None
         self.page_size = resolve_page_size(config.page_size, config.encoder_kv, ops, restrict)
-        if checkpoint is None:
-            checkpoint = load_checkpoint(config.model)
-        self.model, self.tokenizer = build_model(checkpoint, self.dtype, self.device)
-        del checkpoint
-        self.model = quantize_model(self.model, config.quantization)
+        if config.tensor_parallel_size > 1:  # rank 0 of a tensor-parallel group
+            from edserve.parallel import build_sharded_model
+            self.model, self.tokenizer = build_sharded_model(config, checkpoint, self.dtype,
+                                                             self.device)
+        else:
+            if checkpoint is None:
+                checkpoint = load_checkpoint(config.model)
+            self.model, self.tokenizer = build_model(checkpoint, self.dtype, self.device)
+            del checkpoint
+            self.model = quantize_model(self.model, config.quantization)
         backend = create_backend(config.encoder_kv, self.page_size, ops)
         self.pools = self._make_pools(backend)
         eos = self.model.config.eos_token_id
@@ -116,6 +121,8 @@ class Engine:
     def _use_cuda_graph(self, ops: str) -> bool:
         """``--cuda-graph`` unset: on where supported (CUDA, triton, aligned/flat)."""
         wanted = self.config.cuda_graph
+        if self.config.tensor_parallel_size > 1:  # followers mirror eager calls only
+            return False
         if wanted is None:
             return self.device.type == "cuda" and ops == "triton" \
                 and self.config.encoder_kv != "ragged"
@@ -278,6 +285,9 @@ class Engine:
         holders += [h.slots for h in sched.held_regions()]
         pools.allocator.check_integrity(holders=holders)
         rtp.check_integrity(len(sched.running))
+        followers = getattr(self.model, "check_followers", None)  # tensor-parallel ranks
+        if followers is not None:
+            followers()
 
     def transcribe(self, inputs: list[Any], **kwargs: Any) -> list[Any]:
         """Transcribe audio files/arrays (Whisper); see :func:`edserve.whisper.transcribe`."""
