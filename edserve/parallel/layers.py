@@ -13,11 +13,11 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from edserve.models.weights.fused import FusedLinear
+from edserve.parallel.comm import Comm
 from edserve.parallel.errors import TensorParallelError
 
 
@@ -58,8 +58,9 @@ class RowParallelLinear(nn.Module):
     """``y = all_reduce(x_r @ W_r^T) + b``: x ``[..., in / N]`` (this rank's columns) ->
     ``[..., out]`` replicated on every rank."""
 
-    def __init__(self, linear: nn.Linear, rank: int, world: int, group, what: str) -> None:
+    def __init__(self, linear: nn.Linear, rank: int, comm: Comm, what: str) -> None:
         super().__init__()
+        world = comm.world
         k = _chunk(linear.in_features, world, f"{what}: input columns {linear.in_features}")
         with torch.no_grad():
             self.weight = nn.Parameter(linear.weight[:, rank * k:(rank + 1) * k].contiguous(),
@@ -67,11 +68,10 @@ class RowParallelLinear(nn.Module):
             self.bias = None if linear.bias is None else \
                 nn.Parameter(linear.bias.detach().clone(), requires_grad=False)  # [out]
         self.in_features, self.out_features = k, linear.out_features
-        self.group = group
+        self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
-        dist.all_reduce(y, group=self.group)
+        y = self.comm.all_reduce(F.linear(x, self.weight))  # [..., out]
         return y if self.bias is None else y + self.bias
 
 
@@ -79,16 +79,14 @@ class VocabParallelHead(nn.Module):
     """Output projection split by vocabulary rows; ``[N, H] -> [N, vocab]`` on every rank
     (one all-gather of the ``[N, vocab / world]`` slices)."""
 
-    def __init__(self, linear: nn.Linear, rank: int, world: int, group, what: str) -> None:
+    def __init__(self, linear: nn.Linear, rank: int, comm: Comm, what: str) -> None:
         super().__init__()
         if linear.bias is not None:
             raise TensorParallelError(f"{what}: a vocab-parallel head takes no bias")
-        shard_columns(linear, rank, world, what)
+        shard_columns(linear, rank, comm.world, what)
         self.weight = linear.weight  # [vocab / N, H]
-        self.world, self.group = world, group
+        self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight).contiguous()  # [N, vocab / world]
-        parts = [torch.empty_like(y) for _ in range(self.world)]
-        dist.all_gather(parts, y, group=self.group)
-        return torch.cat(parts, dim=-1)
+        y = F.linear(x, self.weight)  # [N, vocab / world]
+        return torch.cat(self.comm.all_gather(y), dim=-1)

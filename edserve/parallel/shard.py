@@ -24,8 +24,8 @@ def make_spec(model: str | None, checkpoint: Any, dtype: torch.dtype,
             "debug_checks": debug_checks}
 
 
-def load_shard(spec: dict[str, Any], rank: int, world: int, device: torch.device,
-               group=None) -> tuple[Any, Any]:
+def load_shard(spec: dict[str, Any], rank: int, world: int,
+               device: torch.device) -> tuple[Any, Any]:
     """(this rank's model shard, tokenizer)."""
     ckpt = spec["checkpoint"]
     if ckpt is None:
@@ -34,4 +34,4 @@ def load_shard(spec: dict[str, Any], rank: int, world: int, device: torch.device
         ckpt = ckpt()
     model, tokenizer = build_model(ckpt, getattr(torch, spec["dtype"]), device)
     del ckpt
-    return apply_tensor_parallel(model, rank, world, group), tokenizer
+    return apply_tensor_parallel(model, rank, world), tokenizer

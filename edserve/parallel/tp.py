@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from edserve.parallel.comm import Comm, TorchComm
 from edserve.parallel.errors import TensorParallelError
 from edserve.parallel.layers import RowParallelLinear, VocabParallelHead, shard_columns
 
@@ -37,46 +38,46 @@ def _heads(module: nn.Module, world: int, what: str, *names: str) -> None:
         setattr(module, name, n // world)
 
 
-def _attention(attn: nn.Module, cols: list[str], row: str, rank: int, world: int, group,
-               what: str, heads: tuple[str, ...], site: str | None) -> None:
+def _attention(attn: nn.Module, cols: list[str], row: str, rank: int, comm: Comm, what: str,
+               heads: tuple[str, ...], site: str | None) -> None:
+    world = comm.world
     _heads(attn, world, what, *heads)
     if site is not None:
         _heads(getattr(attn, site), world, f"{what}.{site}", "num_heads", "num_kv_heads")
     for name in cols:
         shard_columns(getattr(attn, name), rank, world, f"{what}.{name}")
-    setattr(attn, row, RowParallelLinear(getattr(attn, row), rank, world, group,
-                                         f"{what}.{row}"))
+    setattr(attn, row, RowParallelLinear(getattr(attn, row), rank, comm, f"{what}.{row}"))
 
 
-def _mlp(mlp: nn.Module, col: str, row: str, rank: int, world: int, group, what: str) -> None:
-    shard_columns(getattr(mlp, col), rank, world, f"{what}.{col}")
-    setattr(mlp, row, RowParallelLinear(getattr(mlp, row), rank, world, group, f"{what}.{row}"))
+def _mlp(mlp: nn.Module, col: str, row: str, rank: int, comm: Comm, what: str) -> None:
+    shard_columns(getattr(mlp, col), rank, comm.world, f"{what}.{col}")
+    setattr(mlp, row, RowParallelLinear(getattr(mlp, row), rank, comm, f"{what}.{row}"))
 
 
-def shard_mllama(model: nn.Module, rank: int, world: int, group) -> None:
+def shard_mllama(model: nn.Module, rank: int, comm: Comm) -> None:
     """Mllama: text decoder (self and cross layers), vision encoder (local + global), head."""
     for i, layer in enumerate(model.language_model.layers):
         what = f"language_model.layers.{i}"
         if hasattr(layer, "self_attn"):
-            _attention(layer.self_attn, ["qkv_proj"], "o_proj", rank, world, group,
+            _attention(layer.self_attn, ["qkv_proj"], "o_proj", rank, comm,
                        f"{what}.self_attn", ("num_heads", "num_kv_heads"), "attn")
         else:
-            _attention(layer.cross_attn, ["q_proj", "kv_proj"], "o_proj", rank, world, group,
+            _attention(layer.cross_attn, ["q_proj", "kv_proj"], "o_proj", rank, comm,
                        f"{what}.cross_attn", ("num_heads", "num_kv_heads"), "attn")
-        _mlp(layer.mlp, "gate_up_proj", "down_proj", rank, world, group, f"{what}.mlp")
+        _mlp(layer.mlp, "gate_up_proj", "down_proj", rank, comm, f"{what}.mlp")
     vision = model.vision_model
     for stack in ("transformer", "global_transformer"):
         for i, layer in enumerate(getattr(vision, stack).layers):
             what = f"vision_model.{stack}.layers.{i}"
-            _attention(layer.self_attn, ["qkv_proj"], "o_proj", rank, world, group,
+            _attention(layer.self_attn, ["qkv_proj"], "o_proj", rank, comm,
                        f"{what}.self_attn", ("num_heads",), None)
-            _mlp(layer.mlp, "fc1", "fc2", rank, world, group, f"{what}.mlp")
-    if model.lm_head.out_features % world == 0:
-        model.lm_head = VocabParallelHead(model.lm_head, rank, world, group, "lm_head")
+            _mlp(layer.mlp, "fc1", "fc2", rank, comm, f"{what}.mlp")
+    if model.lm_head.out_features % comm.world == 0:
+        model.lm_head = VocabParallelHead(model.lm_head, rank, comm, "lm_head")
 
 
-# model class name -> sharder(model, rank, world, group), applied in place
-SHARDERS: dict[str, Callable[[nn.Module, int, int, object], None]] = {
+# model class name -> sharder(model, rank, comm), applied in place
+SHARDERS: dict[str, Callable[[nn.Module, int, Comm], None]] = {
     "MllamaModel": shard_mllama,
 }
 
@@ -89,12 +90,16 @@ def check_shardable(model: nn.Module, world: int) -> None:
                                   f"tensor-parallel plan (supported: {sorted(SHARDERS)})")
 
 
-def apply_tensor_parallel(model: nn.Module, rank: int, world: int, group=None) -> nn.Module:
-    """Keep rank ``rank``'s shard of ``model`` (in place; returns it). ``group``: the
-    ``torch.distributed`` process group of the ranks (None: the default group)."""
+def apply_tensor_parallel(model: nn.Module, rank: int, world: int,
+                          comm: Comm | None = None) -> nn.Module:
+    """Keep rank ``rank``'s shard of ``model`` (in place; returns it). ``comm``: how the
+    ranks' layers talk (default: ``torch.distributed``'s default group)."""
     check_shardable(model, world)
+    comm = comm or TorchComm(world)
+    if comm.world != world:
+        raise TensorParallelError(f"comm spans {comm.world} ranks, the split {world}")
     if world > 1:
-        SHARDERS[type(model).__name__](model, rank, world, group)
+        SHARDERS[type(model).__name__](model, rank, comm)
     return model
 
 
