@@ -3,7 +3,8 @@
 A follower runs no scheduler: it reads rank 0's calls from stdin (:mod:`edserve.parallel.wire`)
 and runs each on its model shard and KV pool shard, in order, so every collective meets its
 counterpart on rank 0. Calls: ``build`` (load the shard; drop the pool), ``encode``,
-``forward``, ``logits``, ``copy_slots`` and ``check`` (report integrity on the process group).
+``forward``, ``logits``, ``copy_slots``, ``check`` (report integrity on the process group) and
+``digest`` (report the KV shard's checksums).
 EOF at stdin (rank 0 closed the pipe or died) leaves the group and exits.
 
 Integrity (with ``--debug-checks``: checked on every forward, reported by ``check``): the slots
@@ -31,7 +32,7 @@ from edserve.parallel.distributed import (
     destroy_group,
     init_group,
 )
-from edserve.parallel.mirror import batch_from_message, read_slots
+from edserve.parallel.mirror import batch_from_message, kv_digest, read_slots
 from edserve.parallel.shard import load_shard
 from edserve.parallel.wire import Message, read_message, recv_tensors
 
@@ -93,6 +94,10 @@ class Follower:
                           f"{meta['calls']}")
         reports: list[Any] = [None] * self.world
         dist.all_gather_object(reports, errors)
+
+    def _digest(self, _: dict[str, Any], __: list) -> None:
+        reports: list[Any] = [None] * self.world
+        dist.all_gather_object(reports, kv_digest(self.pool).cpu() if self.pool else None)
 
     def _ensure_pool(self, geometry: dict[str, Any]) -> None:
         if geometry == self.geometry:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from edserve.parallel.errors import TensorParallelError
-from edserve.parallel.mirror import batch_message
+from edserve.parallel.mirror import batch_message, kv_digest
 from edserve.parallel.session import TPSession, get_session
 from edserve.parallel.shard import load_shard, make_spec
 from edserve.parallel.tp import check_shardable, kv_heads_per_rank
@@ -84,6 +84,14 @@ class TensorParallelModel:
         errors = self.session.check_followers()
         if errors:
             raise TensorParallelError("tensor-parallel followers: " + "; ".join(errors[:5]))
+
+    def kv_digests(self, kv_pool) -> list[torch.Tensor]:
+        """Every rank's :func:`~edserve.parallel.mirror.kv_digest` of its KV shard, in rank
+        order (rank 0's from ``kv_pool``): ``[layers, heads per rank, 2]`` each."""
+        if not self.current:
+            raise TensorParallelError("this engine's tensor-parallel group was shut down or "
+                                      "replaced")
+        return self.session.gather("digest", {}, kv_digest(kv_pool).cpu())
 
     def close(self) -> None:
         """Stop the follower ranks (the engine cannot step afterwards)."""

@@ -76,3 +76,12 @@ def read_slots(batch: ForwardBatch) -> torch.Tensor:
     dec_end = off + batch.seq_lens.long()[:, None]
     used = (col < enc) | ((col >= off) & (col < dec_end))  # [B, W]
     return table[used].long()
+
+
+def kv_digest(pool) -> torch.Tensor:
+    """``[layers, heads, 2]`` float64: the sum of every K and of every V value per layer and
+    head over all of the pool's buffer slots (free ones included: equal schedules leave equal
+    pools), to compare one rank's shard with the matching heads of an unsplit pool."""
+    return torch.stack([torch.stack([k.double().sum(dim=(0, 2)), v.double().sum(dim=(0, 2))],
+                                    dim=-1) for k, v in zip(pool.k_buffers, pool.v_buffers,
+                                                            strict=True)])

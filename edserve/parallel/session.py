@@ -68,13 +68,18 @@ class TPSession:
         self.send("build", spec)
         return self.generation
 
+    def gather(self, kind: str, meta: dict[str, Any], mine: Any) -> list[Any]:
+        """A reporting call (``check``, ``digest``): every rank's answer, in rank order (rank
+        0's is ``mine``)."""
+        self.send(kind, meta)
+        reports: list[Any] = [None] * self.world
+        dist.all_gather_object(reports, mine)
+        return reports
+
     def check_followers(self) -> list[str]:
         """Every follower's integrity report (its own checks + its call count vs rank 0's);
         [] when all pass."""
-        self.send("check", {"calls": self.calls})
-        reports: list[Any] = [None] * self.world
-        dist.all_gather_object(reports, [])
-        return [e for r in reports[1:] for e in r]
+        return [e for r in self.gather("check", {"calls": self.calls}, [])[1:] for e in r]
 
     # ---- shutdown ---------------------------------------------------------------------
     def _stop_procs(self, timeout: float) -> None:

@@ -15,7 +15,7 @@ from edserve.engine.engine import Engine
 from edserve.engine.request import SamplingParams
 from edserve.multimodal.mllama_request import make_mllama_request
 from edserve.parallel.follower import Follower
-from edserve.parallel.mirror import batch_from_message, batch_message
+from edserve.parallel.mirror import batch_from_message, batch_message, kv_digest
 from tests.models.mllama.harness import make_pools, make_req
 from tests.parallel.tiny_mllama import tiny_cases, tiny_checkpoint
 
@@ -35,6 +35,11 @@ def _engine(checkpoint, strategy: str, page_size: int, tp: int) -> Engine:
                   max_running_requests=4, tensor_parallel_size=tp)
 
 
+def _digest_halves(engine: Engine) -> list[torch.Tensor]:
+    """The unsplit pool's digest, cut into the two ranks' heads."""
+    return list(kv_digest(engine.pools.kv_pool).chunk(2, dim=1))
+
+
 def _run(engine: Engine) -> tuple[list[list[int]], int]:
     """Greedy tokens of every case (4 rows at a time: several admission waves) plus a beam
     search request; and the KV copies (beam forks' copy-on-write) rank 0 made."""
@@ -52,11 +57,18 @@ def _run(engine: Engine) -> tuple[list[list[int]], int]:
 
 @pytest.mark.parametrize("strategy,page_size", COMBOS)
 def test_tp2_tokens_equal_tp1(checkpoint, strategy, page_size):
-    ref, _ = _run(_engine(checkpoint, strategy, page_size, 1))
+    eng1 = _engine(checkpoint, strategy, page_size, 1)
+    ref, _ = _run(eng1)
     eng = _engine(checkpoint, strategy, page_size, 2)
     assert eng.pools.kv_pool.num_kv_heads == 1  # rank 0 holds its half of the 2 kv heads
+    assert eng.pools.kv_pool.num_slots == eng1.pools.kv_pool.num_slots
     tokens, copies = _run(eng)
     assert tokens == ref
+    # Equal schedules write equal slots: each rank's KV shard (every slot, free ones too) holds
+    # the unsplit pool's values of its heads, so no rank missed a write or a copy.
+    for got, want in zip(eng.model.kv_digests(eng.pools.kv_pool), _digest_halves(eng1),
+                         strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
     assert eng.model.session.calls > 0  # the follower ran (and counted) every forward
     if page_size > 1:
         assert copies > 0  # the beam's forks copied partial pages on every rank
