@@ -20,9 +20,10 @@ MAX_STOP_STRINGS = 16
 
 
 def is_mllama(engine: Any) -> bool:
-    from edserve.models.mllama.model import MllamaModel
+    """By the model's config, so a wrapped model (tensor parallelism's rank 0) counts too."""
+    from edserve.models.mllama.config import MllamaConfig
 
-    return isinstance(getattr(engine, "model", None), MllamaModel)
+    return isinstance(getattr(getattr(engine, "model", None), "config", None), MllamaConfig)
 
 
 def normalize_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:

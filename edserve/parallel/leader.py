@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
+from edserve.parallel.distributed import rank_device
 from edserve.parallel.errors import TensorParallelError
 from edserve.parallel.mirror import batch_message, kv_digest
 from edserve.parallel.session import TPSession, get_session
 from edserve.parallel.shard import load_shard, make_spec
-from edserve.parallel.tp import check_shardable, kv_heads_per_rank
+from edserve.parallel.tp import kv_heads_per_rank
 
 
 class TensorParallelModel:
@@ -104,9 +105,9 @@ def build_sharded_model(config, checkpoint: Any, dtype: torch.dtype,
     """Rank 0: start (or reuse) the group of ``config.tensor_parallel_size`` ranks, have every
     rank load its shard, return (rank 0's model, tokenizer)."""
     world = config.tensor_parallel_size
-    session = get_session(world, device)
     spec = make_spec(config.model, checkpoint, dtype, config.debug_checks)
-    generation = session.build(spec)
-    model, tokenizer = load_shard(spec, 0, world, session.device)
-    check_shardable(model, world)
-    return TensorParallelModel(model, session, generation), tokenizer
+    # Rank 0 loads and splits first, so a model that cannot be split fails before any
+    # process starts (the followers then load theirs while rank 0 waits at the first call).
+    model, tokenizer = load_shard(spec, 0, world, rank_device(device, 0))
+    session = get_session(world, device)
+    return TensorParallelModel(model, session, session.build(spec)), tokenizer
