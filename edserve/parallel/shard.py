@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from edserve.models.registry import build_model
 from edserve.models.weights import load_checkpoint
-from edserve.parallel.tp import apply_tensor_parallel
+from edserve.parallel.comm import TorchComm
+from edserve.parallel.load import load_model_shard
 
 
 def make_spec(model: str | None, checkpoint: Any, dtype: torch.dtype,
@@ -26,12 +26,12 @@ def make_spec(model: str | None, checkpoint: Any, dtype: torch.dtype,
 
 def load_shard(spec: dict[str, Any], rank: int, world: int,
                device: torch.device) -> tuple[Any, Any]:
-    """(this rank's model shard, tokenizer)."""
+    """(this rank's model shard on ``device``, tokenizer), loaded a layer at a time
+    (:mod:`edserve.parallel.load`)."""
     ckpt = spec["checkpoint"]
     if ckpt is None:
         ckpt = load_checkpoint(spec["model"])
     elif callable(ckpt):
         ckpt = ckpt()
-    model, tokenizer = build_model(ckpt, getattr(torch, spec["dtype"]), device)
-    del ckpt
-    return apply_tensor_parallel(model, rank, world), tokenizer
+    return load_model_shard(ckpt, getattr(torch, spec["dtype"]), device, rank,
+                            TorchComm(world))

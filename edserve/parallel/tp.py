@@ -54,26 +54,50 @@ def _mlp(mlp: nn.Module, col: str, row: str, rank: int, comm: Comm, what: str) -
     setattr(mlp, row, RowParallelLinear(getattr(mlp, row), rank, comm, f"{what}.{row}"))
 
 
-def shard_mllama(model: nn.Module, rank: int, comm: Comm) -> None:
-    """Mllama: text decoder (self and cross layers), vision encoder (local + global), head."""
-    for i, layer in enumerate(model.language_model.layers):
-        what = f"language_model.layers.{i}"
-        if hasattr(layer, "self_attn"):
-            _attention(layer.self_attn, ["qkv_proj"], "o_proj", rank, comm,
-                       f"{what}.self_attn", ("num_heads", "num_kv_heads"), "attn")
-        else:
-            _attention(layer.cross_attn, ["q_proj", "kv_proj"], "o_proj", rank, comm,
-                       f"{what}.cross_attn", ("num_heads", "num_kv_heads"), "attn")
-        _mlp(layer.mlp, "gate_up_proj", "down_proj", rank, comm, f"{what}.mlp")
-    vision = model.vision_model
-    for stack in ("transformer", "global_transformer"):
-        for i, layer in enumerate(getattr(vision, stack).layers):
-            what = f"vision_model.{stack}.layers.{i}"
-            _attention(layer.self_attn, ["qkv_proj"], "o_proj", rank, comm,
-                       f"{what}.self_attn", ("num_heads",), None)
-            _mlp(layer.mlp, "fc1", "fc2", rank, comm, f"{what}.mlp")
+def shard_text_layer(layer: nn.Module, rank: int, comm: Comm, what: str) -> None:
+    """A Mllama text decoder layer (self- or cross-attention, then the MLP)."""
+    if hasattr(layer, "self_attn"):
+        _attention(layer.self_attn, ["qkv_proj"], "o_proj", rank, comm, f"{what}.self_attn",
+                   ("num_heads", "num_kv_heads"), "attn")
+    else:
+        _attention(layer.cross_attn, ["q_proj", "kv_proj"], "o_proj", rank, comm,
+                   f"{what}.cross_attn", ("num_heads", "num_kv_heads"), "attn")
+    _mlp(layer.mlp, "gate_up_proj", "down_proj", rank, comm, f"{what}.mlp")
+
+
+def shard_vision_layer(layer: nn.Module, rank: int, comm: Comm, what: str) -> None:
+    """A Mllama vision encoder layer (local or gated global)."""
+    _attention(layer.self_attn, ["qkv_proj"], "o_proj", rank, comm, f"{what}.self_attn",
+               ("num_heads",), None)
+    _mlp(layer.mlp, "fc1", "fc2", rank, comm, f"{what}.mlp")
+
+
+def shard_mllama_head(model: nn.Module, rank: int, comm: Comm) -> None:
+    """The LM head: vocab-parallel when the vocabulary divides, else left replicated."""
     if model.lm_head.out_features % comm.world == 0:
         model.lm_head = VocabParallelHead(model.lm_head, rank, comm, "lm_head")
+
+
+LayerSharder = Callable[[nn.Module, int, Comm, str], None]
+
+
+def mllama_layer_units(model: nn.Module) -> list[tuple[str, nn.Module, LayerSharder]]:
+    """(module path, layer, its sharder) for every split layer of a Mllama model; what they
+    leave out (embeddings, norms, projector, head) is replicated, except the head."""
+    vision = model.vision_model
+    units = [(f"language_model.layers.{i}", layer, shard_text_layer)
+             for i, layer in enumerate(model.language_model.layers)]
+    for stack in ("transformer", "global_transformer"):
+        units += [(f"vision_model.{stack}.layers.{i}", layer, shard_vision_layer)
+                  for i, layer in enumerate(getattr(vision, stack).layers)]
+    return units
+
+
+def shard_mllama(model: nn.Module, rank: int, comm: Comm) -> None:
+    """Mllama: text decoder (self and cross layers), vision encoder (local + global), head."""
+    for what, layer, shard in mllama_layer_units(model):
+        shard(layer, rank, comm, what)
+    shard_mllama_head(model, rank, comm)
 
 
 # model class name -> sharder(model, rank, comm), applied in place

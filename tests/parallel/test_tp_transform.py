@@ -122,3 +122,26 @@ def test_unsplittable_models_are_refused():
         max_source_positions=4, max_target_positions=4, vocab_size=8))
     with pytest.raises(TensorParallelError, match="no tensor-parallel plan"):
         apply_tensor_parallel(whisper, 0, 2)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_layerwise_load_equals_transform_of_the_loaded_model(models, rank):
+    """The loader that never holds the unsplit model builds the same shard as splitting the
+    whole loaded model (every parameter and head count, bit for bit)."""
+    from edserve.parallel.comm import TorchComm
+    from edserve.parallel.load import load_model_shard
+
+    ck = tiny_checkpoint()
+    comm = TorchComm(2)  # no collective runs while loading
+    streamed, _ = load_model_shard(ck, torch.float64, CPU, rank, comm)
+    whole = apply_tensor_parallel(build_model(ck, torch.float64, CPU)[0], rank, 2, comm)
+    got, want = streamed.state_dict(), whole.state_dict()
+    assert got.keys() == want.keys()
+    for name, t in want.items():
+        assert torch.equal(got[name], t), name
+    assert type(streamed.lm_head) is type(whole.lm_head)
+    for a, b in zip(streamed.modules(), whole.modules(), strict=True):
+        for attr in ("num_heads", "num_kv_heads"):
+            assert getattr(a, attr, None) == getattr(b, attr, None)
+    assert torch.equal(streamed.language_model.rotary_emb.inv_freq,
+                       whole.language_model.rotary_emb.inv_freq)
