@@ -153,6 +153,13 @@ class EngineConfig:
         224, "Default cap on generated tokens per request (Whisper's limit is 448 - prompt)."
     )
     seed: int = _f(0, "Seed for sampling with temperature > 0 when a request gives none.")
+    tensor_parallel_size: int = _f(
+        1,
+        "Split the model across this many ranks of one host (tensor parallelism: attention "
+        "heads, MLP and KV cache divided by N; NCCL on CUDA, one GPU per rank from --device "
+        "on; gloo on CPU). The caller's process is rank 0 and hosts the engine; ranks 1..N-1 "
+        "are started as processes. Mllama only; no CUDA graphs, no --quantization.",
+    )
     restrict_page_sizes: str | None = _f(
         None,
         "Comma-separated page sizes the paged kernel may use, e.g. 64,128 to reproduce the "
@@ -178,6 +185,14 @@ class EngineConfig:
                              f"got {self.quantization!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size must be >= 1, "
+                             f"got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.cuda_graph:
+            raise ValueError("--cuda-graph cannot be used with --tensor-parallel-size > 1 "
+                             "(the other ranks mirror eager steps only)")
+        if self.tensor_parallel_size > 1 and self.quantization != "none":
+            raise ValueError("--quantization cannot be used with --tensor-parallel-size > 1")
         if self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
 

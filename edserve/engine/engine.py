@@ -187,3 +187,6 @@ class Engine:
         holders += [h.slots for h in sched.held_regions()]
         pools.allocator.check_integrity(holders=holders)
         rtp.check_integrity(len(sched.running))
+        followers = getattr(self.model, "check_followers", None)  # tensor-parallel ranks
+        if followers is not None:
+            followers()

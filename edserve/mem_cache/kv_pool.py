@@ -13,6 +13,7 @@ not allocate slots itself; an allocator over ``num_slots`` hands them out.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -66,6 +67,9 @@ class KVPool:
             torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
         ]
         self.device = self.k_buffers[0].device  # normalised ("cuda" -> "cuda:0")
+        # Called with (src, dst) by every copy_slots before it copies (tensor-parallel rank 0
+        # hands the copy to the other ranks' pool shards).
+        self.copy_observers: list[Callable[[torch.Tensor, torch.Tensor], None]] = []
         itemsize = torch.empty((), dtype=dtype).element_size()
         # K and V of one token across all layers.
         self.bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * itemsize
@@ -152,6 +156,8 @@ class KVPool:
                     f"copy_slots: slots must be in 0..{self.num_buffer_slots - 1}, got min {lo} "
                     f"max {hi}"
                 )
+        for observe in self.copy_observers:
+            observe(src, dst)
         for k, v in zip(self.k_buffers, self.v_buffers, strict=True):  # [slots, heads, dim]
             k[dst] = k[src]
             v[dst] = v[src]

@@ -18,6 +18,7 @@ from edserve.layers.attention import create_backend
 from edserve.models.quantize import quantize_model
 from edserve.models.registry import build_model
 from edserve.models.weights import load_checkpoint
+from edserve.parallel import build_sharded_model
 from edserve.runtime.pools import build_pools
 from edserve.runtime.settings import resolve_settings, use_cuda_graph
 
@@ -37,11 +38,14 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
     """
     config = (config or EngineConfig()).replace(**overrides)
     s = resolve_settings(config)
-    if checkpoint is None:
-        checkpoint = load_checkpoint(config.model)
-    model, tokenizer = build_model(checkpoint, s.dtype, s.device)
-    del checkpoint
-    model = quantize_model(model, config.quantization)
+    if config.tensor_parallel_size > 1:  # rank 0 of a tensor-parallel group
+        model, tokenizer = build_sharded_model(config, checkpoint, s.dtype, s.device)
+    else:
+        if checkpoint is None:
+            checkpoint = load_checkpoint(config.model)
+        model, tokenizer = build_model(checkpoint, s.dtype, s.device)
+        del checkpoint
+        model = quantize_model(model, config.quantization)
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops)
     sizing = build_pools(config, s, model, backend, max_decoder_len)

@@ -67,7 +67,10 @@ def resolve_settings(config: EngineConfig) -> RuntimeSettings:
 
 
 def use_cuda_graph(config: EngineConfig, settings: RuntimeSettings) -> bool:
-    """``--cuda-graph`` unset: on where supported (CUDA, triton, aligned/flat)."""
+    """``--cuda-graph`` unset: on where supported (CUDA, triton, aligned/flat; not under
+    tensor parallelism, whose followers mirror eager calls only)."""
+    if config.tensor_parallel_size > 1:
+        return False
     if config.cuda_graph is None:
         return settings.on_cuda and settings.ops == "triton" and config.encoder_kv != "ragged"
     return config.cuda_graph

@@ -17,9 +17,13 @@ def build_mllama(checkpoint: Any, dtype: torch.dtype, device: torch.device,
     (None when absent); chat templating is not done here."""
     model = build_from_state_dict(checkpoint.config, checkpoint.state_dict, dtype, device,
                                   **switches)
-    tokenizer = None
+    return model, load_tokenizer(checkpoint)
+
+
+def load_tokenizer(checkpoint: Any) -> Any:
+    """The checkpoint folder's ``tokenizer.json`` as a ``tokenizers.Tokenizer``, or None."""
     path = getattr(checkpoint, "tokenizer_path", None)
-    if path is not None and path.is_file():
-        from tokenizers import Tokenizer
-        tokenizer = Tokenizer.from_file(str(path))
-    return model, tokenizer
+    if path is None or not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(path))

@@ -35,9 +35,12 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def linear_residual(x: torch.Tensor, h: torch.Tensor, proj: nn.Linear) -> torch.Tensor:
-    """``x + proj(h)`` as one ``addmm`` (``proj`` has no bias). x: [T, H]; h: [T, in]."""
-    return torch.addmm(x, h, proj.weight.t())
+def linear_residual(x: torch.Tensor, h: torch.Tensor, proj: nn.Module) -> torch.Tensor:
+    """``x + proj(h)``: one ``addmm`` for a plain bias-free ``nn.Linear``; any other module (a
+    tensor-parallel shard of one, say) runs as ``x + proj(h)``. x: [T, H]; h: [T, in]."""
+    if type(proj) is nn.Linear:
+        return torch.addmm(x, h, proj.weight.t())
+    return x + proj(h)
 
 
 class MLP(nn.Module):

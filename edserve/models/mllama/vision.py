@@ -27,11 +27,11 @@ class VisionAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         # x: [N, L, D]; allowed: [N, 1, L, L] bool (True = may attend)
-        N, L, D = x.shape
+        N, L, _ = x.shape
         qkv = self.qkv_proj(x).view(N, L, 3, self.num_heads, self.head_dim)  # [N, L, 3, H, hd]
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # [N, H, L, hd]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # [N, H, L, hd]
-        return self.o_proj(o.transpose(1, 2).reshape(N, L, D))
+        return self.o_proj(o.transpose(1, 2).reshape(N, L, -1))  # [N, L, H * hd] -> [N, L, D]
 
 
 class VisionMLP(nn.Module):

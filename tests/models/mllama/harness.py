@@ -34,14 +34,17 @@ class Run:
 
 
 def make_pools(model: MllamaModel, strategy: str, page_size: int, rows: int = 8,
-               slots: int = 4096, dtype: torch.dtype = torch.float32) -> Pools:
+               slots: int = 4096, dtype: torch.dtype = torch.float32,
+               num_kv_heads: int | None = None) -> Pools:
+    """``num_kv_heads``: heads per slot (default: the model's; a tensor-parallel shard holds
+    fewer)."""
     backend = create_backend(strategy, page_size, "torch")
     slots = -(-slots // page_size) * page_size
     cols = -(-(backend.encoder_region(model.max_encoder_len) + 256) // page_size) * page_size
     alloc = TokenToKVPoolAllocator(slots) if page_size == 1 else \
         PagedTokenToKVPoolAllocator(slots, page_size)
-    kv = KVPool(slots, page_size, model.num_kv_layers, model.num_kv_heads, model.head_dim,
-                dtype)
+    kv = KVPool(slots, page_size, model.num_kv_layers, num_kv_heads or model.num_kv_heads,
+                model.head_dim, dtype)
     return Pools(ReqToTokenPool(rows, cols), alloc, kv, backend, torch.device("cpu"))
 
 
