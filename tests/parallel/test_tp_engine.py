@@ -17,7 +17,7 @@ from edserve.multimodal.mllama_request import make_mllama_request
 from edserve.parallel.follower import Follower
 from edserve.parallel.mirror import batch_from_message, batch_message, kv_digest
 from tests.models.mllama.harness import make_pools, make_req
-from tests.parallel.tiny_mllama import tiny_cases, tiny_checkpoint
+from tests.parallel.tiny_mllama import save_tiny_folder, tiny_cases, tiny_checkpoint
 
 STEPS = 6
 COMBOS = [(s, p) for s in ("aligned", "flat", "ragged") for p in (1, 16, 128)]
@@ -72,6 +72,38 @@ def test_tp2_tokens_equal_tp1(checkpoint, strategy, page_size):
     assert eng.model.session.calls > 0  # the follower ran (and counted) every forward
     if page_size > 1:
         assert copies > 0  # the beam's forks copied partial pages on every rank
+
+
+def test_server_chat_tp2_equals_tp1(checkpoint, tmp_path):
+    """``edserve serve --tensor-parallel-size 2``'s path: build() + uvicorn, the engine stepping
+    on the AsyncEngine thread, every rank loading the folder itself; one image chat."""
+    import httpx
+
+    from edserve.config import EngineConfig
+    from edserve.server.config import ServerConfig
+    from edserve.server.launch import ServerThread, build
+    from tests.models.mllama.chat_tiny import png_data_url
+
+    folder = save_tiny_folder(checkpoint, tmp_path)
+    body = {"model": "m", "max_tokens": STEPS, "temperature": 0, "messages": [
+        {"role": "user", "content": [{"type": "image_url",
+                                      "image_url": {"url": png_data_url(100, 50)}},
+                                     {"type": "text", "text": "describe the image"}]}]}
+    texts = []
+    for tp in (1, 2):
+        aengine, app = build(EngineConfig(model=str(folder), device="cpu", dtype="float32",
+                                          context_length=64, max_total_tokens=4096,
+                                          tensor_parallel_size=tp),
+                             ServerConfig(served_model_name="m"))
+        srv = ServerThread(app, "127.0.0.1", 0).start()
+        try:
+            r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["message"]["content"])
+        finally:
+            srv.stop()
+            aengine.shutdown()
+    assert texts[1] == texts[0] and texts[0]
 
 
 def test_superseded_engine_refuses_to_step(checkpoint):
