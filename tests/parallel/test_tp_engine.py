@@ -29,8 +29,8 @@ def checkpoint():
     edserve.parallel.shutdown()  # the follower leaves; later modules start clean
 
 
-def _engine(checkpoint, strategy: str, page_size: int, tp: int) -> Engine:
-    return Engine(checkpoint=checkpoint, device="cpu", dtype="float32", encoder_kv=strategy,
+def _engine(checkpoint, strategy: str, page_size: int, tp: int, device: str = "cpu") -> Engine:
+    return Engine(checkpoint=checkpoint, device=device, dtype="float32", encoder_kv=strategy,
                   page_size=str(page_size), context_length=64, max_total_tokens=4096,
                   max_running_requests=4, tensor_parallel_size=tp)
 
@@ -55,11 +55,11 @@ def _run(engine: Engine) -> tuple[list[list[int]], int]:
     return [o.token_ids for o in outs], sum(copies)
 
 
-@pytest.mark.parametrize("strategy,page_size", COMBOS)
-def test_tp2_tokens_equal_tp1(checkpoint, strategy, page_size):
-    eng1 = _engine(checkpoint, strategy, page_size, 1)
+def check_tp2_equals_tp1(checkpoint, strategy: str, page_size: int, device: str) -> None:
+    """TP 2 vs TP 1 on ``device``: tokens, KV shards, the follower's call count, copies."""
+    eng1 = _engine(checkpoint, strategy, page_size, 1, device)
     ref, _ = _run(eng1)
-    eng = _engine(checkpoint, strategy, page_size, 2)
+    eng = _engine(checkpoint, strategy, page_size, 2, device)
     assert eng.pools.kv_pool.num_kv_heads == 1  # rank 0 holds its half of the 2 kv heads
     assert eng.pools.kv_pool.num_slots == eng1.pools.kv_pool.num_slots
     tokens, copies = _run(eng)
@@ -68,10 +68,15 @@ def test_tp2_tokens_equal_tp1(checkpoint, strategy, page_size):
     # the unsplit pool's values of its heads, so no rank missed a write or a copy.
     for got, want in zip(eng.model.kv_digests(eng.pools.kv_pool), _digest_halves(eng1),
                          strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(got.cpu(), want.cpu(), rtol=1e-4, atol=1e-3)
     assert eng.model.session.calls > 0  # the follower ran (and counted) every forward
     if page_size > 1:
         assert copies > 0  # the beam's forks copied partial pages on every rank
+
+
+@pytest.mark.parametrize("strategy,page_size", COMBOS)
+def test_tp2_tokens_equal_tp1(checkpoint, strategy, page_size):
+    check_tp2_equals_tp1(checkpoint, strategy, page_size, "cpu")
 
 
 def test_server_chat_tp2_equals_tp1(checkpoint, tmp_path):
