@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
-#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam   (several allowed, in order)
+#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|tp   (several allowed, in order;
+#   tp needs a host with >= 2 GPUs)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -30,6 +31,9 @@ for part in "$@"; do
              | grep -v "custom logits" | tee "$OUT/beam_gpu.log")
           (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 16 64 --configs aligned:128 --no-hf 2>&1 \
              | grep -v "custom logits" | tee -a "$OUT/beam_gpu.log") ;;
+    tp) timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/parallel/test_tp_gpu.py -rs 2>&1 \
+          | tee "$OUT/tp_tests.log" | tail -15   # needs >= 2 GPUs (nvidia-h200-x2)
+        timeout 540 python3 benchmarks/tp_gpu.py 2>&1 | tee "$OUT/tp_gpu.log" ;;
     large256) python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 256 --configs flat:1:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large256.log" ;;
   esac
 done

@@ -68,10 +68,10 @@ def engine_figures(folder: Path, clip: np.ndarray, n_short: int, long_audio: lis
                    rows: int, extra: dict) -> dict[str, float]:
     """Engine.generate on ``n_short`` first-window requests of ``clip`` (requests/s), and the
     in-process driver on the long files (audio seconds/s)."""
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
     from edserve.whisper.transcribe import make_task, run_tasks
 
-    engine = Engine(model=str(folder), max_running_requests=rows, context_length=CONTEXT,
+    engine = build_engine(model=str(folder), max_running_requests=rows, context_length=CONTEXT,
                     **extra)
     dev = str(engine.device)
 

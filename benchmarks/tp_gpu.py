@@ -104,8 +104,8 @@ def decode_step_ms(engine, reqs: list, new_tokens: int, steps: int, dev: str) ->
     return ms
 
 
-def release(engine) -> None:
-    del engine
+def free_memory() -> None:
+    """After the caller dropped its engine: collect it and hand its GPU memory back."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -142,7 +142,8 @@ def main() -> int:
         eng.check_integrity()
         print(f"TP {tp} ({args.check_dtype}): {len(check)} requests x {args.check_steps} "
               f"tokens ({time.perf_counter() - t:.1f} s with start-up)", flush=True)
-        release(eng)
+        del eng
+        free_memory()
     same = sum(a == b for a, b in zip(tokens[1], tokens[args.tp], strict=True))
     print(f"TP {args.tp} tokens identical to TP 1: {same} / {len(check)} requests")
 
@@ -154,13 +155,16 @@ def main() -> int:
     for tp, graphs in runs:
         eng = make_engine(RandomMllama(dims, "bfloat16" if dev == "cuda" else "float32"), tp,
                           dev, ops, args.concurrent, args.tiles, n_new, graphs)
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         ms = decode_step_ms(eng, reqs, n_new, args.steps, dev)
         peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
         results[(tp, graphs)] = ms
         print(f"TP {tp}{' + CUDA graphs' if graphs else ''}: decode step {ms:.2f} ms at "
               f"{args.concurrent} concurrent ({args.tiles}-tile images), rank-0 peak memory "
-              f"{peak:.1f} GiB", flush=True)
-        release(eng)
+              f"{peak:.1f} GiB (during the run)", flush=True)
+        del eng
+        free_memory()
         sync(dev)
     ratio = results[(args.tp, False)] / results[(1, False)]
     print(f"TP {args.tp} / TP 1 decode step (eager both): {ratio:.2f}x (target <= 0.6)"

@@ -158,7 +158,8 @@ class EngineConfig:
         "Split the model across this many ranks of one host (tensor parallelism: attention "
         "heads, MLP and KV cache divided by N; NCCL on CUDA, one GPU per rank from --device "
         "on; gloo on CPU). The caller's process is rank 0 and hosts the engine; ranks 1..N-1 "
-        "are started as processes. Mllama only; no CUDA graphs, no --quantization.",
+        "are started as processes (on CPU each runs --threads threads). Mllama only; no CUDA "
+        "graphs, no --quantization.",
     )
     restrict_page_sizes: str | None = _f(
         None,

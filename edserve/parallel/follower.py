@@ -59,9 +59,8 @@ class Follower:
     def _build(self, meta: dict[str, Any], _: list) -> None:
         self.model = self.pool = self.geometry = self.written = self.encoded = None
         self.calls, self.errors, self.debug = 0, [], bool(meta["debug_checks"])
-        threads = os.environ.get("EDSERVE_THREADS")
-        if self.device.type == "cpu" and threads:
-            torch.set_num_threads(int(threads))
+        if self.device.type == "cpu":
+            torch.set_num_threads(meta["threads"])
         self.model, _ = load_shard(meta, self.rank, self.world, self.device)
 
     def _encode(self, meta: dict[str, Any], _: list) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import subprocess
+import threading
 from typing import Any
 
 import torch
@@ -39,12 +40,36 @@ class TPSession:
         port = free_port()
         self.procs: list[subprocess.Popen] = spawn_followers(world, self.device, port)
         try:
-            init_group(0, world, self.device, port)
-        except Exception:
+            self._join(port)
+        except BaseException:
             self._stop_procs(timeout=5.0)
             raise
         self.generation = 0  # bumped by every build: the engine that may send calls
         self.calls = 0  # forward calls sent since the last build (followers count them too)
+
+    def _join(self, port: int) -> None:
+        """Join the group; a follower that exits while the others wait fails the start at
+        once (instead of after the process-group timeout)."""
+        done: list[BaseException | None] = []
+
+        def join() -> None:
+            try:
+                init_group(0, self.world, self.device, port)
+                done.append(None)
+            except BaseException as exc:  # handed to the caller's thread
+                done.append(exc)
+
+        thread = threading.Thread(target=join, name="edserve-tp-join", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.2)
+            dead = [(r, p.poll()) for r, p in enumerate(self.procs, 1) if p.poll() is not None]
+            if dead and thread.is_alive():
+                rank, code = dead[0]
+                raise TensorParallelError(f"tensor-parallel rank {rank} exited with code {code} "
+                                          "while the group was starting (see its log above)")
+        if done and done[0] is not None:
+            raise done[0]
 
     # ---- calls ------------------------------------------------------------------------
     def send(self, kind: str, meta: dict[str, Any] | None = None,

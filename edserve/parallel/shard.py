@@ -4,7 +4,8 @@
 ``checkpoint`` (None: load ``model``; a :class:`~edserve.models.weights.Checkpoint`, pickled to
 the followers; or a picklable zero-argument callable returning one, called on every rank, e.g.
 a benchmark's seeded random weights), ``dtype`` (a ``torch`` dtype name), ``debug_checks``
-(the followers check every step's KV slots).
+(the followers check every step's KV slots), ``threads`` (rank 0's CPU threads: on CPU every
+rank runs with as many).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from edserve.parallel.load import load_model_shard
 def make_spec(model: str | None, checkpoint: Any, dtype: torch.dtype,
               debug_checks: bool = False) -> dict[str, Any]:
     return {"model": model, "checkpoint": checkpoint, "dtype": str(dtype).removeprefix("torch."),
-            "debug_checks": debug_checks}
+            "debug_checks": debug_checks, "threads": torch.get_num_threads()}
 
 
 def load_shard(spec: dict[str, Any], rank: int, world: int,

@@ -18,7 +18,7 @@ from edserve.parallel.follower import Follower
 from edserve.parallel.mirror import batch_from_message, batch_message, kv_digest
 from edserve.runtime import build_engine
 from tests.models.mllama.harness import make_pools, make_req
-from tests.parallel.tiny_mllama import tiny_cases, tiny_checkpoint
+from tests.parallel.tiny_mllama import save_tiny_folder, tiny_cases, tiny_checkpoint
 
 STEPS = 6
 COMBOS = [(s, p) for s in ("aligned", "flat", "ragged") for p in (1, 16, 128)]
@@ -30,8 +30,8 @@ def checkpoint():
     edserve.parallel.shutdown()  # the follower leaves; later modules start clean
 
 
-def _engine(checkpoint, strategy: str, page_size: int, tp: int) -> Engine:
-    return build_engine(checkpoint=checkpoint, device="cpu", dtype="float32", encoder_kv=strategy,
+def _engine(checkpoint, strategy: str, page_size: int, tp: int, device: str = "cpu") -> Engine:
+    return build_engine(checkpoint=checkpoint, device=device, dtype="float32", encoder_kv=strategy,
                   page_size=str(page_size), context_length=64, max_total_tokens=4096,
                   max_running_requests=4, tensor_parallel_size=tp)
 
@@ -56,11 +56,11 @@ def _run(engine: Engine) -> tuple[list[list[int]], int]:
     return [o.token_ids for o in outs], sum(copies)
 
 
-@pytest.mark.parametrize("strategy,page_size", COMBOS)
-def test_tp2_tokens_equal_tp1(checkpoint, strategy, page_size):
-    eng1 = _engine(checkpoint, strategy, page_size, 1)
+def check_tp2_equals_tp1(checkpoint, strategy: str, page_size: int, device: str) -> None:
+    """TP 2 vs TP 1 on ``device``: tokens, KV shards, the follower's call count, copies."""
+    eng1 = _engine(checkpoint, strategy, page_size, 1, device)
     ref, _ = _run(eng1)
-    eng = _engine(checkpoint, strategy, page_size, 2)
+    eng = _engine(checkpoint, strategy, page_size, 2, device)
     assert eng.pools.kv_pool.num_kv_heads == 1  # rank 0 holds its half of the 2 kv heads
     assert eng.pools.kv_pool.num_slots == eng1.pools.kv_pool.num_slots
     tokens, copies = _run(eng)
@@ -69,10 +69,47 @@ def test_tp2_tokens_equal_tp1(checkpoint, strategy, page_size):
     # the unsplit pool's values of its heads, so no rank missed a write or a copy.
     for got, want in zip(eng.model.kv_digests(eng.pools.kv_pool), _digest_halves(eng1),
                          strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(got.cpu(), want.cpu(), rtol=1e-4, atol=1e-3)
     assert eng.model.session.calls > 0  # the follower ran (and counted) every forward
     if page_size > 1:
         assert copies > 0  # the beam's forks copied partial pages on every rank
+
+
+@pytest.mark.parametrize("strategy,page_size", COMBOS)
+def test_tp2_tokens_equal_tp1(checkpoint, strategy, page_size):
+    check_tp2_equals_tp1(checkpoint, strategy, page_size, "cpu")
+
+
+def test_server_chat_tp2_equals_tp1(checkpoint, tmp_path):
+    """``edserve serve --tensor-parallel-size 2``'s path: build() + uvicorn, the engine stepping
+    on the AsyncEngine thread, every rank loading the folder itself; one image chat."""
+    import httpx
+
+    from edserve.config import EngineConfig
+    from edserve.server.config import ServerConfig
+    from edserve.server.launch import ServerThread, build
+    from tests.models.mllama.chat_tiny import png_data_url
+
+    folder = save_tiny_folder(checkpoint, tmp_path)
+    body = {"model": "m", "max_tokens": STEPS, "temperature": 0, "messages": [
+        {"role": "user", "content": [{"type": "image_url",
+                                      "image_url": {"url": png_data_url(100, 50)}},
+                                     {"type": "text", "text": "describe the image"}]}]}
+    texts = []
+    for tp in (1, 2):
+        aengine, app = build(EngineConfig(model=str(folder), device="cpu", dtype="float32",
+                                          context_length=64, max_total_tokens=4096,
+                                          tensor_parallel_size=tp),
+                             ServerConfig(served_model_name="m"))
+        srv = ServerThread(app, "127.0.0.1", 0).start()
+        try:
+            r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["message"]["content"])
+        finally:
+            srv.stop()
+            aengine.shutdown()
+    assert texts[1] == texts[0] and texts[0]
 
 
 def test_superseded_engine_refuses_to_step(checkpoint):

@@ -17,6 +17,21 @@ from edserve.models.weights import Checkpoint  # noqa: E402
 from tests.models.mllama.hf_tiny import TINY_CONFIG, synthetic_image  # noqa: E402
 
 
+def save_tiny_folder(checkpoint: Checkpoint, folder: Path) -> Path:
+    """``checkpoint`` as an HF folder (``config.json`` + ``model.safetensors`` under the
+    model's own names, which the loader accepts) with the tiny chat tokenizer."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from tests.models.mllama.chat_tiny import save_chat_tokenizer
+
+    save_file({k: v.contiguous() for k, v in checkpoint.state_dict.items()},
+              str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(checkpoint.config))
+    return save_chat_tokenizer(folder)
+
+
 def tiny_checkpoint() -> Checkpoint:
     config = dict(copy.deepcopy(TINY_CONFIG), model_type="mllama")
     sd = random_state_dict(config, "cpu", torch.float32)
