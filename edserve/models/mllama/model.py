@@ -53,6 +53,9 @@ class MllamaTextModel(nn.Module):
 
 class MllamaModel(nn.Module):
     model_type = "mllama"  # the registry key (edserve.models.registry)
+    # Decode batches carry per-row cross-attention key ranges (image requests); CUDA graphs
+    # keep a static range buffer so image and text-only rows replay one graph.
+    reads_cross_kv_ranges = True
 
     def __init__(self, config: MllamaConfig) -> None:
         super().__init__()
