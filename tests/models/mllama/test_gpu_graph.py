@@ -1,4 +1,5 @@
-"""GPU: CUDA-graph decode equals eager decode for Mllama batches that mix image and text-only rows.
+"""GPU: CUDA-graph decode equals eager decode for Mllama batches that mix image and text-only rows,
+and a steady decode step of such a batch waits on the device at most once.
 
 The tiny random Mllama in fp32 on CUDA with the Triton kernels, one engine with graphs and one
 without, same requests (1-, 2- and 4-tile images, two images split by text, text-only rows):
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_syncs import count_syncs
 
 from edserve.chat.mllama_request import make_mllama_request
 from edserve.engine.logits_filter import LogitsRecorder
@@ -64,3 +66,23 @@ def test_graph_equals_eager_for_mixed_batches(tiny_folder, strategy, page_size):
     assert tokens == eager_tokens
     for got, want in zip(logits, eager_logits, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("strategy,page_size", [("flat", 16), ("aligned", 16)])
+def test_mixed_decode_step_syncs_at_most_once(tiny_folder, strategy, page_size):
+    eng = build_engine(model=str(save_word_tokenizer(tiny_folder)), device="cuda",
+                       dtype="bfloat16", encoder_kv=strategy, page_size=str(page_size),
+                       cuda_graph=True, cuda_graph_max_bs=8, context_length=128,
+                       max_total_tokens=8192, max_running_requests=8, debug_checks=False)
+    for i, (prompt, images) in enumerate(mixed_cases()):
+        sp = SamplingParams(max_new_tokens=30 + 2 * i, ignore_eos=True)
+        eng.add_request(make_mllama_request(eng.model, prompt, images, sp))
+    assert count_syncs(lambda: torch.ones(1, device="cuda").item()) == 1  # the probe works
+    for _ in range(4):  # prefill + first decode steps
+        eng.step()
+    steps = 10
+    syncs = count_syncs(lambda: [eng.step() for _ in range(steps)])
+    assert syncs <= steps, f"{syncs} syncs in {steps} mixed decode steps"
+    while eng.has_work():  # rows finish one by one: frees must not sync either
+        assert count_syncs(eng.step) <= 1
+    eng.check_integrity()
