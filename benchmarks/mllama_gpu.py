@@ -176,12 +176,54 @@ def agreement(ours: list[list[int]], hf: list[list[int]], n_img: int) -> dict:
                 mean_common_prefix=float(np.mean(prefix)))
 
 
+def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
+    """One strategy x batch: HF and edserve alternately, then the edserve step measurements;
+    prints the row and returns it. ``hf_once`` caches HF's TTFT / vision time per batch."""
+    rows, cuda = len(b["cases"]), args.device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    hf_tokens, t_hf = hf_generate(hf, b["hf"], args.new_tokens)
+    hf_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    if n not in hf_once:
+        hf_once[n] = dict(ttft=hf_generate(hf, b["hf"], 1)[1],
+                          vision=hf_vision_seconds(hf, b["hf_img"]))
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    tokens, t = run_edserve(eng, b["cases"], args.new_tokens)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    ttft = run_edserve(eng, b["cases"], 1)[1]
+    vision = engine_vision_seconds(eng.model, [x for _, x in b["pre"][:n]])
+    stats = decode_stats(eng, b["cases"], args.decode_steps)
+    floor = floor_ms(ctx["d"], ctx["w_bytes"], b["cases"], b["tiles"], ctx["bw"])
+    n_tok, tiles = rows * args.new_tokens, sum(b["tiles"])
+    r = dict(size="toy" if args.dry_run else args.size, strategy=ctx["strategy"],
+             page_size=ctx["page"], graphs=ctx["graphs"], image_requests=n,
+             text_requests=rows - n, tiles=tiles, new_tokens=args.new_tokens,
+             requests_per_s=rows / t, tokens_per_s=n_tok / t, hf_requests_per_s=rows / t_hf,
+             hf_tokens_per_s=n_tok / t_hf, ratio_hf=t_hf / t, ttft_s=ttft,
+             hf_ttft_s=hf_once[n]["ttft"], vision_ms_per_tile=1000 * vision / tiles,
+             hf_vision_ms_per_tile=1000 * hf_once[n]["vision"] / tiles, floor_ms=floor,
+             peak_gib=peak, hf_peak_gib=hf_peak, **stats, **agreement(tokens, hf_tokens, n))
+    busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
+    syncs = "n/a" if r["syncs_per_step"] is None else f"{r['syncs_per_step']:.2f}"
+    print(f"{ctx['strategy']}/{ctx['page']} {n:3d} img + {rows - n:2d} txt: "
+          f"{r['requests_per_s']:7.2f} req/s {r['tokens_per_s']:8.0f} tok/s "
+          f"(HF {r['hf_tokens_per_s']:7.0f}, x{r['ratio_hf']:.2f}) | TTFT {ttft * 1000:7.1f} ms "
+          f"(HF {r['hf_ttft_s'] * 1000:7.1f}) | vision {r['vision_ms_per_tile']:6.2f} ms/tile "
+          f"(HF {r['hf_vision_ms_per_tile']:6.2f}) | step {r['step_ms']:6.2f} ms, floor "
+          f"{floor:6.2f} (x{r['step_ms'] / floor:.2f}) | busy {busy} syncs/step {syncs} | peak "
+          f"{peak:5.1f} GiB (HF {hf_peak:5.1f}) | same as HF: img "
+          f"{r['image_rows_identical']}/{n} txt {r['text_rows_identical']}/{rows - n}",
+          flush=True)
+    return r
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="11b", choices=("small", "11b"))
     ap.add_argument("--dry-run", action="store_true", help="toy sizes on CPU (fp32, torch ops)")
     ap.add_argument("--batches", default="1,16,64", help="image requests per batch")
-    ap.add_argument("--text-ratio", type=float, default=0.25,
+    ap.add_argument("--text-ratio", type=float, default=0.125,
                     help="text-only rows per image request (batches of 1 get none)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--decode-steps", type=int, default=8, help="timed decode steps")
@@ -244,44 +286,22 @@ def main(argv=None) -> int:
         print(f"# {strategy}/{page} ({'graphs' if graphs else 'eager'}): engine built and "
               f"warmed up in {time.perf_counter() - t0:.1f} s", flush=True)
         for n, b in batches.items():
-            rows = len(b["cases"])
-            hf_tokens, t_hf = hf_generate(hf, b["hf"], args.new_tokens)  # alternating runs
-            if n not in hf_once:
-                hf_once[n] = dict(ttft=hf_generate(hf, b["hf"], 1)[1],
-                                  vision=hf_vision_seconds(hf, b["hf_img"]))
-            if args.device == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            tokens, t = run_edserve(eng, b["cases"], args.new_tokens)
-            peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else 0.0
-            ttft = run_edserve(eng, b["cases"], 1)[1]
-            vision = engine_vision_seconds(eng.model, [x for _, x in b["pre"][:n]])
-            stats = decode_stats(eng, b["cases"], args.decode_steps)
-            floor = floor_ms(d, w_bytes, b["cases"], b["tiles"], bw)
-            n_tok = rows * args.new_tokens
-            r = dict(size=args.size if not args.dry_run else "toy", strategy=strategy,
-                     page_size=page, graphs=graphs, image_requests=n, text_requests=rows - n,
-                     tiles=sum(b["tiles"]), requests_per_s=rows / t, tokens_per_s=n_tok / t,
-                     hf_requests_per_s=rows / t_hf, hf_tokens_per_s=n_tok / t_hf,
-                     ratio_hf=t_hf / t, ttft_s=ttft, hf_ttft_s=hf_once[n]["ttft"],
-                     vision_ms_per_tile=1000 * vision / sum(b["tiles"]),
-                     hf_vision_ms_per_tile=1000 * hf_once[n]["vision"] / sum(b["tiles"]),
-                     floor_ms=floor, peak_gib=peak, **stats,
-                     **agreement(tokens, hf_tokens, n))
+            try:
+                r = measure(eng, hf, b, n, args, hf_once, dict(strategy=strategy, page=page,
+                                                                 graphs=graphs, d=d, bw=bw,
+                                                                 w_bytes=w_bytes))
+            except torch.cuda.OutOfMemoryError as e:  # keep the other rows of the run
+                r = dict(strategy=strategy, page_size=page, image_requests=n, error=str(e))
+                print(f"{strategy}/{page} {n:3d} img: out of GPU memory", flush=True)
+                del eng  # its state may be mid-step: start a fresh engine
+                gc.collect()
+                torch.cuda.empty_cache()
+                eng = make_engine(config, hf, args, strategy, int(page), largest["pre"])
             results.append(r)
-            busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
-            syncs = "n/a" if r["syncs_per_step"] is None else f"{r['syncs_per_step']:.2f}"
-            print(f"{strategy}/{page} {n:3d} img + {rows - n:2d} txt: "
-                  f"{r['requests_per_s']:7.2f} req/s {r['tokens_per_s']:8.0f} tok/s "
-                  f"(HF {r['hf_tokens_per_s']:7.0f}, x{r['ratio_hf']:.2f}) | TTFT "
-                  f"{ttft * 1000:7.1f} ms (HF {hf_once[n]['ttft'] * 1000:7.1f}) | vision "
-                  f"{r['vision_ms_per_tile']:6.2f} ms/tile (HF {r['hf_vision_ms_per_tile']:6.2f})"
-                  f" | step {r['step_ms']:6.2f} ms, floor {floor:6.2f} "
-                  f"(x{r['step_ms'] / floor:.2f}) | busy {busy} syncs/step {syncs} | peak "
-                  f"{peak:5.1f} GiB | same as HF: img {r['image_rows_identical']}/{n} txt "
-                  f"{r['text_rows_identical']}/{rows - n}", flush=True)
+            if args.json:  # after every row: a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps(results, indent=1))
         del eng
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
         print(f"# wrote {args.json}")
     return 0
 
