@@ -4,7 +4,7 @@ One process, one set of random bf16 weights built with HF ``MllamaForConditional
 directly on the GPU (``--size 11b``: Llama-3.2-11B-Vision's real config; ``small``: 11B widths,
 8 text + 5 vision layers) and loaded by the engine. Batches of image requests (one image each,
 1-4 tiles of 560 px, prompts that start with ``<|image|>``) plus text-only rows; greedy, forced
-length (``min_new_tokens = max_new_tokens`` for HF, ``ignore_eos`` for edserve). For every
+length (HF: no EOS and ``min_new_tokens = max_new_tokens``; edserve: ``ignore_eos``). For every
 strategy and batch, HF ``generate`` and edserve run alternately on the same requests, and the
 script prints:
   requests/s, tokens/s, ratio to HF, time to first token (a 1-token run of the whole batch),

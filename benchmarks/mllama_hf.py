@@ -63,6 +63,8 @@ def build_hf(config: dict, device: str, dtype: torch.dtype):
     finally:
         torch.set_default_dtype(old)
     model.eval()
+    # Forced length without suppressing EOS (the engine's ignore_eos samples it like any token)
+    model.generation_config.eos_token_id = None
     for p in model.parameters():  # float32 buffers HF creates explicitly (RoPE) stay float32
         if p.dtype != dtype:
             p.data = p.data.to(dtype)
