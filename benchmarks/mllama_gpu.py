@@ -76,7 +76,8 @@ def cases(d: dict, n_img: int, n_text: int, seed: int = 0) -> list:
     return out
 
 
-def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list):
+def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list,
+                graph: bool = True):
     """An engine whose KV pool holds the requests ``pre`` (prompt, preprocessed image or
     None) once, plus slack; CUDA graphs up to their number."""
     from edserve.models.weights import Checkpoint
@@ -94,7 +95,7 @@ def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list):
                         encoder_kv=strategy, page_size=str(page), attention_backend=args.ops,
                         max_running_requests=rows, max_total_tokens=need + 64 * page + 8192,
                         context_length=64 + args.new_tokens, max_new_tokens=args.new_tokens,
-                        cuda_graph=args.device == "cuda" and strategy != "ragged",
+                        cuda_graph=graph and args.device == "cuda" and strategy != "ragged",
                         cuda_graph_max_bs=rows)
     share_weights(hf, engine.model)  # one copy of the weights for both (fits 11b twice over)
     return engine
@@ -228,7 +229,8 @@ def parse_args(argv=None):
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--decode-steps", type=int, default=8, help="timed decode steps")
     ap.add_argument("--strategies", default="flat:1,aligned:128,ragged:1",
-                    help="strategy:page_size,... (ragged runs eager, the others CUDA graphs)")
+                    help="strategy:page_size[:eager],... (CUDA graphs on CUDA unless :eager; "
+                    "ragged always runs eager)")
     ap.add_argument("--ops", default="auto", choices=("auto", "torch", "triton"))
     ap.add_argument("--json", default=None, help="write the summary here")
     args = ap.parse_args(argv)
@@ -275,12 +277,13 @@ def main(argv=None) -> int:
     hf_generate(hf, batches[min(batches)]["hf"], 2)  # warm-up
     results, hf_once = [], {}
     for spec in args.strategies.split(","):
-        strategy, page = spec.split(":")[0], int(spec.split(":")[1])
+        strategy, page, *mode = spec.split(":")
+        page, want_graph = int(page), mode != ["eager"]
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
         t0 = time.perf_counter()
-        eng = make_engine(config, hf, args, strategy, int(page), largest["pre"])
+        eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph)
         run_edserve(eng, largest["cases"][:2] + largest["cases"][-1:], 2)  # warm-up
         graphs = eng.runner.graph_runner is not None
         print(f"# {strategy}/{page} ({'graphs' if graphs else 'eager'}): engine built and "
@@ -296,7 +299,7 @@ def main(argv=None) -> int:
                 del eng  # its state may be mid-step: start a fresh engine
                 gc.collect()
                 torch.cuda.empty_cache()
-                eng = make_engine(config, hf, args, strategy, int(page), largest["pre"])
+                eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph)
             results.append(r)
             if args.json:  # after every row: a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(results, indent=1))
