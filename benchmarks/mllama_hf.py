@@ -159,7 +159,7 @@ def hf_vision_seconds(model, inputs: dict) -> float:
     """Vision encoder + projector over the batch's images (every row's 4 tile slots)."""
     sync(str(model.device))
     t0 = time.perf_counter()
-    m = model.model
+    m = getattr(model, "model", model)  # transformers 5: .model holds the vision tower
     states = m.vision_model(pixel_values=inputs["pixel_values"],
                             aspect_ratio_ids=inputs["aspect_ratio_ids"],
                             aspect_ratio_mask=inputs["aspect_ratio_mask"])
