@@ -1,23 +1,22 @@
-"""Mllama (Llama-3.2-Vision) on one GPU with random weights: strategy agreement, parity with a CPU
-fp32 reference, and mixed image/text batch throughput.
+"""Mllama (Llama-3.2-Vision) on one GPU with random weights: edserve vs HF transformers.
 
-Model: 11B-like widths scaled in depth (text 4096 hidden, 32 q / 8 kv heads, head_dim 128,
-SwiGLU 14336, 8 layers of which 2 are cross-attention; vision 1280 hidden, 4 local + 1 global
-layers, 560 px tiles -> 1601 keys per tile, 4 tiles). bf16 on CUDA with the Triton kernels.
+One process, one set of random bf16 weights built with HF ``MllamaForConditionalGeneration``
+directly on the GPU (``--size 11b``: Llama-3.2-11B-Vision's real config; ``small``: 11B widths,
+8 text + 5 vision layers) and loaded by the engine. Batches of image requests (one image each,
+1-4 tiles of 560 px, prompts that start with ``<|image|>``) plus text-only rows; greedy, forced
+length (HF: no EOS and ``min_new_tokens = max_new_tokens``; edserve: ``ignore_eos``). For every
+strategy and batch, HF ``generate`` and edserve run alternately on the same requests, and the
+script prints:
+  requests/s, tokens/s, ratio to HF, time to first token (a 1-token run of the whole batch),
+  vision encoder + projector ms per tile, decode ms per step with every request running vs
+  the floor (text weights + self/cross KV read once per step / measured copy bandwidth), peak
+  memory, GPU busy share of decode steps (torch profiler), syncs per decode step
+  (``torch.cuda.set_sync_debug_mode``), and greedy-token agreement with HF (whole requests).
+HF's text-only rows in a mixed batch attend to a dummy image (mllama-facts.md section 5), so
+their agreement is reported apart from the image rows'.
 
-1. Correctness: a few requests (2- and 4-tile images, text before an image, text-only), greedy
-   with EOS ignored, through each strategy (aligned/128, ragged/1, flat/1): the tokens must agree
-   across strategies, and the logits (captured by a logits processor) must be close to a CPU fp32
-   run with the torch ops on the same (bf16-rounded) weights, step by step while the tokens agree.
-2. Throughput: a mixed batch (default 16 image requests of 1-4 tiles + 16 text-only, 64 new
-   tokens) per strategy: requests/s, generated tokens/s, peak GPU memory.
-
-Triton ops without per-query key ranges (``supports_kv_ranges`` False) cannot run image
-requests (their cross-attention needs the ranges); the strategy then runs on the torch ops and
-the script says so. The ragged strategy's varlen call always uses the torch ops for ranged
-(cross-attention) queries.
-
-  python benchmarks/mllama_gpu.py               # H200: < 4 minutes
+  python benchmarks/mllama_gpu.py --size 11b --json /tmp/mllama_11b.json  # H200: ~5 minutes
+  python benchmarks/mllama_gpu.py --size small
   python benchmarks/mllama_gpu.py --dry-run     # toy sizes on CPU, checks the script runs
 """
 
@@ -25,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import sys
 import time
 from pathlib import Path
@@ -32,72 +32,23 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-BOS = 1  # the image token is vocab_size
-DIMS = {
-    "bench": dict(vocab=128256, hidden=4096, inter=14336, layers=8, heads=32, kv=8, cross=[3, 7],
-                  v_hidden=1280, v_heads=16, v_inter=5120, v_layers=4, v_global=1, image=560,
-                  v_idx=[1, 3]),
-    "toy": dict(vocab=128, hidden=64, inter=128, layers=4, heads=4, kv=2, cross=[2],
-                v_hidden=32, v_heads=4, v_inter=64, v_layers=2, v_global=1, image=56,
-                v_idx=[0, 1]),
-}
-STRATEGIES = [("aligned", 128), ("ragged", 1), ("flat", 1)]
+from mllama_hf import (  # noqa: E402
+    BOS,
+    SIZES,
+    batch_inputs,
+    build_hf,
+    hf_config,
+    hf_generate,
+    hf_vision_seconds,
+    share_weights,
+    sync,
+)
+from whisper_gpu import ceilings, median_step_ms, step_gpu_busy, step_syncs  # noqa: E402
+
 TILE_SHAPES = {1: (400, 300), 2: (800, 400), 3: (1200, 400), 4: (1000, 1000)}  # (W, H) at 560
-
-
-def hf_config(d: dict) -> dict:
-    text = dict(vocab_size=d["vocab"], hidden_size=d["hidden"], intermediate_size=d["inter"],
-                num_hidden_layers=d["layers"], num_attention_heads=d["heads"],
-                num_key_value_heads=d["kv"], cross_attention_layers=d["cross"],
-                rms_norm_eps=1e-5, max_position_embeddings=131072, bos_token_id=BOS,
-                eos_token_id=2, pad_token_id=0,
-                rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
-                                     low_freq_factor=1.0, high_freq_factor=4.0,
-                                     original_max_position_embeddings=8192))
-    vision = dict(hidden_size=d["v_hidden"], attention_heads=d["v_heads"],
-                  intermediate_size=d["v_inter"], num_hidden_layers=d["v_layers"],
-                  num_global_layers=d["v_global"], image_size=d["image"], patch_size=14,
-                  max_num_tiles=4, intermediate_layers_indices=d["v_idx"],
-                  vision_output_dim=d["v_hidden"] * (1 + len(d["v_idx"])), norm_eps=1e-5)
-    return dict(model_type="mllama", image_token_index=d["vocab"], text_config=text,
-                vision_config=vision)
-
-
-def random_state_dict(config: dict, device: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Default module init (seed 0); gates U(0.5, 1.5) and zero-initialised embeddings
-    N(0, hidden^-0.5), so cross-attention and tile embeddings are not no-ops."""
-    from edserve.models.mllama import MllamaConfig, MllamaModel
-
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = MllamaModel(MllamaConfig.from_hf(config))
-    gen = torch.Generator(device=device).manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "gate" in name and p.numel() == 1:
-                p.copy_(torch.rand(1, generator=gen, device=device) + 0.5)
-            elif not p.any():
-                p.normal_(0, p.shape[-1] ** -0.5, generator=gen)
-    sd = {k: v.to(dtype) for k, v in model.state_dict().items()}
-    del model
-    return sd
-
-
-def make_engine(config: dict, sd: dict, device: str, dtype: str, strategy: str, page: int,
-                ops: str, rows: int, new_tokens: int):
-    from edserve.models.weights import Checkpoint
-    from edserve.runtime import build_engine
-
-    ckpt = Checkpoint(Path("<random mllama>"), "hf", config, sd, Path("/nonexistent"))
-    p = config["vision_config"]
-    enc = 4 * ((p["image_size"] // 14) ** 2 + 1)  # one 4-tile image
-    per_req = -(-(enc + page + 64 + new_tokens + 2 * page) // page) * page
-    return build_engine(checkpoint=ckpt, device=device, dtype=dtype, encoder_kv=strategy,
-                  page_size=str(page), attention_backend=ops, max_running_requests=rows,
-                  max_total_tokens=rows * per_req + 4096, context_length=256,
-                  max_new_tokens=new_tokens)
 
 
 def synthetic(width: int, height: int, seed: int):
@@ -110,143 +61,252 @@ def synthetic(width: int, height: int, seed: int):
     return Image.fromarray(arr, "RGB")
 
 
-def cases(vocab: int, image_px: int, n_img: int, n_text: int, seed: int = 0) -> list:
-    """(prompt ids, images): images of 1-4 tiles (cycling) first, then text-only prompts."""
+def cases(d: dict, n_img: int, n_text: int, seed: int = 0) -> list:
+    """(prompt ids, PIL images): image requests of 4, 1, 2, 3, 4, ... tiles (image first, so
+    every row sees its image: exact in HF and edserve), then text-only prompts."""
     rng = np.random.default_rng(seed)
-    scale = image_px / 560
+    scale, vocab = d["image"] / 560, d["vocab"]
     out = []
     for i in range(n_img):
-        w, h = TILE_SHAPES[i % 4 + 1]
+        w, h = TILE_SHAPES[(i + 3) % 4 + 1]
         img = synthetic(max(1, int(w * scale)), max(1, int(h * scale)), seed + i)
-        words = rng.integers(8, vocab, 12 + i % 5).tolist()
-        prompt = [vocab, BOS] + words if i % 3 else [BOS] + words[:3] + [vocab] + words[3:]
-        out.append((prompt, [img]))
+        out.append(([vocab, BOS] + rng.integers(8, vocab, 12 + i % 5).tolist(), [img]))
     for i in range(n_text):
         out.append(([BOS] + rng.integers(8, vocab, 10 + i % 7).tolist(), []))
     return out
 
 
-def run(engine, case_list, steps: int, capture: bool):
-    """Greedy, EOS ignored; returns (token lists, per-request [steps, vocab] logits or None,
-    seconds in ``generate``: image preprocessing is done before the clock starts)."""
+def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list,
+                graph: bool = True):
+    """An engine whose KV pool holds the requests ``pre`` (prompt, preprocessed image or
+    None) once, plus slack; CUDA graphs up to their number."""
+    from edserve.models.weights import Checkpoint
+    from edserve.runtime import build_engine
+
+    ckpt = Checkpoint(Path("<random mllama>"), "hf", config, dict(hf.state_dict()),
+                      Path("/nonexistent"))
+    P = (config["vision_config"]["image_size"] // 14) ** 2 + 1
+    need = 0
+    for prompt, image in pre:
+        enc = -(-P * sum(image.num_tiles) // page) * page if image is not None else 0
+        need += -(-(enc + len(prompt) + args.new_tokens + 2 * page) // page) * page
+    rows = len(pre)
+    engine = build_engine(checkpoint=ckpt, device=args.device, dtype=args.dtype_name,
+                        encoder_kv=strategy, page_size=str(page), attention_backend=args.ops,
+                        max_running_requests=rows, max_total_tokens=need + 64 * page + 8192,
+                        context_length=64 + args.new_tokens, max_new_tokens=args.new_tokens,
+                        cuda_graph=graph and args.device == "cuda" and strategy != "ragged",
+                        cuda_graph_max_bs=rows)
+    share_weights(hf, engine.model)  # one copy of the weights for both (fits 11b twice over)
+    return engine
+
+
+def requests(engine, case_list, new_tokens: int):
     from edserve.chat.mllama_request import make_mllama_request
-    from edserve.engine.logits_filter import LogitsRecorder
     from edserve.engine.request import SamplingParams
 
-    sp = SamplingParams(max_new_tokens=steps, ignore_eos=True)
-    recorders = [LogitsRecorder() for _ in case_list]
-    reqs = []
-    for i, (prompt, images) in enumerate(case_list):
-        r = make_mllama_request(engine.model, prompt, images, sp)
-        if capture:
-            r.logits_processors.append(recorders[i])
-        reqs.append(r)
-    sync(str(engine.device))
-    t = time.perf_counter()
+    sp = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    return [make_mllama_request(engine.model, p, imgs, sp) for p, imgs in case_list]
+
+
+def run_edserve(engine, case_list, new_tokens: int) -> tuple[list[list[int]], float]:
+    """Greedy tokens and seconds in ``generate`` (preprocessing is done before the clock)."""
+    reqs = requests(engine, case_list, new_tokens)
+    dev = str(engine.device)
+    sync(dev)
+    t0 = time.perf_counter()
     outs = engine.generate(reqs)
-    sync(str(engine.device))
-    dt = time.perf_counter() - t
+    sync(dev)
+    dt = time.perf_counter() - t0
     engine.check_integrity()
-    logs = [[x.float().cpu() for x in r.rows] for r in recorders]
-    return [o.token_ids for o in outs], [torch.stack(x) if x else None for x in logs], dt
+    assert all(len(o.token_ids) == new_tokens for o in outs), [o.error for o in outs]
+    return [o.token_ids for o in outs], dt
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def decode_stats(engine, case_list, steps: int) -> dict:
+    """Median decode step (ms), syncs per step and GPU busy share, every request running."""
+    for r in requests(engine, case_list, steps + 12):
+        engine.add_request(r)
+    engine.step()
+    while engine.scheduler.waiting:  # prefill until every request is decoding
+        engine.step()
+    dev = str(engine.device)
+    out = dict(step_ms=median_step_ms(engine, dev, steps), syncs_per_step=None, gpu_busy=None)
+    if dev.startswith("cuda"):
+        out["syncs_per_step"] = len(step_syncs(engine, 4)) / 4
+        out["gpu_busy"] = step_gpu_busy(engine, 4)
+    while engine.has_work():
+        engine.step()
+    engine.check_integrity()
+    return out
 
 
-def choose_ops(device: str, requested: str) -> str:
-    if requested == "torch" or (requested == "auto" and not device.startswith("cuda")):
-        return "torch"
-    from edserve.layers.attention.ops import get_ops
-
-    if get_ops("triton").supports_kv_ranges:
-        return "triton"
-    print("note: the Triton ops lack per-query kv ranges (supports_kv_ranges False); every "
-          "strategy runs on the torch ops")
-    return "torch"
+@torch.inference_mode()
+def engine_vision_seconds(model, image_inputs: list) -> float:
+    dev = str(model.lm_head.weight.device)
+    sync(dev)
+    t0 = time.perf_counter()
+    model.encode(image_inputs)
+    sync(dev)
+    return time.perf_counter() - t0
 
 
-def main() -> int:
+def text_weight_bytes(hf) -> int:
+    """Weights a decode step reads: the text layers, final norm and lm_head (no embedding)."""
+    return sum(p.numel() * p.element_size() for k, p in hf.named_parameters()
+               if ("language_model" in k and "embed_tokens" not in k) or "lm_head" in k)
+
+
+def floor_ms(d: dict, w: int, case_list: list, tiles: list[int], bw: float) -> float:
+    """Bytes one decode step must read (``w`` weight bytes, self KV of every row, cross KV of
+    the image rows' valid tiles) / copy bandwidth."""
+    per_tok = d["kv"] * (d["hidden"] // d["heads"]) * 2 * 2  # K and V, bf16, one layer
+    P = (d["image"] // 14) ** 2 + 1
+    self_layers, cross_layers = d["layers"] - len(d["cross"]), len(d["cross"])
+    kv = sum(self_layers * per_tok * (len(p) + 16) for p, _ in case_list)
+    kv += sum(cross_layers * per_tok * P * t for t in tiles)
+    return 1000 * (w + kv) / bw
+
+
+def agreement(ours: list[list[int]], hf: list[list[int]], n_img: int) -> dict:
+    same = [a == b for a, b in zip(ours, hf, strict=True)]
+    prefix = [next((k for k, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+              for a, b in zip(ours, hf, strict=True)]
+    return dict(image_rows_identical=sum(same[:n_img]), image_rows=n_img,
+                text_rows_identical=sum(same[n_img:]), text_rows=len(same) - n_img,
+                mean_common_prefix=float(np.mean(prefix)))
+
+
+def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
+    """One strategy x batch: HF and edserve alternately, then the edserve step measurements;
+    prints the row and returns it. ``hf_once`` caches HF's TTFT / vision time per batch."""
+    rows, cuda = len(b["cases"]), args.device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    hf_tokens, t_hf = hf_generate(hf, b["hf"], args.new_tokens)
+    hf_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    if n not in hf_once:
+        hf_once[n] = dict(ttft=hf_generate(hf, b["hf"], 1)[1],
+                          vision=hf_vision_seconds(hf, b["hf_img"]))
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    tokens, t = run_edserve(eng, b["cases"], args.new_tokens)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    ttft = run_edserve(eng, b["cases"], 1)[1]
+    vision = engine_vision_seconds(eng.model, [x for _, x in b["pre"][:n]])
+    stats = decode_stats(eng, b["cases"], args.decode_steps)
+    floor = floor_ms(ctx["d"], ctx["w_bytes"], b["cases"], b["tiles"], ctx["bw"])
+    n_tok, tiles = rows * args.new_tokens, sum(b["tiles"])
+    r = dict(size="toy" if args.dry_run else args.size, strategy=ctx["strategy"],
+             page_size=ctx["page"], graphs=ctx["graphs"], image_requests=n,
+             text_requests=rows - n, tiles=tiles, new_tokens=args.new_tokens,
+             requests_per_s=rows / t, tokens_per_s=n_tok / t, hf_requests_per_s=rows / t_hf,
+             hf_tokens_per_s=n_tok / t_hf, ratio_hf=t_hf / t, ttft_s=ttft,
+             hf_ttft_s=hf_once[n]["ttft"], vision_ms_per_tile=1000 * vision / tiles,
+             hf_vision_ms_per_tile=1000 * hf_once[n]["vision"] / tiles, floor_ms=floor,
+             peak_gib=peak, hf_peak_gib=hf_peak, **stats, **agreement(tokens, hf_tokens, n))
+    busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
+    syncs = "n/a" if r["syncs_per_step"] is None else f"{r['syncs_per_step']:.2f}"
+    print(f"{ctx['strategy']}/{ctx['page']} {n:3d} img + {rows - n:2d} txt: "
+          f"{r['requests_per_s']:7.2f} req/s {r['tokens_per_s']:8.0f} tok/s "
+          f"(HF {r['hf_tokens_per_s']:7.0f}, x{r['ratio_hf']:.2f}) | TTFT {ttft * 1000:7.1f} ms "
+          f"(HF {r['hf_ttft_s'] * 1000:7.1f}) | vision {r['vision_ms_per_tile']:6.2f} ms/tile "
+          f"(HF {r['hf_vision_ms_per_tile']:6.2f}) | step {r['step_ms']:6.2f} ms, floor "
+          f"{floor:6.2f} (x{r['step_ms'] / floor:.2f}) | busy {busy} syncs/step {syncs} | peak "
+          f"{peak:5.1f} GiB (HF {hf_peak:5.1f}) | same as HF: img "
+          f"{r['image_rows_identical']}/{n} txt {r['text_rows_identical']}/{rows - n}",
+          flush=True)
+    return r
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dry-run", action="store_true", help="toy sizes on CPU")
-    ap.add_argument("--image-requests", type=int, default=16)
-    ap.add_argument("--text-requests", type=int, default=16)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--check-steps", type=int, default=8)
-    ap.add_argument("--ops", default="auto", choices=("auto", "torch", "triton"),
-                    help="attention ops on the device (auto: triton on CUDA, torch on CPU; "
-                    "triton on CPU needs TRITON_INTERPRET=1)")
-    ap.add_argument("--tol", type=float, default=0.05,
-                    help="max |logit diff| / max |ref logit| allowed vs the CPU fp32 reference")
-    args = ap.parse_args()
-    dims = DIMS["toy" if args.dry_run else "bench"]
-    device = "cpu" if args.dry_run else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
+    ap.add_argument("--size", default="11b", choices=("small", "11b"))
+    ap.add_argument("--dry-run", action="store_true", help="toy sizes on CPU (fp32, torch ops)")
+    ap.add_argument("--batches", default="1,16,64", help="image requests per batch")
+    ap.add_argument("--text-ratio", type=float, default=0.125,
+                    help="text-only rows per image request (batches of 1 get none)")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--decode-steps", type=int, default=8, help="timed decode steps")
+    ap.add_argument("--strategies", default="flat:1,aligned:128,ragged:1",
+                    help="strategy:page_size[:eager],... (CUDA graphs on CUDA unless :eager; "
+                    "ragged always runs eager)")
+    ap.add_argument("--ops", default="auto", choices=("auto", "torch", "triton"))
+    ap.add_argument("--json", default=None, help="write the summary here")
+    args = ap.parse_args(argv)
+    args.device = "cpu" if args.dry_run else "cuda"
+    args.dtype = torch.float32 if args.dry_run else torch.bfloat16
+    args.dtype_name = "float32" if args.dry_run else "bfloat16"
+    if args.dry_run:
+        args.batches, args.new_tokens, args.decode_steps = "2", 4, 2
+        args.strategies = "flat:1,aligned:16,ragged:1"
+    if args.ops == "auto":
+        args.ops = "triton" if args.device == "cuda" else "torch"
+    return args
+
+
+def main(argv=None) -> int:
+    from edserve.multimodal.mllama_image import preprocess_images
+
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device; use --dry-run")
         return 2
-    config = hf_config(dims)
-    ops = choose_ops(device, args.ops)
+    d = SIZES["toy" if args.dry_run else args.size]
+    config = hf_config(d)
+    bw, _ = ceilings(args.device)
     t0 = time.perf_counter()
-    sd = random_state_dict(config, device, torch.bfloat16)
-    print(f"random weights: {sum(v.numel() for v in sd.values()) / 1e9:.2f} B params "
-          f"({time.perf_counter() - t0:.1f} s); ops={ops}, device={device}")
+    hf = build_hf(config, args.device, args.dtype)
+    w_bytes = text_weight_bytes(hf)
+    n_params = sum(p.numel() for p in hf.parameters())
+    print(f"# {args.size if not args.dry_run else 'toy'}: {n_params / 1e9:.2f} B params, "
+          f"built in {time.perf_counter() - t0:.1f} s on {args.device}; copy bandwidth "
+          f"{bw / 1e12:.2f} TB/s; ops {args.ops}; {args.new_tokens} new tokens", flush=True)
+    from edserve.multimodal.mllama_image import MllamaImageConfig
 
-    # --- 1. correctness --------------------------------------------------------------------
-    check = [cases(dims["vocab"], dims["image"], 4, 1)[i] for i in (1, 2, 3, 4)]  # 2,3,4 tiles
-    steps = args.check_steps
-    t = time.perf_counter()
-    ref_sd = {k: v.to("cpu", torch.float32) for k, v in sd.items()}
-    ref_engine = make_engine(config, ref_sd, "cpu", "float32", "flat", 1, "torch", 4, steps)
-    del ref_sd
-    ref_tokens, ref_logits, _ = run(ref_engine, check, steps, capture=True)
-    del ref_engine
-    gc.collect()
-    print(f"CPU fp32 reference: {len(check)} requests x {steps} steps "
-          f"({time.perf_counter() - t:.1f} s)")
-    ok, tokens_by = True, {}
-    for strategy, page in STRATEGIES:
-        eng = make_engine(config, sd, device, "bfloat16", strategy, page, ops, 4, steps)
-        toks, logits, _ = run(eng, check, steps, capture=True)
-        tokens_by[strategy] = toks
-        worst = 0.0
-        for i, (a, b) in enumerate(zip(toks, ref_tokens, strict=True)):
-            same = next((k for k in range(steps) if a[k] != b[k]), steps)
-            if same < steps:
-                print(f"  {strategy}: request {i} leaves the reference path at step {same}")
-            for k in range(min(same + 1, steps)):  # logits are comparable up to the split
-                ref = ref_logits[i][k]
-                worst = max(worst, float((logits[i][k] - ref).abs().max() / ref.abs().max()))
-        print(f"{strategy}/{page}: max rel logit error vs CPU fp32 = {worst:.4f}")
-        ok &= worst <= args.tol
-        del eng
+    icfg = MllamaImageConfig(image_size=d["image"])
+    batches = {}
+    for n in (int(x) for x in args.batches.split(",")):
+        n_text = 0 if n == 1 else max(1, round(n * args.text_ratio))
+        cl = cases(d, n, n_text, seed=n)
+        pre = [(p, preprocess_images(imgs, icfg) if imgs else None) for p, imgs in cl]
+        batches[n] = dict(cases=cl, pre=pre, hf=batch_inputs(hf, pre, args.device),
+                          hf_img=batch_inputs(hf, pre[:n], args.device),
+                          tiles=[x.num_tiles[0] for _, x in pre[:n]])
+    largest = batches[max(batches)]
+    hf_generate(hf, batches[min(batches)]["hf"], 2)  # warm-up
+    results, hf_once = [], {}
+    for spec in args.strategies.split(","):
+        strategy, page, *mode = spec.split(":")
+        page, want_graph = int(page), mode != ["eager"]
         gc.collect()
-    agree = all(v == tokens_by["flat"] for v in tokens_by.values())
-    print(f"strategies agree on greedy tokens: {agree}")
-    ok &= agree
-
-    # --- 2. throughput ---------------------------------------------------------------------
-    mixed = cases(dims["vocab"], dims["image"], args.image_requests, args.text_requests, 7)
-    rows = len(mixed)
-    tiles = sum(i % 4 + 1 for i in range(args.image_requests))
-    print(f"mixed batch: {args.image_requests} image requests ({tiles} tiles) + "
-          f"{args.text_requests} text-only, {args.new_tokens} new tokens each")
-    for strategy, page in STRATEGIES:
-        eng = make_engine(config, sd, device, "bfloat16", strategy, page, ops, rows,
-                          args.new_tokens)
-        run(eng, mixed[:2] + mixed[-2:], 4, capture=False)  # warm-up (kernels, allocator)
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        toks, _, dt = run(eng, mixed, args.new_tokens, capture=False)
-        n_tok = sum(len(x) for x in toks)
-        peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-        print(f"{strategy}/{page} [{ops}]: {rows / dt:.2f} requests/s, {n_tok / dt:.0f} "
-              f"tokens/s, {dt:.2f} s, peak memory {peak:.1f} GiB")
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        t0 = time.perf_counter()
+        eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph)
+        run_edserve(eng, largest["cases"][:2] + largest["cases"][-1:], 2)  # warm-up
+        graphs = eng.runner.graph_runner is not None
+        print(f"# {strategy}/{page} ({'graphs' if graphs else 'eager'}): engine built and "
+              f"warmed up in {time.perf_counter() - t0:.1f} s", flush=True)
+        for n, b in batches.items():
+            try:
+                r = measure(eng, hf, b, n, args, hf_once, dict(strategy=strategy, page=page,
+                                                                 graphs=graphs, d=d, bw=bw,
+                                                                 w_bytes=w_bytes))
+            except torch.cuda.OutOfMemoryError as e:  # keep the other rows of the run
+                r = dict(strategy=strategy, page_size=page, image_requests=n, error=str(e))
+                print(f"{strategy}/{page} {n:3d} img: out of GPU memory", flush=True)
+                del eng  # its state may be mid-step: start a fresh engine
+                gc.collect()
+                torch.cuda.empty_cache()
+                eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph)
+            results.append(r)
+            if args.json:  # after every row: a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps(results, indent=1))
         del eng
-        gc.collect()
-    print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    if args.json:
+        print(f"# wrote {args.json}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """CUDA-graph capture of decode steps (aligned and flat strategies).
 
-One graph per padded batch size. A graph reads its inputs from static buffers; replay copies a
-real batch into them and pads the tail with harmless rows: row 0 of ``req_to_token`` (padding),
-KV slot 0 (the padding page), encoder length 0 (cross-attention output zeroed), one decoder token.
-Metadata is rebuilt inside the graph from the static tensors (``static_shapes``), so no host
-value is baked in except the batch size. Requests with and without an encoder share a graph.
+One graph per padded batch size. A graph reads its inputs from the static buffers of
+:class:`~edserve.engine.graph_inputs.GraphInputs`; replay copies a real batch into them and pads
+the tail with harmless rows. Metadata is rebuilt inside the graph from the static tensors
+(``static_shapes``), so no host value is baked in except the batch size. Requests with and
+without an encoder share a graph, and so do Mllama rows with and without an image (their
+per-row cross-attention key ranges are a static buffer too).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import logging
 import torch
 
 from edserve.engine.batch_builder import Pools
-from edserve.layers.forward_batch import ForwardBatch, ForwardMode
+from edserve.engine.graph_inputs import GraphInputs, reads_cross_kv_ranges, static_forward
+from edserve.layers.forward_batch import ForwardBatch
 
 logger = logging.getLogger("edserve")
 
@@ -38,38 +40,15 @@ class DecodeGraphRunner:
         self.model = model
         self.pools = pools
         self.max_bs = max_bs
-        dev = pools.device
         self.sizes = capture_sizes(max_bs)
-        n = max_bs
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.rows = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
-        self.out_loc = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.enc_lens = torch.zeros(n, dtype=torch.int32, device=dev)
-        self.enc_offsets = torch.zeros(n, dtype=torch.int32, device=dev)
-        self.cu_q = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        self.inputs = GraphInputs(max_bs, pools.device, reads_cross_kv_ranges(model))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool_handle = None
         self._capture_all()
 
-    def _batch(self, bs: int) -> ForwardBatch:
-        p = self.pools
-        return ForwardBatch(
-            mode=ForwardMode.DECODE, req_pool_indices=self.rows[:bs],
-            seq_lens=self.seq_lens[:bs], prefix_lens=self.seq_lens[:bs] - 1,
-            cu_q=self.cu_q[:bs + 1], max_q=1, positions=self.positions[:bs],
-            out_cache_loc=self.out_loc[:bs], encoder_lens=self.enc_lens[:bs],
-            encoder_offsets=self.enc_offsets[:bs],
-            req_to_token=p.req_to_token_pool.req_to_token, kv_pool=p.kv_pool,
-            attn_backend=p.backend, page_size=p.kv_pool.page_size, static_shapes=True)
-
     def _forward(self, bs: int) -> torch.Tensor:
-        batch = self._batch(bs)
-        self.pools.backend.init_forward_metadata(batch)
-        hidden = self.model(self.input_ids[:bs], self.positions[:bs], batch, None)
-        return self.model.compute_logits(hidden)  # [bs, V]
+        return static_forward(self.model, self.pools, self.inputs, bs)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:
@@ -89,21 +68,12 @@ class DecodeGraphRunner:
         logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
     def can_run(self, batch: ForwardBatch) -> bool:
-        return (batch.mode == ForwardMode.DECODE and batch.batch_size <= self.max_bs
-                and batch.cross_kv_ranges is None)  # graphs read cross K/V per row
+        return self.inputs.accepts(batch)
 
     def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Run a real decode batch through the smallest graph that fits; logits [B, V]."""
         bs = batch.batch_size
         padded = next(s for s in self.sizes if s >= bs)
-        for buf, src, fill in ((self.input_ids, input_ids, 0),
-                               (self.positions, batch.positions, 0),
-                               (self.rows, batch.req_pool_indices, 0),
-                               (self.seq_lens, batch.seq_lens, 1),
-                               (self.out_loc, batch.out_cache_loc, 0),
-                               (self.enc_lens, batch.encoder_lens, 0),
-                               (self.enc_offsets, batch.encoder_offsets, 0)):
-            buf[:bs].copy_(src)
-            buf[bs:padded].fill_(fill)
+        self.inputs.load(batch, input_ids, padded)
         self.graphs[padded].replay()
         return self.outputs[padded][:bs]

@@ -53,6 +53,9 @@ class MllamaTextModel(nn.Module):
 
 class MllamaModel(nn.Module):
     model_type = "mllama"  # the registry key (edserve.models.registry)
+    # Decode batches carry per-row cross-attention key ranges (image requests); CUDA graphs
+    # keep a static range buffer so image and text-only rows replay one graph.
+    reads_cross_kv_ranges = True
 
     def __init__(self, config: MllamaConfig) -> None:
         super().__init__()
@@ -137,28 +140,39 @@ class MllamaModel(nn.Module):
 
     # ---- encoder -----------------------------------------------------------------------
     def encode(self, images: list[MllamaImageInput | None]) -> list[torch.Tensor]:
-        """Projected vision states per request (see the module docstring for the layout)."""
+        """Projected vision states per request (see the module docstring for the layout).
+
+        One vision-encoder pass over every tile of every image of every request; the
+        projector then runs only on the tiles a request keeps (valid tiles, plus the padding
+        tiles in "hf" mode), gathered in output order by one index on the host's tile counts.
+        """
         hidden = self.config.text.hidden_size
         p = self.multi_modal_projector.weight
         present = [x for x in images if x is not None and x.num_images > 0]
-        if present:
-            pv = torch.cat([x.pixel_values for x in present]).to(p.device, p.dtype)
-            ids = torch.cat([x.aspect_ratio_ids for x in present]).to(p.device)
-            mask = torch.cat([x.aspect_ratio_mask for x in present]).to(p.device)
-            feats = self.multi_modal_projector(self.vision_model(pv, ids, mask))  # [N,T,P,H]
-        outs: list[torch.Tensor] = []
+        if not present:
+            return [torch.zeros(0, hidden, device=p.device, dtype=p.dtype) for _ in images]
+        pv = torch.cat([x.pixel_values for x in present]).to(p.device, p.dtype)
+        ids = torch.cat([x.aspect_ratio_ids for x in present]).to(p.device)
+        mask = torch.cat([x.aspect_ratio_mask for x in present]).to(p.device)
+        feats = self.vision_model(pv, ids, mask)  # [N, T, P, vision_output_dim]
+        T = feats.shape[1]
+        keep: list[int] = []  # flat (image, tile) indices in output order
+        counts: list[int] = []  # tiles kept per request (0: text-only)
         n = 0
         for x in images:
             if x is None or x.num_images == 0:
-                outs.append(torch.zeros(0, hidden, device=p.device, dtype=p.dtype))
+                counts.append(0)
                 continue
-            f = feats[n: n + x.num_images]
-            n += x.num_images
-            parts = [f[i, :t].reshape(-1, hidden) for i, t in enumerate(x.num_tiles)]
+            before = len(keep)
+            keep += [(n + i) * T + k for i, t in enumerate(x.num_tiles) for k in range(t)]
             if self.config.cross_attention_empty_rows == "hf":
-                parts += [f[i, t:].reshape(-1, hidden) for i, t in enumerate(x.num_tiles)]
-            outs.append(torch.cat(parts))
-        return outs
+                keep += [(n + i) * T + k for i, t in enumerate(x.num_tiles)
+                         for k in range(t, T)]
+            counts.append(len(keep) - before)
+            n += x.num_images
+        sel = torch.tensor(keep, dtype=torch.int64).to(p.device)
+        tiles = self.multi_modal_projector(feats.flatten(0, 1).index_select(0, sel))  # [K,P,H]
+        return [part.reshape(-1, hidden) for part in tiles.split(counts)]
 
     # ---- decoder -----------------------------------------------------------------------
     def _cross_masks(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor,
@@ -194,9 +208,14 @@ class MllamaModel(nn.Module):
         attn_mask = attn_rows[:, None].to(x.dtype)  # [T, 1]
         mlp_mask = mlp_rows[:, None].to(x.dtype)
         enc = encoder_states.to(x.dtype) if encoder_states is not None else None
+        # No request has an image (host lengths; a graph never decides on the host): every
+        # cross layer would add exactly 0 (both branches masked), so it is skipped, as HF does.
+        lens = batch.encoder_lens_cpu
+        text_only = not batch.static_shapes and len(lens) == batch.batch_size and not any(lens)
         for layer in lm.layers:
             if isinstance(layer, CrossAttentionDecoderLayer):
-                x = layer(x, enc, cross_batch, attn_mask, mlp_mask)
+                if not text_only:
+                    x = layer(x, enc, cross_batch, attn_mask, mlp_mask)
             else:
                 x = layer(x, cos, sin, batch)
         return lm.norm(x)

@@ -18,26 +18,30 @@ WORDS = ["user", "assistant", "system", "Cutting", "Knowledge", "Date:", "Decemb
 STOP_IDS = (2, 7, 5)  # <|end_of_text|>, <|eom_id|>, <|eot_id|> (the tiny config's eos is 2)
 
 
-def chat_vocab() -> dict[str, int]:
-    vocab = dict(SPECIAL)
+def chat_vocab(vocab_size: int = 128) -> dict[str, int]:
+    """Every id below ``vocab_size`` named (specials, WORDS, then ``w<id>``); ``<|image|>`` is
+    ``vocab_size`` (the model's ``image_token_index``)."""
+    vocab = dict(SPECIAL, **{"<|image|>": vocab_size})
     for i, w in enumerate(WORDS):
         vocab[w] = 8 + i
-    for i in range(8 + len(WORDS), 128):
+    for i in range(8 + len(WORDS), vocab_size):
         vocab[f"w{i}"] = i
     return vocab
 
 
-def save_chat_tokenizer(folder: Path) -> Path:
+def save_chat_tokenizer(folder: Path, vocab_size: int = 128) -> Path:
     """``tokenizer.json``: WordLevel + whitespace split; special tokens split out and skipped
-    when decoding; decoded words are joined by single spaces."""
+    when decoding; decoded words are joined by single spaces. ``vocab_size``: the model's
+    (the benchmarks save larger random models with it)."""
     from tokenizers import AddedToken, Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
 
-    tok = Tokenizer(WordLevel(chat_vocab(), unk_token="<|pad|>"))
+    vocab = chat_vocab(vocab_size)
+    tok = Tokenizer(WordLevel(vocab, unk_token="<|pad|>"))
     tok.pre_tokenizer = WhitespaceSplit()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t in sorted(SPECIAL, key=SPECIAL.get)])
+                            for t in sorted(SPECIAL, key=vocab.get)])
     tok.save(str(folder / "tokenizer.json"))
     return folder
 

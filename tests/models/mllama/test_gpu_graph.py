@@ -1,0 +1,88 @@
+"""GPU: CUDA-graph decode equals eager decode for Mllama batches that mix image and text-only rows,
+and a steady decode step of such a batch waits on the device at most once.
+
+The tiny random Mllama in fp32 on CUDA with the Triton kernels, one engine with graphs and one
+without, same requests (1-, 2- and 4-tile images, two images split by text, text-only rows):
+every decode step must replay a graph (mixed batches included), and the logits of every step
+must equal the eager engine's. Page sizes 1/16/128 for flat, 16/128 for aligned (the paged
+Triton kernel has no page size 1).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_syncs import count_syncs
+
+from edserve.chat.mllama_request import make_mllama_request
+from edserve.engine.logits_filter import LogitsRecorder
+from edserve.engine.request import SamplingParams
+from edserve.runtime import build_engine
+from tests.models.mllama.hf_tiny import save_word_tokenizer
+from tests.models.mllama.test_graph_inputs import mixed_cases
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+STEPS = 8
+
+
+def _run(folder, strategy, page_size, graph):
+    eng = build_engine(model=str(folder), device="cuda", dtype="float32", encoder_kv=strategy,
+                       page_size=str(page_size), attention_backend="triton", cuda_graph=graph,
+                       cuda_graph_max_bs=8, context_length=64, max_total_tokens=8192,
+                       max_running_requests=8)
+    replays = []
+    if graph:
+        runner = eng.runner.graph_runner
+        replay = runner.replay
+
+        def counted(batch, input_ids):
+            replays.append(bool((batch.encoder_lens == 0).any() and
+                                (batch.encoder_lens > 0).any()))
+            return replay(batch, input_ids)
+
+        runner.replay = counted
+    sp = SamplingParams(max_new_tokens=STEPS, ignore_eos=True)
+    recs = [LogitsRecorder() for _ in mixed_cases()]
+    reqs = []
+    for (prompt, images), rec in zip(mixed_cases(), recs, strict=True):
+        r = make_mllama_request(eng.model, prompt, images, sp)
+        r.logits_processors.append(rec)
+        reqs.append(r)
+    outs = eng.generate(reqs)
+    eng.check_integrity()
+    logits = [torch.stack([x.float().cpu() for x in r.rows]) for r in recs]  # [STEPS, V] each
+    return [o.token_ids for o in outs], logits, replays
+
+
+@pytest.mark.parametrize("strategy,page_size", [("flat", 1), ("flat", 16), ("flat", 128),
+                                                 ("aligned", 16), ("aligned", 128)])
+def test_graph_equals_eager_for_mixed_batches(tiny_folder, strategy, page_size):
+    folder = save_word_tokenizer(tiny_folder)
+    eager_tokens, eager_logits, _ = _run(folder, strategy, page_size, graph=False)
+    tokens, logits, replays = _run(folder, strategy, page_size, graph=True)
+    assert sum(replays) >= STEPS - 1  # the decode steps of the mixed batch replay graphs
+    assert tokens == eager_tokens
+    for got, want in zip(logits, eager_logits, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("strategy,page_size", [("flat", 16), ("aligned", 16)])
+def test_mixed_decode_step_syncs_at_most_once(tiny_folder, strategy, page_size):
+    eng = build_engine(model=str(save_word_tokenizer(tiny_folder)), device="cuda",
+                       dtype="bfloat16", encoder_kv=strategy, page_size=str(page_size),
+                       cuda_graph=True, cuda_graph_max_bs=8, context_length=128,
+                       max_total_tokens=8192, max_running_requests=8, debug_checks=False)
+    for i, (prompt, images) in enumerate(mixed_cases()):
+        sp = SamplingParams(max_new_tokens=30 + 2 * i, ignore_eos=True)
+        eng.add_request(make_mllama_request(eng.model, prompt, images, sp))
+    assert count_syncs(lambda: torch.ones(1, device="cuda").item()) == 1  # the probe works
+    for _ in range(4):  # prefill + first decode steps
+        eng.step()
+    steps = 10
+    syncs = count_syncs(lambda: [eng.step() for _ in range(steps)])
+    assert syncs <= steps, f"{syncs} syncs in {steps} mixed decode steps"
+    while eng.has_work():  # rows finish one by one: frees must not sync either
+        assert count_syncs(eng.step) <= 1
+    eng.check_integrity()
