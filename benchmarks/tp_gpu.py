@@ -35,12 +35,12 @@ sys.path.insert(0, str(_HERE.parent))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(_HERE), str(_HERE.parent)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
-from mllama_gpu import DIMS, cases, choose_ops, hf_config, random_state_dict, run  # noqa: E402
+from mllama_gpu import cases  # noqa: E402
+from mllama_hf import SIZES, hf_config  # noqa: E402
+from mllama_random import choose_ops, random_state_dict, run  # noqa: E402
 from whisper_gpu import median_step_ms, sync  # noqa: E402
 
-DIMS_11B = dict(vocab=128256, hidden=4096, inter=14336, layers=40, heads=32, kv=8,
-                cross=[3, 8, 13, 18, 23, 28, 33, 38], v_hidden=1280, v_heads=16, v_inter=5120,
-                v_layers=32, v_global=8, image=560, v_idx=[3, 7, 15, 23, 30])
+DIMS_11B = SIZES["11b"]
 
 
 class RandomMllama:
@@ -81,7 +81,7 @@ def make_engine(factory: RandomMllama, tp: int, device: str, ops: str, rows: int
 
 def decode_requests(dims: dict, n: int, tiles: int):
     """``n`` prompts with one ``tiles``-tile image each (tile shapes of mllama_gpu)."""
-    return cases(dims["vocab"], dims["image"], 4 * n, 0)[tiles - 1::4][:n]
+    return cases(dims, 4 * n, 0)[tiles % 4::4][:n]  # request i has (i + 3) % 4 + 1 tiles
 
 
 def decode_step_ms(engine, reqs: list, new_tokens: int, steps: int, dev: str) -> float:
@@ -127,18 +127,18 @@ def main() -> int:
         return 2
     if args.dry_run:
         args.concurrent, args.steps, args.check_steps = min(args.concurrent, 8), 4, 6
-    dims = DIMS["toy"] if args.dry_run else DIMS_11B
-    ops = choose_ops(dev, "auto")
+    dims = SIZES["toy"] if args.dry_run else DIMS_11B
+    ops = choose_ops(dev)
     from edserve.parallel import shutdown
 
     # --- 1. tokens -------------------------------------------------------------------------
-    check = [cases(dims["vocab"], dims["image"], 4, 2)[i] for i in (1, 2, 3, 4, 5)]
+    check = [cases(dims, 4, 2)[i] for i in (1, 2, 3, 4, 5)]
     tokens = {}
     for tp in (1, args.tp):
         t = time.perf_counter()
         eng = make_engine(RandomMllama(dims, args.check_dtype), tp, dev, ops, len(check), 4,
                           args.check_steps, graphs=False)
-        tokens[tp], _, _ = run(eng, check, args.check_steps, capture=False)
+        tokens[tp], _ = run(eng, check, args.check_steps)
         eng.check_integrity()
         print(f"TP {tp} ({args.check_dtype}): {len(check)} requests x {args.check_steps} "
               f"tokens ({time.perf_counter() - t:.1f} s with start-up)", flush=True)

@@ -24,6 +24,15 @@ torch.set_num_threads(_threads)
 os.environ.setdefault("EDSERVE_THREADS", str(_threads))  # engines keep the test thread count
 
 
+@pytest.fixture(scope="session")
+def random_whisper(tmp_path_factory):
+    """A small random-weight Whisper HF folder (the tiny.en tokenizer): runs where the embedded
+    model's package is not installed (the H200 image)."""
+    from whisper_fixtures import make_random_whisper
+
+    return make_random_whisper(tmp_path_factory.mktemp("rand_whisper"))
+
+
 @pytest.fixture(autouse=True)
 def engines_stay_intact(monkeypatch):
     """After every engine test: each engine it built is idle and passes the integrity check."""

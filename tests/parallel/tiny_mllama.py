@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from mllama_gpu import random_state_dict  # noqa: E402
+from mllama_random import random_state_dict  # noqa: E402
 
 from edserve.models.weights import Checkpoint  # noqa: E402
 from tests.models.mllama.hf_tiny import TINY_CONFIG, synthetic_image  # noqa: E402

@@ -33,17 +33,18 @@ def test_auto_running_fits_worst_case_rows_under_the_graph_cap():
     assert sized.num_rows * sized.max_context_len <= sized.num_slots
 
 
-def test_cpu_auto_keeps_the_small_default(caplog):
+def test_cpu_auto_keeps_the_small_default(caplog, random_whisper):
     with caplog.at_level(logging.INFO, logger="edserve"):
-        engine = build_engine(EngineConfig(device="cpu"))
+        engine = build_engine(EngineConfig(model=str(random_whisper), device="cpu"))
     assert engine.config.max_running_requests == CPU_RUNNING_DEFAULT
     assert engine.pools.req_to_token_pool.size == CPU_RUNNING_DEFAULT
     assert "auto on CPU: 16" in caplog.text
 
 
-def test_explicit_limit_is_kept_and_reported(caplog):
+def test_explicit_limit_is_kept_and_reported(caplog, random_whisper):
     with caplog.at_level(logging.INFO, logger="edserve"):
-        engine = build_engine(EngineConfig(device="cpu", max_running_requests=3))
+        engine = build_engine(EngineConfig(model=str(random_whisper), device="cpu",
+                                           max_running_requests=3))
     assert engine.config.max_running_requests == 3 == engine.pools.req_to_token_pool.size
     assert "--max-running-requests 3" in caplog.text
 
@@ -67,8 +68,8 @@ def test_flag_parses_auto_and_integers():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_auto_sizes_from_the_pool():
-    engine = build_engine(EngineConfig(device="cuda", max_running_requests=None))
+def test_cuda_auto_sizes_from_the_pool(random_whisper):
+    engine = build_engine(EngineConfig(model=str(random_whisper), device="cuda"))
     rows = engine.config.max_running_requests
     assert rows > CPU_RUNNING_DEFAULT and rows <= 256
     assert engine.runner.graph_runner is None or engine.runner.graph_runner.max_bs == rows
