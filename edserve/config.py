@@ -107,6 +107,12 @@ class EngineConfig:
     cuda_graph_max_bs: int | None = _f(
         None, "Largest decode batch captured in a CUDA graph (default: --max-running-requests)."
     )
+    grouped_cross_attention: bool = _f(
+        True,
+        "Decode steps read the encoder K/V a beam/best_of group shares once per group (one "
+        "grouped Triton kernel, CUDA graphs included; flat and aligned); "
+        "--no-grouped-cross-attention reads it once per row (for measurement).",
+    )
     overlap_schedule: str = _f(
         "auto",
         "Prepare step N+1 on the host while step N runs on the device (SGLang's overlap "

@@ -5,6 +5,11 @@ real batch into them and pads the tail with harmless rows: row 0 of ``req_to_tok
 KV slot 0 (the padding page), encoder length 0 (cross-attention output zeroed), one decoder token.
 Metadata is rebuilt inside the graph from the static tensors (``static_shapes``), so no host
 value is baked in except the batch size. Requests with and without an encoder share a graph.
+
+With the grouped cross-attention kernel (``backend.grouped_cross``) the graph also reads the
+batch's padded group table (``ForwardBatch.cross_groups``, ``[bs, MAX_GROUP_ROWS]``): replay
+copies the real groups in and makes every padding row a group of one, so one graph serves any
+mix of greedy rows and row groups.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 
 import torch
 
+from edserve.config import MAX_GROUP_ROWS
 from edserve.engine.batch_builder import Pools
 from edserve.engine.forward_batch import ForwardBatch, ForwardMode
 
@@ -49,6 +55,11 @@ class DecodeGraphRunner:
         self.enc_lens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.enc_offsets = torch.zeros(n, dtype=torch.int32, device=dev)
         self.cu_q = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        self.grouped = pools.backend.grouped_cross
+        # [n, W] row i = [i, -1, ...]: every row a group of one (capture, and padding rows)
+        self.single_groups = torch.full((n, MAX_GROUP_ROWS), -1, dtype=torch.int64, device=dev)
+        self.single_groups[:, 0] = torch.arange(n, device=dev)
+        self.cross_groups = self.single_groups.clone()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool_handle = None
@@ -63,7 +74,8 @@ class DecodeGraphRunner:
             out_cache_loc=self.out_loc[:bs], encoder_lens=self.enc_lens[:bs],
             encoder_offsets=self.enc_offsets[:bs],
             req_to_token=p.req_to_token_pool.req_to_token, kv_pool=p.kv_pool,
-            attn_backend=p.backend, page_size=p.kv_pool.page_size, static_shapes=True)
+            attn_backend=p.backend, page_size=p.kv_pool.page_size, static_shapes=True,
+            cross_groups=self.cross_groups[:bs] if self.grouped else None)
 
     def _forward(self, bs: int) -> torch.Tensor:
         batch = self._batch(bs)
@@ -90,7 +102,8 @@ class DecodeGraphRunner:
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (batch.mode == ForwardMode.DECODE and batch.batch_size <= self.max_bs
-                and batch.cross_kv_ranges is None)  # graphs read cross K/V per row
+                and batch.cross_kv_ranges is None  # no per-token encoder ranges (Mllama)
+                and (batch.cross_groups is not None) == self.grouped)
 
     def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Run a real decode batch through the smallest graph that fits; logits [B, V]."""
@@ -105,5 +118,8 @@ class DecodeGraphRunner:
                                (self.enc_offsets, batch.encoder_offsets, 0)):
             buf[:bs].copy_(src)
             buf[bs:padded].fill_(fill)
+        if self.grouped:
+            self.cross_groups[:bs].copy_(batch.cross_groups)
+            self.cross_groups[bs:padded].copy_(self.single_groups[bs:padded])
         self.graphs[padded].replay()
         return self.outputs[padded][:bs]

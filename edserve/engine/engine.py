@@ -90,7 +90,8 @@ class Engine:
         self.model, self.tokenizer = build_model(checkpoint, self.dtype, self.device)
         del checkpoint
         self.model = quantize_model(self.model, config.quantization)
-        backend = create_backend(config.encoder_kv, self.page_size, ops)
+        backend = create_backend(config.encoder_kv, self.page_size, ops,
+                                 grouped_cross=config.grouped_cross_attention)
         self.pools = self._make_pools(backend)
         eos = self.model.config.eos_token_id
         limits = SchedulerLimits(
