@@ -19,6 +19,7 @@ Per config (strategy:page_size) and concurrency (requests; beam rows = concurren
   GPU busy       union of kernel intervals / wall over decode steps (torch profiler)
 
   python benchmarks/beam_gpu.py --concurrency 16 64 --configs flat:128 aligned:128
+  python benchmarks/beam_gpu.py ... --per-row-cross   # A/B: no grouped cross-attention
   python benchmarks/beam_gpu.py --dry-run      # toy model on CPU: the script runs
 """
 
@@ -53,8 +54,8 @@ def make_requests(engine, feats, n_new: int, beam: int) -> list[GenerateRequest]
     return [GenerateRequest(list(PROMPT), f, sp, logits_processors=list(procs)) for f in feats]
 
 
-def build_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, ps: str,
-                 dev: str):
+def make_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, ps: str,
+                 dev: str, grouped_cross: bool = True):
     from edserve.engine.groups import reserved_slots
     from edserve.models.weights import Checkpoint
     from edserve.runtime import build_engine
@@ -68,7 +69,8 @@ def build_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str,
     return build_engine(checkpoint=ckpt, device=dev, dtype=dtype,
                   encoder_kv=strategy, page_size=ps, max_running_requests=conc * beam,
                   cuda_graph_max_bs=conc * beam, max_total_tokens=conc * per_req + 4096,
-                  max_new_tokens=n_max, debug_checks=False)
+                  max_new_tokens=n_max, debug_checks=False,
+                  grouped_cross_attention=grouped_cross)
 
 
 def run_ours(engine, feats, n_new: int, beam: int) -> tuple[float, int]:
@@ -177,7 +179,8 @@ def measure(args, hf, procs, arch, conc, spec, dev, dtype, with_hf: bool) -> lis
     gc.collect()
     if dev == "cuda":
         torch.cuda.empty_cache()
-    engine = build_engine(hf, arch, conc, beam, n_new, strategy, ps, dev)
+    engine = make_engine(hf, arch, conc, beam, n_new, strategy, ps, dev,
+                          grouped_cross=not args.per_row_cross)
     m = engine.model
     dbytes = torch.empty((), dtype=engine.dtype).element_size()
     slot_bytes = 2 * m.num_kv_layers * m.num_kv_heads * m.head_dim * dbytes
@@ -229,7 +232,8 @@ def measure(args, hf, procs, arch, conc, spec, dev, dtype, with_hf: bool) -> lis
     theory = beam * (1500 + len(PROMPT) + n_new) * slot_bytes / 1e6
     greedy_kv = rows[1]["kv_mb"]
     print(f"# {arch} {spec} conc {conc}: overlap={engine.overlap} "
-          f"graphs={engine.runner.graph_runner is not None} slot {slot_bytes} B; "
+          f"graphs={engine.runner.graph_runner is not None} "
+          f"grouped_cross={engine.pools.backend.grouped_cross} slot {slot_bytes} B; "
           f"{beam} independent greedy copies would hold {beam * greedy_kv:.1f} MB/req measured "
           f"({beam} x {greedy_kv:.1f}), {theory:.1f} MB/req as {beam} x (1500 + "
           f"{len(PROMPT) + n_new}) slots; runs: " + "; ".join(
@@ -249,6 +253,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-hf", action="store_true", help="skip the HF reference")
+    ap.add_argument("--per-row-cross", action="store_true",
+                    help="read a beam group's encoder K/V once per row (no grouped "
+                         "cross-attention kernel), for A/B against the default")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"

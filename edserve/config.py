@@ -138,6 +138,12 @@ class EngineConfig:
         "Largest decode batch captured in a CUDA graph (default: the running limit; with "
         "--max-running-requests auto, at most 256).",
     )
+    grouped_cross_attention: bool = _f(
+        True,
+        "Decode steps read the encoder K/V a beam/best_of group shares once per group (one "
+        "grouped Triton kernel, CUDA graphs included; flat and aligned); "
+        "--no-grouped-cross-attention reads it once per row (for measurement).",
+    )
     overlap_schedule: str = _f(
         "auto",
         "Prepare step N+1 on the host while step N runs on the device (SGLang's overlap "

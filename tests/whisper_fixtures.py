@@ -28,15 +28,17 @@ def tokenizer_json() -> Path:
 
 
 def make_random_whisper(folder: Path, seed: int = 0, d_model: int = 64, layers: int = 2,
-                        heads: int = 4) -> Path:
-    """Save a small random-weight HF Whisper (tiny.en vocabulary) with tokenizer.json."""
+                        heads: int = 4, source_positions: int = 1500) -> Path:
+    """Save a small random-weight HF Whisper (tiny.en vocabulary) with tokenizer.json;
+    ``source_positions`` encoder tokens (log-mels of ``2 * source_positions`` frames)."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     torch.manual_seed(seed)
     cfg = WhisperConfig(
         vocab_size=51864, num_mel_bins=80, d_model=d_model, encoder_layers=layers,
         decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
-        encoder_ffn_dim=4 * d_model, decoder_ffn_dim=4 * d_model, max_source_positions=1500,
+        encoder_ffn_dim=4 * d_model, decoder_ffn_dim=4 * d_model,
+        max_source_positions=source_positions,
         max_target_positions=448, eos_token_id=50256, bos_token_id=50256, pad_token_id=50256,
         decoder_start_token_id=50257, init_std=0.2)
     model = WhisperForConditionalGeneration(cfg).eval()

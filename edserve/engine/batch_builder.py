@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edserve.config import MAX_GROUP_ROWS
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
 from edserve.layers.attention.encdec import EncoderDecoderBackend
@@ -48,7 +49,12 @@ def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[i
     for i, (r, n) in enumerate(zip(reqs, q_lens, strict=True)):
         cu[i + 1] = cu[i] + n
         host += (r.req_pool_idx, seq[i], seq[i] - n, enc[i], r.enc_region)
-    cols = to_device(host, torch.int64, pools.device).view(B, 5).t()
+    ranges = _cross_ranges(reqs, mode, q_lens)
+    grouped = mode == ForwardMode.DECODE and ranges is None and pools.backend.grouped_cross
+    if grouped:
+        host += _cross_groups(reqs)
+    on_dev = to_device(host, torch.int64, pools.device)
+    cols = on_dev[:5 * B].view(B, 5).t()
     batch = ForwardBatch(
         mode=mode,
         req_pool_indices=cols[0].contiguous(),
@@ -69,12 +75,31 @@ def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[i
         encoder_lens_cpu=enc,
         q_starts_cpu=cu[:-1],
     )
-    ranges = _cross_ranges(reqs, mode, q_lens)
     if ranges is not None:
         batch.cross_kv_ranges = to_device(ranges, torch.int32, pools.device).view(-1, 2)
+    elif grouped:
+        batch.cross_groups = on_dev[5 * B:].view(B, MAX_GROUP_ROWS)
     elif mode == ForwardMode.DECODE:
         batch.cross_runs = _cross_runs(reqs)
     return batch
+
+
+def _cross_groups(reqs: list[Req]) -> list[int]:
+    """The padded group table ``ForwardBatch.cross_groups`` on the host, flattened
+    (``[B * MAX_GROUP_ROWS]``): the rows of each row group in batch order, a row outside any
+    group alone, unused groups and slots -1."""
+    rows_of: dict[tuple[str, int], list[int]] = {}
+    for i, r in enumerate(reqs):
+        key = ("group", r.group.id) if r.group is not None else ("row", i)
+        rows_of.setdefault(key, []).append(i)
+    width = MAX_GROUP_ROWS
+    flat = [-1] * (len(reqs) * width)
+    for g, rows in enumerate(rows_of.values()):
+        if len(rows) > width:
+            raise RuntimeError(f"a row group has {len(rows)} rows in one batch; at most "
+                               f"{width} (MAX_GROUP_ROWS) are allowed")
+        flat[g * width:g * width + len(rows)] = rows
+    return flat
 
 
 def _cross_runs(reqs: list[Req]) -> list[int] | None:

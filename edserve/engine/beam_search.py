@@ -16,23 +16,19 @@ continuations forks new rows (shared KV, copy-on-write); a beam with none is dro
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from edserve.engine.row_group import (
     Candidates,
     Finished,
     GroupOps,
     Hypothesis,
+    Row,
     RowGroup,
     StepResult,
 )
 
-if TYPE_CHECKING:
-    from edserve.engine.req import Req
-
 
 class BeamGroup(RowGroup):
-    def __init__(self, leader: Req, beam_size: int, stop_ids: frozenset[int],
+    def __init__(self, leader: Row, beam_size: int, stop_ids: frozenset[int],
                  length_penalty: float | None, patience: float | None) -> None:
         super().__init__(leader, beam_size, stop_ids, length_penalty)
         self.max_candidates = round(beam_size * (patience or 1.0))
@@ -40,12 +36,12 @@ class BeamGroup(RowGroup):
             raise ValueError(f"beam_size * patience must round to >= 1, got "
                              f"{beam_size} * {patience}")
 
-    def candidates(self, req: Req, first_step: bool) -> Candidates:
+    def candidates(self, req: Row, first_step: bool) -> Candidates:
         return Candidates(topk=self.size + 1)
 
     def update(self, results: dict[int, StepResult], at_limit: bool, ops: GroupOps) -> bool:
         scores: dict[tuple[int, ...], float] = {}
-        sources: dict[tuple[int, ...], tuple[Req, int, float]] = {}
+        sources: dict[tuple[int, ...], tuple[Row, int, float]] = {}
         for m in self.members:  # member order is openai-whisper's beam order (ties)
             hyp = self.hyps[m.serial]
             prefix = tuple(hyp.tokens)
@@ -83,13 +79,13 @@ class BeamGroup(RowGroup):
         return False
 
     def _rearrange(self, kept: list[tuple[int, ...]],
-                   sources: dict[tuple[int, ...], tuple[Req, int, float]], ops: GroupOps) -> None:
+                   sources: dict[tuple[int, ...], tuple[Row, int, float]], ops: GroupOps) -> None:
         """Rows follow the kept beams: drop unused sources first, then advance or fork."""
         used = {sources[seq][0].serial for seq in kept}
         for m in self.members:
             if m.serial not in used:
                 ops.drop(m)
-        members: list[Req] = []
+        members: list[Row] = []
         hyps: dict[int, Hypothesis] = {}
         continued: set[int] = set()
         for seq in kept:

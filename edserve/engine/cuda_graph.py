@@ -6,6 +6,10 @@ the tail with harmless rows. Metadata is rebuilt inside the graph from the stati
 (``static_shapes``), so no host value is baked in except the batch size. Requests with and
 without an encoder share a graph, and so do Mllama rows with and without an image (their
 per-row cross-attention key ranges are a static buffer too).
+With the grouped cross-attention kernel (``backend.grouped_cross``) the graph also reads the
+batch's padded group table (``ForwardBatch.cross_groups``, ``[bs, MAX_GROUP_ROWS]``): replay
+copies the real groups in and makes every padding row a group of one, so one graph serves any
+mix of greedy rows and row groups.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ class DecodeGraphRunner:
         self.pools = pools
         self.max_bs = max_bs
         self.sizes = capture_sizes(max_bs)
-        self.inputs = GraphInputs(max_bs, pools.device, reads_cross_kv_ranges(model))
+        self.inputs = GraphInputs(max_bs, pools.device, reads_cross_kv_ranges(model),
+                                  pools.backend.grouped_cross)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool_handle = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from edserve.config import MAX_GROUP_ROWS
 from edserve.engine.batch_builder import Pools
 from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 
@@ -30,10 +31,11 @@ def reads_cross_kv_ranges(model: torch.nn.Module) -> bool:
 class GraphInputs:
     """Per-step inputs of the decode graphs: one buffer per :class:`ForwardBatch` tensor."""
 
-    def __init__(self, max_bs: int, device: torch.device, ranged: bool) -> None:
+    def __init__(self, max_bs: int, device: torch.device, ranged: bool,
+                 grouped: bool = False) -> None:
         n = max_bs
         self.max_bs = max_bs
-        self.ranged = ranged
+        self.ranged, self.grouped = ranged, grouped
         i64 = dict(dtype=torch.int64, device=device)
         i32 = dict(dtype=torch.int32, device=device)
         self.input_ids = torch.zeros(n, **i64)  # [n]
@@ -46,6 +48,11 @@ class GraphInputs:
         self.cu_q = torch.arange(n + 1, **i32)  # [n + 1] one query per row
         # [n, 2] visible encoder keys [start, end) of each row's query (ranged models only)
         self.cross_ranges = torch.zeros(n, 2, **i32) if ranged else None
+        # [n, MAX_GROUP_ROWS] rows of each row's group, -1 padded (grouped cross-attention);
+        # row i of single_groups = [i, -1, ...]: a group of one (capture, and padding rows)
+        self.single_groups = torch.full((n, MAX_GROUP_ROWS), -1, **i64)
+        self.single_groups[:, 0] = torch.arange(n, device=device)
+        self.cross_groups = self.single_groups.clone() if grouped else None
 
     def batch(self, pools: Pools, bs: int) -> ForwardBatch:
         """The first ``bs`` rows as a fixed-shape decode batch (``static_shapes``)."""
@@ -58,12 +65,15 @@ class GraphInputs:
             req_to_token=pools.req_to_token_pool.req_to_token, kv_pool=pools.kv_pool,
             attn_backend=pools.backend, page_size=pools.kv_pool.page_size,
             cross_kv_ranges=None if self.cross_ranges is None else self.cross_ranges[:bs],
+            cross_groups=None if self.cross_groups is None else self.cross_groups[:bs],
             static_shapes=True)
 
     def accepts(self, batch: ForwardBatch) -> bool:
-        """A decode batch these buffers can hold (size, and key ranges only if ranged)."""
+        """A decode batch these buffers can hold (size, key ranges only if ranged, a group
+        table exactly when grouped)."""
         return (batch.mode == ForwardMode.DECODE and batch.batch_size <= self.max_bs
-                and (batch.cross_kv_ranges is None or self.ranged))
+                and (batch.cross_kv_ranges is None or self.ranged)
+                and (batch.cross_groups is not None) == self.grouped)
 
     def load(self, batch: ForwardBatch, input_ids: torch.Tensor, padded: int) -> None:
         """Copy a real decode batch (``input_ids`` ``[B]``) into rows ``[0, B)`` and pad rows
@@ -78,6 +88,9 @@ class GraphInputs:
                                (self.enc_offsets, batch.encoder_offsets, 0)):
             buf[:bs].copy_(src)
             buf[bs:padded].fill_(fill)
+        if self.cross_groups is not None:
+            self.cross_groups[:bs].copy_(batch.cross_groups)
+            self.cross_groups[bs:padded].copy_(self.single_groups[bs:padded])
         if self.cross_ranges is None:
             return
         rng = self.cross_ranges

@@ -12,8 +12,9 @@ the caller).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
+
+import torch
 
 from edserve.engine.batch_builder import Pools, release
 from edserve.engine.req import Req
@@ -47,10 +48,8 @@ class RowOps:
         self.edits.last_rows.append(req.req_pool_idx)
         self.edits.last_tokens.append(token)
 
-    def fork(self, source: Req, token: int) -> Req:
-        child = replace(source, reserved_slots=0, req_pool_idx=None, on_delta=None,
-                        output_ids=[], logprobs=[], encoder_input=None, cow_pending=True)
-        child.serial = Req.__dataclass_fields__["serial"].default_factory()
+    def fork(self, source: Req, token: int, generator: torch.Generator | None = None) -> Req:
+        child = source.fork(generator)
         self._forks[child.serial] = (source, child, token)
         return child
 
@@ -81,7 +80,7 @@ class RowOps:
 def group_results(sched: ScheduledBatch, tokens: list[int], logprobs: list[float],
                   cands: tuple[list[int], list[float]] | None
                   ) -> dict[int, dict[int, StepResult]]:
-    """Per group (``id``), per member serial: this step's :class:`StepResult`."""
+    """Per group (``RowGroup.id``), per member serial: this step's :class:`StepResult`."""
     per_row: dict[int, list[tuple[int, float]]] = {}
     plan = sched.sampling.candidates
     if plan is not None and cands is not None:
@@ -91,7 +90,7 @@ def group_results(sched: ScheduledBatch, tokens: list[int], logprobs: list[float
     out: dict[int, dict[int, StepResult]] = {}
     for i, req in enumerate(sched.reqs):
         if req.group is not None and req.finish_reason is None:
-            out.setdefault(id(req.group), {})[req.serial] = StepResult(
+            out.setdefault(req.group.id, {})[req.serial] = StepResult(
                 tokens[i], logprobs[i], per_row.get(i, []))
     return out
 

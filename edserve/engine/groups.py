@@ -23,10 +23,30 @@ def make_group(req: Req, eos_token_id: int, device: torch.device) -> RowGroup | 
     if sp.best_of > 1:
         group = BestOfGroup(req, sp.best_of, stop, sp.length_penalty)
         group.generators = [req.generator] + [
-            make_generator(None if sp.seed is None else sp.seed + i, device)
-            for i in range(1, sp.best_of)]
+            make_generator(None if sp.seed is None else row_seed(sp.seed, k), device)
+            for k in range(1, sp.best_of)]
         return group
     return None
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def row_seed(seed: int, k: int) -> int:
+    """The seed of row ``k`` of a request seeded ``seed``: row 0 takes the request's seed
+    (a one-row request samples as before), row ``k > 0`` a splitmix64 mix of both (a
+    deterministic function of ``(seed, k)`` only, and no simple offset, so rows of nearby
+    seeds do not share streams: ``seed + k`` would give request 1's row 1 request 2's row 0)."""
+    if k == 0:
+        return seed
+    return _splitmix64(_splitmix64(seed & _MASK64) ^ k) >> 1  # 63 bits: manual_seed's range
 
 
 def reserved_slots(enc_region: int, decoder_len: int, page_size: int, rows: int,

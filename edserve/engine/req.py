@@ -53,6 +53,23 @@ class Req:
     admitted_at: float | None = None
     first_token_at: float | None = None
 
+    def fork(self, generator: torch.Generator | None) -> Req:
+        """A new row of this row's group continuing this row's sequence (its KV and token
+        history come from the scheduler, :class:`~edserve.engine.group_ops.RowOps`). Every
+        field is named: the child takes the request, its limits, its encoder region and its
+        step count; it starts with no row, no own reservation (the group's leader holds it),
+        no callbacks, no outputs, ``generator`` as its random stream, and a copy-on-write
+        pending on its first write."""
+        if self.group is None:
+            raise ValueError(f"request {self.rid}: only a row of a row group can fork")
+        return Req(request=self.request, encoder_len=self.encoder_len,
+                   enc_region=self.enc_region, max_new_tokens=self.max_new_tokens,
+                   reserved_slots=0, on_delta=None, stream=False, req_pool_idx=None,
+                   kv_len=self.kv_len, steps=self.steps, output_ids=[], logprobs=[],
+                   stop_logprob=None, no_speech_prob=None, finish_reason=None, error=None,
+                   generator=generator, encoder_input=None, group=self.group,
+                   cow_pending=True, kept_encoder=None)
+
     @property
     def rid(self) -> str:
         return self.request.rid

@@ -15,18 +15,30 @@ hands the group its rows' results, and the group rearranges its rows through
   fork, so a rearrangement never holds more pages than the rows it ends with.
 
 Groups are host-side policy objects (no tensors): they see tokens and log-probabilities and
-decide; the scheduler owns rows and pages.
+decide; the scheduler owns rows and pages. A group knows its rows only as :class:`Row` (a
+``serial``), so this module sits below :mod:`edserve.engine.req` (whose ``Req`` is the row the
+scheduler hands in) and imports nothing of it.
 """
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from edserve.engine.req import Req
-    from edserve.engine.request import EncoderKV
+import torch
+
+from edserve.engine.request import EncoderKV
+
+_group_ids = itertools.count()
+
+
+class Row(Protocol):
+    """What a group needs of one of its rows: a serial, unique per row (the scheduler's
+    :class:`~edserve.engine.req.Req`)."""
+
+    serial: int
 
 
 @dataclass
@@ -56,11 +68,14 @@ class Finished:
 class GroupOps(Protocol):
     """Row operations a group asks of the scheduler (see the module doc)."""
 
-    def advance(self, req: Req, token: int) -> None: ...
+    def advance(self, req: Row, token: int) -> None: ...
 
-    def fork(self, source: Req, token: int) -> Req: ...
+    def fork(self, source: Row, token: int,
+             generator: torch.Generator | None = None) -> Row:
+        """A new row continuing ``source`` with ``token``; it draws from ``generator`` (its own
+        random stream; None: greedy rows, or the device's default stream)."""
 
-    def drop(self, req: Req) -> None: ...
+    def drop(self, req: Row) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -88,22 +103,24 @@ def best(finished: list[Finished], length_penalty: float | None) -> Finished:
 class RowGroup(ABC):
     """A request decoded on several rows. ``leader`` is the admitted row (it carries the
     request's callbacks); ``members`` are the rows alive now (the leader among them until it
-    is dropped)."""
+    is dropped). ``id`` names the group (a counter: unique for the process's lifetime)."""
 
-    def __init__(self, leader: Req, size: int, stop_ids: frozenset[int],
+    def __init__(self, leader: Row, size: int, stop_ids: frozenset[int],
                  length_penalty: float | None) -> None:
+        self.id = next(_group_ids)
         self.leader = leader
         self.size = size  # most rows alive at once
         self.stop_ids = stop_ids
         self.length_penalty = length_penalty
-        self.members: list[Req] = [leader]
+        self.members: list[Row] = [leader]
         self.hyps: dict[int, Hypothesis] = {leader.serial: Hypothesis()}
         self.finished: list[Finished] = []
         self.hold: EncoderKV | None = None  # the group's reference on its encoder region
-        self.generators: list = []  # per-row random streams (best_of)
+        # Row k's random stream (best_of; see groups.row_seed); empty for greedy groups.
+        self.generators: list[torch.Generator | None] = []
 
     @abstractmethod
-    def candidates(self, req: Req, first_step: bool) -> Candidates:
+    def candidates(self, req: Row, first_step: bool) -> Candidates:
         """What ``req``'s row needs from the sampler at this step."""
 
     @abstractmethod

@@ -122,7 +122,7 @@ class Scheduler:
 
     def held_regions(self) -> list[EncoderKV]:
         """Encoder regions held outside rows: caller handles and running groups' holds."""
-        groups = {id(r.group): r.group for r in self.running if r.group is not None}
+        groups = {r.group.id: r.group for r in self.running if r.group is not None}
         return list(self.held.values()) + [g.hold for g in groups.values()
                                            if g.hold is not None]
 
@@ -204,8 +204,8 @@ class Scheduler:
         for r in self.running:
             if r.group is None:
                 slots += r.reserved_slots - _held_at_least(r, r.row_len, ps)
-            elif id(r.group) not in seen:
-                seen.add(id(r.group))
+            elif r.group.id not in seen:
+                seen.add(r.group.id)
                 g = r.group
                 longest = max(m.row_len for m in g.members)
                 slots += max(0, g.leader.reserved_slots - _held_at_least(g.leader, longest, ps))
@@ -243,7 +243,7 @@ class Scheduler:
                 self.running.remove(req)
                 self._finish(req, FinishReason.ERROR, error)
             elif req.group is not None:
-                groups[id(req.group)] = req.group
+                groups[req.group.id] = req.group
         for g in groups.values():  # every row of the group, not only this batch's
             self._end_group(g, FinishReason.ERROR, error)
 
@@ -281,7 +281,7 @@ class Scheduler:
         """Hand each row group its rows' results; finish the groups that are done."""
         cands = output.fetch_candidates() if sched.sampling.candidates is not None else None
         per_group = group_results(sched, tokens, logprobs, cands)
-        groups = {id(r.group): r.group for r in sched.reqs if r.group is not None}
+        groups = {r.group.id: r.group for r in sched.reqs if r.group is not None}
         ops = RowOps(self.pools, self.running, self._edits)
         alloc = self.pools.allocator
         alloc.free_group_begin()  # the step's drops release their pages at once (one sync)
@@ -329,9 +329,9 @@ def _held_at_least(req: Req, row_len: int, ps: int) -> int:
 def _groups_side_by_side(reqs: list[Req]) -> list[Req]:
     """Stable reorder putting each row group's rows next to each other (at its first row), so
     the batch's cross-attention reads a group's shared encoder K/V once (``cross_view``)."""
-    first: dict[object, int] = {}
+    first: dict[tuple[str, int], int] = {}
     keyed = []
     for i, r in enumerate(reqs):
-        key = id(r.group) if r.group is not None else ("row", i)
+        key = ("group", r.group.id) if r.group is not None else ("row", i)
         keyed.append((first.setdefault(key, i), i, r))
     return [r for _, _, r in sorted(keyed, key=lambda k: (k[0], k[1]))]

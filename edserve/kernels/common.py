@@ -138,6 +138,30 @@ def check_common(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     Returns ``(T, Hq, Hkv, D, B)``. Raises ``ValueError`` with a readable message.
     """
+    T, Hq, Hkv, D = check_qkv(q, k_cache, v_cache, out)
+    if kv_lens.dim() != 1 or cu_q.dim() != 1 or cu_q.shape[0] != kv_lens.shape[0] + 1:
+        raise ValueError(f"need kv_lens [B] and cu_q [B+1]; got {tuple(kv_lens.shape)}, "
+                         f"{tuple(cu_q.shape)}")
+    check_index("kv_lens", kv_lens)
+    check_index("cu_q", cu_q)
+    if not isinstance(max_q, int) or max_q < 0:
+        raise ValueError(f"max_q must be a non-negative Python int, got {max_q!r}")
+    devs = {t.device for t in (q, kv_lens, cu_q)}
+    if kv_ranges is not None:
+        if kv_ranges.shape != (T, 2) or kv_ranges.stride(1) != 1:
+            raise ValueError(f"kv_ranges must be [T, 2] = [{T}, 2] with unit column stride, got "
+                             f"{tuple(kv_ranges.shape)}")
+        check_index("kv_ranges", kv_ranges)
+        devs.add(kv_ranges.device)
+    if len(devs) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    return T, Hq, Hkv, D, kv_lens.shape[0]
+
+
+def check_qkv(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              out: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """Validate queries, caches and the optional output buffer (shapes, dtypes, one device,
+    a device the kernels run on). Returns ``(T, Hq, Hkv, D)``."""
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.dim() != 3:
         raise ValueError(f"q [T, Hq, D] and caches [num_slots, Hkv, D] must be 3-D; got "
                          f"q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}")
@@ -158,31 +182,18 @@ def check_common(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension")
-    if kv_lens.dim() != 1 or cu_q.dim() != 1 or cu_q.shape[0] != kv_lens.shape[0] + 1:
-        raise ValueError(f"need kv_lens [B] and cu_q [B+1]; got {tuple(kv_lens.shape)}, "
-                         f"{tuple(cu_q.shape)}")
-    check_index("kv_lens", kv_lens)
-    check_index("cu_q", cu_q)
-    if not isinstance(max_q, int) or max_q < 0:
-        raise ValueError(f"max_q must be a non-negative Python int, got {max_q!r}")
     if out is not None:
         if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
             raise ValueError(f"out must match q: {tuple(out.shape)} {out.dtype} {out.device}")
         if out.shape[-1] > 1 and out.stride(-1) != 1:
             raise ValueError("out must be contiguous in its last dimension")
-    devs = {t.device for t in (q, k_cache, v_cache, kv_lens, cu_q)}
-    if kv_ranges is not None:
-        if kv_ranges.shape != (T, 2) or kv_ranges.stride(1) != 1:
-            raise ValueError(f"kv_ranges must be [T, 2] = [{T}, 2] with unit column stride, got "
-                             f"{tuple(kv_ranges.shape)}")
-        check_index("kv_ranges", kv_ranges)
-        devs.add(kv_ranges.device)
+    devs = {t.device for t in (q, k_cache, v_cache)}
     if len(devs) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 on CPU); "
                          "use edserve.layers.attention.torch_ops on CPU")
-    return T, Hq, Hkv, D, kv_lens.shape[0]
+    return T, Hq, Hkv, D
 
 
 def check_index(name: str, t: torch.Tensor) -> None:

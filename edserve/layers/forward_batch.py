@@ -65,6 +65,10 @@ class ForwardBatch:
     # Host: lengths of the runs of consecutive rows that share one encoder region (a beam
     # group's rows); None when every run is one row. See :meth:`cross_view`.
     cross_runs: list[int] | None = None
+    # Decode with the grouped cross-attention kernel: [B, MAX_GROUP_ROWS] int64, row g lists
+    # the batch rows of group g (they share the encoder region of the first), -1 padding;
+    # unused groups are all -1, a row without a group is a group of one. None: per-row reads.
+    cross_groups: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -98,4 +102,4 @@ class ForwardBatch:
             encoder_offsets=self.encoder_offsets.index_select(0, idx),
             seq_lens_cpu=[0] * len(starts),
             encoder_lens_cpu=[self.encoder_lens_cpu[i] for i in starts],
-            q_starts_cpu=starts, attn_metadata=None, cross_runs=None)
+            q_starts_cpu=starts, attn_metadata=None, cross_runs=None, cross_groups=None)

@@ -47,7 +47,8 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         del checkpoint
         model = quantize_model(model, config.quantization)
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
-    backend = create_backend(config.encoder_kv, s.page_size, s.ops)
+    backend = create_backend(config.encoder_kv, s.page_size, s.ops,
+                             grouped_cross=config.grouped_cross_attention)
     sizing = build_pools(config, s, model, backend, max_decoder_len)
     running = sizing.max_running_requests
     max_row = backend.encoder_region(model.max_encoder_len) + max_decoder_len

@@ -171,3 +171,33 @@ def test_beam_decode_step_syncs(folder, mels, overlap):
           f"decode steps ({syncs / steps:.1f} per step); where: {dict(where.most_common())}")
     assert syncs <= SYNCS_PER_STEP_BOUND * steps, (
         f"{syncs} syncs in {steps} decode steps: {dict(where.most_common())}")
+
+
+def _assert_same_beams(outs, refs, what: str) -> None:
+    for i, (got, want) in enumerate(zip(outs, refs, strict=True)):
+        assert got.error is None, got.error
+        if got.token_ids != want.token_ids:  # only a near tie of the ranked scores may differ
+            assert abs(_score(got) - _score(want)) < 5e-3, (
+                f"{what}, request {i}: {got.token_ids} (score {_score(got):.5f}) != "
+                f"{want.token_ids} (score {_score(want):.5f})")
+            continue
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+
+
+@pytest.mark.parametrize("strategy,page_size", CONFIGS)
+def test_grouped_cross_attention_graphs_match_eager(folder, mels, strategy, page_size):
+    """Decode replayed from CUDA graphs with the grouped cross-attention kernel (one encoder
+    read per beam group; the padded group table in the graph's static buffers) gives the
+    beams of the eager path and of the per-row reads inside graphs."""
+    def run(**kw):
+        engine = _engine(folder, DEVICE, strategy, page_size, **kw)
+        return engine, _run_checked(engine, _beam_batch(engine.tokenizer, mels, DEVICE))
+
+    graphed, outs = run()
+    assert graphed.runner.graph_runner is not None and graphed.runner.graph_runner.grouped
+    eager, eager_outs = run(cuda_graph=False)
+    assert eager.runner.graph_runner is None and eager.pools.backend.grouped_cross
+    per_row, per_row_outs = run(grouped_cross_attention=False)
+    assert not per_row.runner.graph_runner.grouped
+    _assert_same_beams(outs, eager_outs, "graphs vs eager")
+    _assert_same_beams(outs, per_row_outs, "grouped vs per-row reads")

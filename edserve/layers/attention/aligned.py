@@ -31,6 +31,7 @@ class PagedPlan:
 
 class AlignedBackend(EncoderDecoderBackend):
     name = "aligned"
+    supports_grouped_cross = True
 
     def encoder_region(self, encoder_len: int) -> int:
         return ceil_align(encoder_len, self.page_size)
@@ -49,6 +50,10 @@ class AlignedBackend(EncoderDecoderBackend):
         cross = None if skip_cross else PagedPlan(table, zeros, batch.encoder_lens)
         self_ = PagedPlan(table, (batch.encoder_offsets // ps).to(torch.int32), batch.seq_lens)
         return cross, self_
+
+    def grouped_keys(self, batch: ForwardBatch, self_plan: PagedPlan) -> dict:
+        """By page: the encoder region starts at page 0 of the batch's page table."""
+        return {"page_table": self_plan.page_table, "page_size": self.page_size}
 
     def _offsets_cpu(self, batch: ForwardBatch) -> list[int]:
         return [self.encoder_region(n) for n in batch.encoder_lens_cpu]

@@ -23,11 +23,16 @@ class FlatPlan:
 
 class FlatBackend(EncoderDecoderBackend):
     name = "flat"
+    supports_grouped_cross = True
 
     def build_metadata(self, batch: ForwardBatch, skip_cross: bool):
         zeros = torch.zeros_like(batch.encoder_lens)
         cross = None if skip_cross else FlatPlan(zeros, batch.encoder_lens)
         return cross, FlatPlan(batch.encoder_offsets, batch.seq_lens)
+
+    def grouped_keys(self, batch: ForwardBatch, self_plan: FlatPlan) -> dict:
+        """By token: the encoder region starts at column 0 of each row."""
+        return {"req_to_token": batch.req_to_token, "req_pool_indices": batch.req_pool_indices}
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                layer: Attention, batch: ForwardBatch, plan: FlatPlan, cross: bool):
