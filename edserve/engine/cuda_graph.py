@@ -45,8 +45,10 @@ class DecodeGraphRunner:
         self.pools = pools
         self.max_bs = max_bs
         self.sizes = capture_sizes(max_bs)
-        self.inputs = GraphInputs(max_bs, pools.device, reads_cross_kv_ranges(model),
-                                  pools.backend.grouped_cross)
+        # Ranged models (Mllama) read per row: the grouped kernel takes no key ranges.
+        ranged = reads_cross_kv_ranges(model)
+        self.inputs = GraphInputs(max_bs, pools.device, ranged,
+                                  grouped=pools.backend.grouped_cross and not ranged)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool_handle = None

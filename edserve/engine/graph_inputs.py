@@ -69,11 +69,11 @@ class GraphInputs:
             static_shapes=True)
 
     def accepts(self, batch: ForwardBatch) -> bool:
-        """A decode batch these buffers can hold (size, key ranges only if ranged, a group
-        table exactly when grouped)."""
+        """A decode batch these buffers can hold (size, and key ranges only if ranged). Its
+        group table is copied when grouped, and ignored otherwise (rows then read their
+        encoder K/V one by one, which gives the same result)."""
         return (batch.mode == ForwardMode.DECODE and batch.batch_size <= self.max_bs
-                and (batch.cross_kv_ranges is None or self.ranged)
-                and (batch.cross_groups is not None) == self.grouped)
+                and (batch.cross_kv_ranges is None or self.ranged))
 
     def load(self, batch: ForwardBatch, input_ids: torch.Tensor, padded: int) -> None:
         """Copy a real decode batch (``input_ids`` ``[B]``) into rows ``[0, B)`` and pad rows
@@ -88,8 +88,9 @@ class GraphInputs:
                                (self.enc_offsets, batch.encoder_offsets, 0)):
             buf[:bs].copy_(src)
             buf[bs:padded].fill_(fill)
-        if self.cross_groups is not None:
-            self.cross_groups[:bs].copy_(batch.cross_groups)
+        if self.cross_groups is not None:  # a batch without a table: groups of one
+            groups = self.single_groups if batch.cross_groups is None else batch.cross_groups
+            self.cross_groups[:bs].copy_(groups[:bs])
             self.cross_groups[bs:padded].copy_(self.single_groups[bs:padded])
         if self.cross_ranges is None:
             return

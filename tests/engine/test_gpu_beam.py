@@ -52,7 +52,8 @@ def _engine(folder, device: str, strategy: str, page_size: str, **kw) -> Engine:
     cuda = device.startswith("cuda")
     return build_engine(model=str(folder), device=device, dtype="float32", encoder_kv=strategy,
                   page_size=page_size, attention_backend="triton" if cuda else "torch",
-                  cuda_graph=cuda, max_running_requests=16, **kw)
+                  cuda_graph=cuda, max_running_requests=16,
+                  **{"max_total_tokens": 65536, **kw})  # tests build several engines at once
 
 
 def _filters(tok):
@@ -194,10 +195,10 @@ def test_grouped_cross_attention_graphs_match_eager(folder, mels, strategy, page
         return engine, _run_checked(engine, _beam_batch(engine.tokenizer, mels, DEVICE))
 
     graphed, outs = run()
-    assert graphed.runner.graph_runner is not None and graphed.runner.graph_runner.grouped
+    assert graphed.runner.graph_runner is not None and graphed.runner.graph_runner.inputs.grouped
     eager, eager_outs = run(cuda_graph=False)
     assert eager.runner.graph_runner is None and eager.pools.backend.grouped_cross
     per_row, per_row_outs = run(grouped_cross_attention=False)
-    assert not per_row.runner.graph_runner.grouped
+    assert not per_row.runner.graph_runner.inputs.grouped
     _assert_same_beams(outs, eager_outs, "graphs vs eager")
     _assert_same_beams(outs, per_row_outs, "grouped vs per-row reads")

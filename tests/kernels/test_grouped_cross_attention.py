@@ -109,6 +109,7 @@ def test_bfloat16():
 
 def test_bad_arguments_raise():
     c = make_case(16, hq=2, hkv=2, d=16, groups=SMALL)
+    c = {key: val.to(DEV) if torch.is_tensor(val) else val for key, val in c.items()}
     q, k, v = (c[x].float() for x in ("q", "k", "v"))
     with pytest.raises(ValueError, match="either req_to_token"):
         grouped_cross_attention(q, k, v, c["group_rows"], c["kv_lens"], SCALE)
