@@ -35,6 +35,7 @@ from edserve.mem_cache import (
     TokenToKVPoolAllocator,
     plan_kv_cache,
 )
+from edserve.models.fp8 import apply_encoder_dtype, check_fp8, kv_cache_dtype
 from edserve.models.quantize import check_supported, quantize_model
 from edserve.models.registry import build_model
 from edserve.models.weights import load_checkpoint
@@ -85,11 +86,15 @@ class Engine:
         restrict = tuple(int(s) for s in config.restrict_page_sizes.split(",")) \
             if config.restrict_page_sizes else None
         self.page_size = resolve_page_size(config.page_size, config.encoder_kv, ops, restrict)
+        check_fp8(config.encoder_dtype, config.kv_cache_dtype, config.quantization, self.device,
+                  ops, self.dtype)
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         if checkpoint is None:
             checkpoint = load_checkpoint(config.model)
         self.model, self.tokenizer = build_model(checkpoint, self.dtype, self.device)
         del checkpoint
         self.model = quantize_model(self.model, config.quantization)
+        self.model = apply_encoder_dtype(self.model, config.encoder_dtype)
         backend = create_backend(config.encoder_kv, self.page_size, ops)
         self.pools = self._make_pools(backend)
         eos = self.model.config.eos_token_id
@@ -150,12 +155,12 @@ class Engine:
             max_total = cfg.max_running_requests * (context_len + _EXTRA_COLS + self.page_size)
         plan = plan_kv_cache(KVCacheConfig(
             num_layers=m.num_kv_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-            dtype=self.dtype, page_size=self.page_size,
+            dtype=self.kv_dtype, page_size=self.page_size,
             max_running_requests=cfg.max_running_requests, context_len=context_len,
             mem_fraction_static=cfg.mem_fraction_static, max_total_tokens=max_total,
             memory_bytes=memory_bytes, used_bytes=used, extra_cols=_EXTRA_COLS))
         kv_pool = KVPool(plan.num_slots, self.page_size, m.num_kv_layers, m.num_kv_heads,
-                         m.head_dim, self.dtype, self.device)
+                         m.head_dim, self.kv_dtype, self.device)
         rtp = ReqToTokenPool(plan.num_rows, plan.max_context_len, self.device)
         debug = cfg.debug_checks
         allocator = PagedTokenToKVPoolAllocator(plan.num_slots, self.page_size, self.device,
