@@ -1,0 +1,117 @@
+"""fp8 options (edserve.models.fp8): the emulated fp8 linear against a float64 oracle of the
+same rounding, the encoder rewrite, start-up errors, and the engine on tiny.en's real speech
+(the fp8 KV pool included, word timestamps reading it)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from edserve.engine.engine import Engine
+from edserve.models.fp8 import (
+    FP8,
+    Fp8Linear,
+    apply_encoder_dtype,
+    check_fp8,
+    quantize_rows,
+)
+from edserve.models.whisper import WhisperConfig, WhisperForConditionalGeneration
+
+CFG = WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
+                    encoder_ffn_dim=256, decoder_layers=2, decoder_attention_heads=4,
+                    decoder_ffn_dim=256, num_mel_bins=80, max_source_positions=1500,
+                    max_target_positions=448, vocab_size=51864)
+CPU = torch.device("cpu")
+
+
+def _e4m3_f64(x: torch.Tensor) -> torch.Tensor:
+    """Round float64 values to e4m3 (3 mantissa bits, saturating at 448) in float64 math."""
+    a = x.abs().clamp(max=448.0)
+    exp = torch.floor(torch.log2(a.clamp(min=2.0 ** -6)))  # subnormals share 2^-6's step
+    step = 2.0 ** (exp - 3)
+    return torch.sign(x) * torch.round(a / step) * step  # round half to even, like torch
+
+
+def test_fp8_linear_is_the_rounded_product():
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 48)
+    x = torch.randn(2, 5, 64) * 3
+    with torch.no_grad():
+        y, exact = Fp8Linear(lin)(x), lin(x)  # [2, 5, 48]
+    # oracle: per-row scales, e4m3 rounding, product and bias in float64
+    xf, wf = x.reshape(-1, 64).double(), lin.weight.detach().double()
+    xs = xf.abs().amax(1, keepdim=True).float().double() / 448
+    ws = wf.abs().amax(1, keepdim=True).float().double() / 448
+    ref = (_e4m3_f64(xf / xs) * xs) @ (_e4m3_f64(wf / ws) * ws).T + lin.bias.double()
+    assert y.shape == (2, 5, 48)
+    assert torch.allclose(y.reshape(-1, 48).double(), ref, rtol=1e-5, atol=1e-5)
+    rel = float((y - exact).norm() / exact.norm())
+    assert 1e-3 < rel < 0.05  # it does round (and not by much)
+
+
+def test_quantize_rows_saturates_and_keeps_zero_rows():
+    x = torch.tensor([[1.0, -2.0, 4.0], [0.0, 0.0, 0.0]])
+    q, s = quantize_rows(x)
+    assert q.dtype == FP8 and s.shape == (2, 1)
+    assert q[0].float().tolist() == [112.0, -224.0, 448.0]  # 1/(4/448) = 112 exactly
+    assert torch.equal(q[1].float() * s[1], x[1])
+
+
+def test_encoder_rewrite_touches_only_the_encoder_layers():
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(CFG).eval()
+    fp8 = apply_encoder_dtype(copy.deepcopy(model), "fp8")
+    names = sorted(n for n, m in fp8.named_modules() if isinstance(m, Fp8Linear))
+    assert len(names) == 4 * CFG.encoder_layers and all(".encoder.layers." in n for n in names)
+    assert apply_encoder_dtype(model, "auto") is model
+    mel = torch.randn(1, 80, 3000)
+    with torch.no_grad():
+        a, b = model.model.encoder(mel), fp8.model.encoder(mel)
+    assert 0 < float((a - b).norm() / a.norm()) < 0.05
+    with pytest.raises(ValueError, match="Whisper models only"):
+        apply_encoder_dtype(nn.Linear(2, 2), "fp8")
+
+
+def test_fp8_start_up_errors(monkeypatch):
+    with pytest.raises(ValueError, match="choose one"):
+        check_fp8("fp8", "auto", "int8", CPU, "torch", torch.float32)
+    with pytest.raises(ValueError, match="--attention-backend torch"):
+        check_fp8("auto", "fp8", "none", CPU, "triton", torch.float32)
+    with pytest.raises(ValueError, match="--kv-cache-dtype must be one of"):
+        check_fp8("auto", "fp16", "none", CPU, "torch", torch.float32)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))  # an A100
+    with pytest.raises(ValueError, match=r"compute capability 8.9\+.*has 8.0"):
+        check_fp8("fp8", "auto", "none", torch.device("cuda"), "triton", torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # an H100
+    check_fp8("fp8", "fp8", "none", torch.device("cuda"), "triton", torch.bfloat16)
+    with pytest.raises(ValueError, match="use --dtype bfloat16"):
+        check_fp8("fp8", "auto", "none", torch.device("cuda"), "triton", torch.float16)
+    with pytest.raises(ValueError, match="choose one"):
+        Engine(encoder_dtype="fp8", quantization="int8")
+
+
+# Measured (benchmarks/fp8_accuracy.py, RESULTS.md 'fp8'): on the bundled English clips every
+# fp8 mode gives tiny.en's default tokens.
+CLIPS = ["tests/data/jfk.wav", "tests/data/librivox_0870.wav", "tests/data/cards_005.wav"]
+
+
+@pytest.fixture(scope="module")
+def default_tokens():
+    engine = Engine(page_size="16")
+    return [[t for s in r.segments for t in s.tokens] for r in engine.transcribe(CLIPS)]
+
+
+@pytest.mark.parametrize("options", [
+    {"encoder_dtype": "fp8"},
+    {"kv_cache_dtype": "fp8", "encoder_kv": "aligned"},
+])
+def test_fp8_modes_keep_tiny_en_tokens(default_tokens, options):
+    engine = Engine(page_size="16", **options)
+    if "kv_cache_dtype" in options:
+        assert engine.pools.kv_pool.k_buffers[0].dtype == FP8
+    results = engine.transcribe(CLIPS, word_timestamps=True)
+    assert [[t for s in r.segments for t in s.tokens] for r in results] == default_tokens
+    assert all(r.words for r in results)  # the alignment read the (fp8) cross K
