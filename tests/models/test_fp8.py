@@ -115,3 +115,24 @@ def test_fp8_modes_keep_tiny_en_tokens(default_tokens, options):
     results = engine.transcribe(CLIPS, word_timestamps=True)
     assert [[t for s in r.segments for t in s.tokens] for r in results] == default_tokens
     assert all(r.words for r in results)  # the alignment read the (fp8) cross K
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs an fp8 GPU")
+def test_scaled_mm_matches_the_emulation_and_the_engine_runs():
+    """On Hopper: ``torch._scaled_mm`` computes the emulated product (same rounding; only the
+    accumulation order differs), and tiny.en runs with both fp8 options (tokens printed)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(384, 1536)
+    x = torch.randn(3000, 384)
+    with torch.no_grad():
+        emulated = Fp8Linear(lin)(x)
+        gpu = Fp8Linear(lin.cuda().to(torch.bfloat16))(x.cuda().to(torch.bfloat16)).float().cpu()
+    assert float((gpu - emulated).norm() / emulated.norm()) < 1e-2  # bf16 output rounding
+    base = Engine(device="cuda", page_size="128").transcribe(CLIPS)
+    fp8 = Engine(device="cuda", page_size="128", encoder_dtype="fp8",
+                 kv_cache_dtype="fp8").transcribe(CLIPS)
+    for a, b in zip(base, fp8, strict=True):
+        print(f"bf16: {a.text!r}\nfp8:  {b.text!r}")
+        assert b.text
