@@ -16,6 +16,7 @@ callers the gaps between two consecutive steps of a running row (the wall time b
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -136,7 +137,8 @@ def main() -> None:
             print(f"{'on' if mixed else 'off':5s} {budget:7d}  {burst:17.1f}  {rate:13.1f}  "
                   f"{100 * rate / burst:4.0f}%  {statistics.median(watch.gaps_ms):6.1f} / "
                   f"{max(watch.gaps_ms):7.1f}  {max(watch.gap_steps):13d}", flush=True)
-            del engine
+            del engine, watch
+            gc.collect()
             if dev == "cuda":
                 torch.cuda.empty_cache()
 

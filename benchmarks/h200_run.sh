@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
-#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam   (several allowed, in order)
+#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|prefill|arrivals   (several allowed, in order)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -30,6 +30,11 @@ for part in "$@"; do
              | grep -v "custom logits" | tee "$OUT/beam_gpu.log")
           (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 16 64 --configs aligned:128 --no-hf 2>&1 \
              | grep -v "custom logits" | tee -a "$OUT/beam_gpu.log") ;;
+    prefill) timeout 200 python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_prefill_syncs.py tests/models/test_fp8.py \
+               -k "syncs_at_most_once or scaled_mm" -rs 2>&1 | tee "$OUT/prefill_tests.log" | tail -15
+             timeout 330 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 1 8 16 32 --compile 2>&1 | tee "$OUT/prefill.log"
+             timeout 200 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --encoder-dtype fp8 --kv-cache-dtype fp8 2>&1 | tee "$OUT/prefill_fp8.log" ;;
+    arrivals) timeout 500 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 262144 2>&1 | tee "$OUT/arrivals.log" ;;
     large256) python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 256 --configs flat:1:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large256.log" ;;
   esac
 done
