@@ -69,9 +69,9 @@ def kv_cache_dtype(mode: str, compute: torch.dtype) -> torch.dtype:
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` ``[M, K]`` -> (``float8_e4m3fn`` ``[M, K]``, fp32 scales ``[M, 1]``) with
     ``x ~= q * scale`` (symmetric, one scale per row; an all-zero row gets a tiny scale)."""
-    xf = x.float()
-    scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=1e-12)  # [M, 1]
-    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+    amax = torch.linalg.vector_norm(x, ord=float("inf"), dim=1, keepdim=True)  # one pass
+    scale = (amax.float() / FP8_MAX).clamp(min=1e-12)  # [M, 1] fp32
+    return torch.div(x, scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale  # x / scale in fp32
 
 
 class Fp8Linear(nn.Module):
