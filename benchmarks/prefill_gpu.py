@@ -136,6 +136,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=15, help="rows of the profiler tables")
     ap.add_argument("--config", default="flat:128", help="strategy:page_size of the engine")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(encoder)")
+    ap.add_argument("--encoder-dtype", default="auto", choices=("auto", "fp8"))
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"
@@ -146,14 +148,16 @@ def main() -> None:
     per_clip = encoder_flops(args.arch)
     floor_ms = 1000 * per_clip / flops_rate
     print(f"# {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, {args.arch}, "
-          f"{dtype}: bf16 matmul {flops_rate / 1e12:.0f} TFLOP/s; encoder "
+          f"{dtype}, encoder {args.encoder_dtype}, KV {args.kv_cache_dtype}: bf16 matmul "
+          f"{flops_rate / 1e12:.0f} TFLOP/s; encoder "
           f"{per_clip / 1e12:.3f} TFLOP per 30 s clip -> floor {floor_ms:.2f} ms per clip")
     hf = wg.build_hf(args.arch, dev, dtype)
     strategy, ps = args.config.split(":")
     conc = max(args.batch + [args.profile_batch])
     engine = wg.make_engine(hf, args.arch, conc, 2, device=dev, dtype=str(dtype)[6:],
                             encoder_kv=strategy, page_size=ps,
-                            max_prefill_tokens=conc * 1600, debug_checks=False)
+                            max_prefill_tokens=conc * 1600, debug_checks=False,
+                            encoder_dtype=args.encoder_dtype, kv_cache_dtype=args.kv_cache_dtype)
     model = engine.model
     compiled = torch.compile(model.model.encoder) if args.compile else None
     n_mels = wg.ARCHS[args.arch]["n_mels"]

@@ -64,6 +64,21 @@ class EngineConfig:
         "bundled English clips; see README 'CPU').",
         choices=QUANTIZATION_MODES,
     )
+    encoder_dtype: str = _f(
+        "auto",
+        "Encoder linear layers: auto (the compute dtype) or fp8 (Whisper: e4m3 weights per "
+        "output row x activations per token, torch._scaled_mm on CUDA with compute capability "
+        "8.9+ and --dtype bfloat16; on CPU an emulation, slower, for measuring accuracy; see "
+        "benchmarks/RESULTS.md 'fp8').",
+        choices=("auto", "fp8"),
+    )
+    kv_cache_dtype: str = _f(
+        "auto",
+        "KV-cache storage: auto (the compute dtype) or fp8 (e4m3, per-tensor scale 1, cast to "
+        "the compute dtype on every read: half the bytes per decode step; CUDA 8.9+, or CPU "
+        "with --attention-backend torch; see benchmarks/RESULTS.md 'fp8').",
+        choices=("auto", "fp8"),
+    )
     threads: int | None = _f(
         None,
         "CPU threads for torch (torch.set_num_threads, set once at engine start); default: "

@@ -12,14 +12,12 @@ mid-decode: an exhausted pool makes new requests wait, it never fails or evicts 
 
 Mixed steps (``SchedulerLimits.mixed_steps``, chunked prefill for encoder-decoder): a prefill
 step also carries every running row that may take a token, ahead of the new rows, in one
-forward. So a running row is in *every* step, and the work between two of its tokens is one
-decode token plus at most one admission budget (``max_prefill_tokens``) of encoder + prompt
-tokens: the encoder input is atomic (a whole 30 s window is never split across steps), so the
-budget bounds how many windows run per step (one request is always admitted). The same rows
-in separate steps (``mixed_steps`` off) would wait for back-to-back prefill steps while
-arrivals keep coming; alternating prefill and decode steps would bound the wait as well but
-cost one more forward per prefill step. The decode rows of a mixed step run eagerly (CUDA
-graphs capture decode-only steps).
+forward. A running row is thus in *every* step, and between two of its tokens runs at most one
+admission budget (``max_prefill_tokens``) of encoder + prompt tokens: encoder inputs are atomic
+(a 30 s window is never split), so the budget bounds the windows per step (one request is
+always admitted). Off, arrivals take back-to-back prefill steps and decoding waits; alternating
+steps would bound the wait too, at one more forward per prefill. A mixed step runs eagerly
+(CUDA graphs capture decode-only steps); if it fails, its running rows fail with it.
 
 Overlap scheduling calls ``schedule`` for step N+1 before ``update`` for step N, so finish
 checks lag one step: a request that stopped at step N has already been given step N+1, whose
@@ -236,7 +234,8 @@ class Scheduler:
 
     # ---- update -----------------------------------------------------------------------
     def fail(self, sched: ScheduledBatch, error: str) -> None:
-        """The runner could not run ``sched``: its requests fail, the engine goes on."""
+        """The runner could not run ``sched``: its requests fail (a mixed step's running rows
+        too: they were advanced for it), the engine goes on."""
         groups = {}
         for req in sched.reqs:
             if req.finish_reason is None and req.group is None:

@@ -76,6 +76,9 @@ def _softmax_step(q, kT, v, j, first, lim, m, lsum, acc, qk_scale, PRECISION: tl
         q = q.to(tl.float32)
         kT = kT.to(tl.float32)
         v = v.to(tl.float32)
+    else:  # an fp8 KV cache is dequantized here (scale 1); a no-op for q's own dtype
+        kT = kT.to(q.dtype)
+        v = v.to(q.dtype)
     s = tl.dot(q, kT, input_precision=PRECISION) * qk_scale  # [M, N] fp32, log2 units
     s = tl.where((j[None, :] >= first[:, None]) & (j[None, :] <= lim[:, None]), s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
@@ -175,7 +178,8 @@ def check_qkv(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise ValueError(f"head_dim {D} unsupported (1..{MAX_HEAD_DIM})")
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"query heads ({Hq}) must be a multiple of kv heads ({Hkv})")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+    kv_ok = k_cache.dtype == v_cache.dtype and k_cache.dtype in (q.dtype, torch.float8_e4m3fn)
+    if not kv_ok:  # an fp8 cache (scale 1) is cast to q's dtype as it is read
         raise ValueError(f"dtype mismatch: q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}")
     if q.dtype not in _DTYPES:
         raise ValueError(f"dtype {q.dtype} unsupported (float16, bfloat16, float32)")

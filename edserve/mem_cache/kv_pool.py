@@ -23,6 +23,8 @@ logger = logging.getLogger("edserve")
 
 _GB = 1024**3
 
+_FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
 
 class KVPool:
     """K and V buffers for every decoder layer, indexed by KV slot."""
@@ -97,7 +99,8 @@ class KVPool:
         """Write ``k[i]``/``v[i]`` to slot ``loc[i]`` of ``layer``.
 
         loc: [N] integer; k, v: [N, num_kv_heads, head_dim] floating point, cast to the pool
-        dtype. Shape or dtype mistakes raise ``ValueError``; a slot outside the buffer raises
+        dtype (float8_e4m3fn: saturated at +-448, scale 1; readers cast back). Shape or dtype
+        mistakes raise ``ValueError``; a slot outside the buffer raises
         ``IndexOutOfRangeError`` (checked when ``check_indices``; padding slots are valid).
         """
         self._check_layer(layer)
@@ -126,6 +129,8 @@ class KVPool:
                     f"set_kv: slots must be in 0..{self.num_buffer_slots - 1}, got min {lo} "
                     f"max {hi}"
                 )
+        if self.dtype == torch.float8_e4m3fn:  # saturate (a plain cast may give NaN on CUDA)
+            k, v = k.clamp(-_FP8_MAX, _FP8_MAX), v.clamp(-_FP8_MAX, _FP8_MAX)
         self.k_buffers[layer][loc] = k.to(self.dtype)
         self.v_buffers[layer][loc] = v.to(self.dtype)
 

@@ -15,6 +15,7 @@ from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.engine import Engine
 from edserve.engine.parts import EngineParts
 from edserve.layers.attention import create_backend
+from edserve.models.fp8 import apply_encoder_dtype
 from edserve.models.quantize import quantize_model
 from edserve.models.registry import build_model
 from edserve.models.weights import load_checkpoint
@@ -46,6 +47,7 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         model, tokenizer = build_model(checkpoint, s.dtype, s.device)
         del checkpoint
         model = quantize_model(model, config.quantization)
+        model = apply_encoder_dtype(model, config.encoder_dtype)
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops,
                              grouped_cross=config.grouped_cross_attention)

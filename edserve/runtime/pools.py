@@ -65,7 +65,7 @@ def _plan(config: EngineConfig, s: RuntimeSettings, model, context_len: int,
         max_total = running * (context_len + EXTRA_COLS + s.page_size)
     return plan_kv_cache(KVCacheConfig(
         num_layers=model.num_kv_layers, num_kv_heads=model.num_kv_heads,
-        head_dim=model.head_dim, dtype=s.dtype, page_size=s.page_size,
+        head_dim=model.head_dim, dtype=s.kv_dtype, page_size=s.page_size,
         max_running_requests=running, context_len=context_len,
         mem_fraction_static=config.mem_fraction_static, max_total_tokens=max_total,
         memory_bytes=memory_bytes, used_bytes=used, extra_cols=EXTRA_COLS))
@@ -105,7 +105,7 @@ def build_pools(config: EngineConfig, s: RuntimeSettings, model,
         if plan.num_rows < config.max_running_requests:
             reason += f", lowered to {plan.num_rows} by the KV pool"
     kv_pool = KVPool(plan.num_slots, s.page_size, model.num_kv_layers, model.num_kv_heads,
-                     model.head_dim, s.dtype, s.device)
+                     model.head_dim, s.kv_dtype, s.device)
     rtp = ReqToTokenPool(plan.num_rows, plan.max_context_len, s.device)
     debug = config.debug_checks
     allocator = PagedTokenToKVPoolAllocator(plan.num_slots, s.page_size, s.device, debug) \

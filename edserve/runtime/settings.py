@@ -11,6 +11,7 @@ import torch
 from edserve.config import EngineConfig
 from edserve.engine.cpu_modes import apply_threads
 from edserve.layers.attention import resolve_page_size
+from edserve.models.fp8 import check_fp8, kv_cache_dtype
 from edserve.models.quantize import check_supported
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -25,6 +26,7 @@ class RuntimeSettings:
     threads: int | None  # torch CPU threads set at start (None on CUDA)
     ops: str  # attention kernels: "torch" or "triton"
     page_size: int
+    kv_dtype: torch.dtype  # KV-cache storage (fp8 e4m3 with --kv-cache-dtype fp8)
 
     @property
     def on_cuda(self) -> bool:
@@ -63,7 +65,10 @@ def resolve_settings(config: EngineConfig) -> RuntimeSettings:
     restrict = tuple(int(s) for s in config.restrict_page_sizes.split(",")) \
         if config.restrict_page_sizes else None
     page_size = resolve_page_size(config.page_size, config.encoder_kv, ops, restrict)
-    return RuntimeSettings(device, dtype, threads, ops, page_size)
+    check_fp8(config.encoder_dtype, config.kv_cache_dtype, config.quantization, device, ops,
+              dtype)
+    return RuntimeSettings(device, dtype, threads, ops, page_size,
+                           kv_cache_dtype(config.kv_cache_dtype, dtype))
 
 
 def use_cuda_graph(config: EngineConfig, settings: RuntimeSettings) -> bool:

@@ -72,7 +72,8 @@ def cross_attention_weights(model: Any, kv_pool: Any, encoder_slots: torch.Tenso
         c = layer.encoder_attn
         q = c.q_proj(layer.encoder_attn_layer_norm(x)).view(T, H, hd)
         k_buf, v_buf = kv_pool.get_kv(i)
-        k_enc, v_enc = k_buf[slots].to(device), v_buf[slots].to(device)  # [S, H, hd]
+        # [S, H, hd] in the compute dtype (an fp8 KV cache is dequantized on read)
+        k_enc, v_enc = (b[slots].to(device=device, dtype=x.dtype) for b in (k_buf, v_buf))
         logits = torch.einsum("thd,shd->hts", q.float(), k_enc.float()) * scale
         w = torch.softmax(logits, dim=-1)  # [H, T, S] float32
         if i in needed:

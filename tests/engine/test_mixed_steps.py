@@ -82,3 +82,32 @@ def test_mixed_steps_give_the_same_outputs(random_whisper, strategy, page_size):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
         assert a.no_speech_prob == pytest.approx(b.no_speech_prob, abs=1e-5)
         assert a.no_speech_prob is not None
+
+
+def test_a_failed_mixed_step_fails_its_rows_and_frees_them(random_whisper, monkeypatch):
+    """The encoder raising in a mixed step fails the arrivals and the rows decoding with them
+    (they were advanced for the step); their KV is freed and the engine goes on."""
+    engine = build_engine(model=str(random_whisper), page_size="16", max_running_requests=4)
+    reqs = _requests(4)
+    outs = {}
+
+    def submit(r):
+        engine.add_request(GenerateRequest(r.prompt_ids, r.encoder_input, r.sampling,
+                                           rid=r.rid),
+                           lambda d: outs.__setitem__(d.rid, d.output)
+                           if d.finished else None)
+
+    submit(reqs[0])
+    engine.step()  # prefill alone
+    encode = engine.model.encode
+    monkeypatch.setattr(engine.model, "encode",
+                        lambda inputs: (_ for _ in ()).throw(RuntimeError("encoder down")))
+    submit(reqs[1])
+    engine.step()  # mixed: reqs[0] decodes next to reqs[1]'s failing prefill
+    assert {rid: o.error for rid, o in outs.items()} == {
+        reqs[0].rid: "RuntimeError: encoder down", reqs[1].rid: "RuntimeError: encoder down"}
+    monkeypatch.setattr(engine.model, "encode", encode)
+    submit(reqs[2])
+    while engine.has_work():
+        engine.step()
+    assert outs[reqs[2].rid].error is None and len(outs[reqs[2].rid].token_ids) > 0

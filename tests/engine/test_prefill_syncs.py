@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 import torch
 from cuda_syncs import count_syncs
@@ -118,6 +119,17 @@ def test_nonfinite_log_mel_is_refused_at_submission(random_whisper):
         engine.add_request(GenerateRequest([50257], mel))
     with pytest.raises(ValueError, match="floating-point log-mel"):
         engine.add_request(GenerateRequest([50257], torch.zeros(80, 3000, dtype=torch.int64)))
+
+
+def test_nonfinite_audio_array_is_refused_before_the_engine():
+    from edserve.audio.errors import NonFiniteAudioError
+    from edserve.whisper.options import TranscribeOptions
+    from edserve.whisper.transcribe import transcribe
+
+    audio = np.zeros(16000, dtype=np.float32)
+    audio[123] = np.inf
+    with pytest.raises(NonFiniteAudioError):
+        transcribe(object(), [audio], options=TranscribeOptions())  # the engine is never used
 
 
 @pytest.mark.gpu

@@ -200,3 +200,14 @@ def test_strided_index_tensor_is_refused():
     a["kv_lens"] = torch.tensor([[5, 0], [9, 0]], dtype=torch.int32, device=DEV)[:, 0]  # stride 2
     with pytest.raises(ValueError, match="kv_lens must be contiguous"):
         run(a, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_cache_is_read_in_q_dtype(dtype):
+    """An fp8 (e4m3, scale 1) KV cache (``--kv-cache-dtype fp8``): keys and values are cast to
+    q's dtype as they are read; the reference reads the same e4m3 values in float64."""
+    a = make_flat([0, 37, 150], [1, 3, 2], 16, hq=4, hkv=2, d=32, seed=11)
+    a["q"] = a["q"].to(dtype)
+    a["k_cache"] = a["k_cache"].to(torch.float8_e4m3fn)
+    a["v_cache"] = a["v_cache"].to(torch.float8_e4m3fn)
+    check(run(a, True), reference(a, True), tol=1e-5 if dtype == torch.float32 else 2e-2)

@@ -215,3 +215,12 @@ def test_input_validation():
     bad("cu_q", cu_q=a["cu_q"][:-1])
     bad("max_q", max_q=-1)
     bad("multiple of page_size", k_cache=a["k_cache"][:-1], v_cache=a["v_cache"][:-1])
+
+
+def test_fp8_cache_is_read_in_q_dtype():
+    """An fp8 (e4m3, scale 1) KV cache (``--kv-cache-dtype fp8``) read through the page table:
+    cast to q's dtype on load; the reference reads the same e4m3 values in float64."""
+    a = make_paged([0, 50, 130], [2, 3, 1], 16, hq=4, hkv=2, d=32, seed=12)
+    a["k_cache"] = a["k_cache"].to(torch.float8_e4m3fn)
+    a["v_cache"] = a["v_cache"].to(torch.float8_e4m3fn)
+    check(run(a, True, 16), reference(a, True, 16))

@@ -75,3 +75,13 @@ def test_constructor_validation():
         make_pool(num_slots=10, page_size=4)
     with pytest.raises(ValueError, match="head_dim"):
         make_pool(head_dim=0)
+
+
+def test_fp8_pool_saturates_and_stores_e4m3():
+    pool = KVPool(8, 1, 1, 1, 4, torch.float8_e4m3fn, "cpu")
+    k = torch.tensor([[[1000.0, -1e6, 0.3, 1.0]]])  # [1 slot, 1 head, 4]
+    pool.set_kv(0, torch.tensor([3]), k, -k)
+    kb, vb = pool.get_kv(0)
+    assert kb.dtype == torch.float8_e4m3fn
+    assert kb[3].float().tolist() == [[448.0, -448.0, 0.3125, 1.0]]  # 0.3 -> nearest e4m3
+    assert vb[3].float().tolist() == [[-448.0, 448.0, -0.3125, -1.0]]
