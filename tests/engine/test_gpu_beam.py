@@ -52,8 +52,8 @@ def _engine(folder, device: str, strategy: str, page_size: str, **kw) -> Engine:
     cuda = device.startswith("cuda")
     return build_engine(model=str(folder), device=device, dtype="float32", encoder_kv=strategy,
                   page_size=page_size, attention_backend="triton" if cuda else "torch",
-                  cuda_graph=cuda, max_running_requests=16,
-                  **{"max_total_tokens": 65536, **kw})  # tests build several engines at once
+                  max_running_requests=16,  # pools sized by tokens: tests build several engines
+                  **{"cuda_graph": cuda, "max_total_tokens": 65536, **kw})
 
 
 def _filters(tok):

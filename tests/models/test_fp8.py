@@ -93,7 +93,7 @@ def test_fp8_start_up_errors(monkeypatch):
     with pytest.raises(ValueError, match="use --dtype bfloat16"):
         check_fp8("fp8", "auto", "none", torch.device("cuda"), "triton", torch.float16)
     with pytest.raises(ValueError, match="choose one"):
-        build_engine(encoder_dtype="fp8", quantization="int8")
+        build_engine(encoder_dtype="fp8", quantization="int8", device="cpu")
 
 
 # Measured (benchmarks/fp8_accuracy.py, RESULTS.md 'fp8'): on these bundled clips every fp8
@@ -116,6 +116,13 @@ def test_fp8_keeps_tiny_en_tokens_on_the_bundled_clips():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
                     reason="needs an fp8 GPU")
+def _rounded(lin: nn.Linear, dtype: torch.dtype) -> nn.Linear:
+    """A float32 copy of ``lin`` whose weight and bias went through ``dtype``."""
+    out = nn.Linear(lin.in_features, lin.out_features)
+    out.load_state_dict({k: v.to(dtype).float() for k, v in lin.state_dict().items()})
+    return out
+
+
 def test_scaled_mm_matches_the_emulation_and_the_engine_runs(tmp_path):
     """On Hopper: ``torch._scaled_mm`` computes the emulated product (same rounding; only the
     accumulation order differs), and the engine runs with both fp8 options (random weights;
@@ -123,9 +130,10 @@ def test_scaled_mm_matches_the_emulation_and_the_engine_runs(tmp_path):
     torch.manual_seed(0)
     lin = nn.Linear(384, 1536)
     x = torch.randn(3000, 384)
-    with torch.no_grad():
-        emulated = Fp8Linear(lin)(x)
-        gpu = Fp8Linear(lin.cuda().to(torch.bfloat16))(x.cuda().to(torch.bfloat16)).float().cpu()
+    bf16 = torch.bfloat16
+    with torch.no_grad():  # the emulation gets the GPU path's bf16-rounded weights and inputs
+        emulated = Fp8Linear(_rounded(lin, bf16))(x.to(bf16).float())
+        gpu = Fp8Linear(lin.cuda().to(bf16))(x.cuda().to(bf16)).float().cpu()
     assert float((gpu - emulated).norm() / emulated.norm()) < 1e-2  # bf16 output rounding
     folder = str(make_random_whisper(tmp_path))
     gen = torch.Generator().manual_seed(0)
