@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import shutil
@@ -159,6 +160,11 @@ def main() -> None:
     eng = engine_figures(folder, clip, args.requests, [a for _, a in longs], args.rows, extra)
     print(f"# engine: {eng['requests_per_s']:.1f} short requests/s, long-form "
           f"{eng['longform_audio_s_per_s']:.0f} audio s/s", flush=True)
+    gc.collect()  # the engine's pools and graphs go before the server sizes its own
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        print(f"# GPU memory still held here: {torch.cuda.memory_allocated() / 2**30:.1f} GiB",
+              flush=True)
     proc, url = start_server(work / "serve.log", "--model", str(folder), "--device", device,
                              "--max-running-requests", str(args.rows), "--context-length",
                              str(CONTEXT), *NO_FALLBACK,
