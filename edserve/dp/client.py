@@ -86,7 +86,7 @@ class DataParallelClient(EngineClient):
             raise RequestFailed("word timestamps (and other on_finished_kv hooks) are not "
                                 "supported with --data-parallel-size > 1", request.rid)
         try:
-            return pickle.dumps((P.GEN, request, stream), protocol=pickle.HIGHEST_PROTOCOL)
+            return pickle.dumps(P.Generate(request, stream), protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ValueError(f"request {request.rid} cannot be sent to a worker process: "
                              f"{exc}") from None

@@ -66,8 +66,12 @@ class WorkerLoop:
         self._last_stats: tuple = ()
         self._stats_at = 0.0
 
-    def send(self, kind: str, *payload: Any) -> None:
-        self.up.send_pyobj((kind, self.index, *payload))
+        self._handlers = {P.Generate: self._on_generate, P.Abort: self._on_abort,
+                          P.Call: self._on_call, P.Stop: self._on_stop}
+        self._calls = {"integrity": self._call_integrity, "validate": self._call_validate}
+
+    def send(self, msg: Any) -> None:
+        self.up.send_pyobj(msg)
 
     # ---- messages ---------------------------------------------------------------------
     def _drain_messages(self) -> None:
@@ -76,27 +80,28 @@ class WorkerLoop:
                 msg = self.down.recv_pyobj(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            getattr(self, "_on_" + msg[0])(*msg[1:])
+            P.dispatch(self._handlers, msg)
 
-    def _on_gen(self, request: Any, stream: bool) -> None:
+    def _on_generate(self, msg: P.Generate) -> None:
         from edserve.engine.request import FinishReason, GenerateOutput, TokenDelta
 
+        request, stream = msg.request, msg.stream
         rid = request.rid
         if self.stop_deadline is not None:
             out = GenerateOutput(rid, [], [], FinishReason.ERROR, error="worker is stopping")
-            self.send(P.DELTA, rid, TokenDelta(rid, [], finished=True, output=out))
+            self.send(P.Delta(self.index, rid, TokenDelta(rid, [], finished=True, output=out)))
             return
         request.logits_processors = [self._intern(f) for f in request.logits_processors]
 
         def deliver(delta: Any) -> None:
             if delta.finished:
                 self.live.pop(rid, None)
-            self.send(P.DELTA, rid, delta)
+            self.send(P.Delta(self.index, rid, delta))
 
         try:
             self.engine.add_request(request, deliver, stream)
         except ValueError as exc:
-            self.send(P.REJECT, rid, str(exc))
+            self.send(P.Reject(self.index, rid, str(exc)))
             return
         self.live[rid] = stream
 
@@ -107,19 +112,22 @@ class WorkerLoop:
         except TypeError:  # unhashable
             return f
 
-    def _on_abort(self, rid: str) -> None:
-        self.engine.abort(rid)
+    def _on_abort(self, msg: P.Abort) -> None:
+        self.engine.abort(msg.rid)
 
-    def _on_call(self, call_id: int, name: str, arg: Any) -> None:
+    def _on_call(self, msg: P.Call) -> None:
         try:
-            value = getattr(self, "_call_" + name)(arg)
+            fn = self._calls.get(msg.name)
+            if fn is None:
+                raise ValueError(f"unknown engine call {msg.name!r}")
+            value = fn(msg.arg)
         except Exception as exc:
-            self.send(P.REPLY, call_id, False, (type(exc).__name__, str(exc)))
+            self.send(P.Reply(self.index, msg.call_id, False, str(exc), type(exc).__name__))
         else:
-            self.send(P.REPLY, call_id, True, value)
+            self.send(P.Reply(self.index, msg.call_id, True, value))
 
-    def _on_stop(self, drain_timeout: float) -> None:
-        self.drain_timeout = drain_timeout
+    def _on_stop(self, msg: P.Stop) -> None:
+        self.drain_timeout = msg.drain_timeout
         self.request_stop()
 
     def request_stop(self) -> None:
@@ -152,7 +160,8 @@ class WorkerLoop:
             for rid in list(self.live):
                 self.engine.abort(rid)
                 out = GenerateOutput(rid, [], [], FinishReason.ERROR, error=message)
-                self.send(P.DELTA, rid, TokenDelta(rid, [], finished=True, output=out))
+                self.send(P.Delta(self.index, rid, TokenDelta(rid, [], finished=True,
+                                                              output=out)))
             self.live.clear()
 
     def _send_stats(self, now: float) -> None:
@@ -161,7 +170,7 @@ class WorkerLoop:
         due = now - self._stats_at >= (P.STATS_INTERVAL_S if key != self._last_stats
                                        else IDLE_STATS_S)
         if due:
-            self.send(P.STATS, s)
+            self.send(P.Stats(self.index, s))
             self._last_stats, self._stats_at = key, now
 
     def run(self) -> None:
@@ -223,17 +232,17 @@ def main(argv: list[str] | None = None) -> int:
                               engine.max_decoder_len, is_mllama(engine), str(engine.device),
                               threads, engine.config.max_running_requests)
     except Exception as exc:
-        up.send_pyobj((P.FAILED, args.index, f"{type(exc).__name__}: {exc}"))
+        up.send_pyobj(P.Failed(args.index, f"{type(exc).__name__}: {exc}"))
         up.close()
         ctx.term()
         return 1
     loop = WorkerLoop(args.index, engine, up, down, args.parent_pid)
     signal.signal(signal.SIGTERM, lambda *_: loop.request_stop())
-    loop.send(P.HELLO, facts)
+    loop.send(P.Hello(args.index, facts))
     try:
         loop.run()
     finally:
-        loop.send(P.BYE)
+        loop.send(P.Bye(args.index))
         down.close()
         up.close()
         ctx.term()
