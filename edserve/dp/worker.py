@@ -7,6 +7,9 @@ steps), sends deltas and throttled stats ``up``, else waits up to 100 ms for a m
 exits when asked to stop (the ``stop`` message or SIGTERM: finish in-flight requests within the
 drain timeout, then abort the rest) or when its parent dies (``PR_SET_PDEATHSIG`` plus a
 parent-pid check: no orphans). SIGINT is ignored: the API process owns shutdown.
+In-flight bookkeeping, the failed-step rule, the stats snapshot, ``validate`` and
+``integrity`` are the :class:`~edserve.engine.core.EngineCore`'s (shared with the in-process
+``AsyncEngine``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import zmq
 
 from edserve.dp import protocol as P
+from edserve.engine.core import EngineCore, failed_delta
 
 logger = logging.getLogger("edserve.dp")
 PARENT_CHECK_S = 1.0
@@ -41,25 +45,14 @@ def die_with_parent(parent_pid: int) -> None:
         sys.exit(0)
 
 
-def stats_of(engine: Any) -> Any:
-    from edserve.engine.protocol import EngineStats
-
-    sched, alloc = engine.scheduler, engine.pools.allocator
-    free, total = alloc.available_size(), alloc.size
-    return EngineStats(waiting=len(sched.waiting), running=len(sched.running),
-                       kv_used=total - free, kv_free=free, kv_total=total,
-                       generated_tokens=int(sched.num_generated_tokens),
-                       taken_at=time.monotonic())
-
-
 class WorkerLoop:
     """The worker's engine loop (see the module doc); ``run()`` returns when it should exit."""
 
     def __init__(self, index: int, engine: Any, up: zmq.Socket, down: zmq.Socket,
                  parent_pid: int) -> None:
         self.index, self.engine, self.up, self.down = index, engine, up, down
+        self.core = EngineCore(engine)
         self.parent_pid = parent_pid
-        self.live: dict[str, bool] = {}  # rid -> streamed
         self._filters: dict[Any, Any] = {}
         self.stop_deadline: float | None = None
         self.drain_timeout = 30.0
@@ -68,7 +61,8 @@ class WorkerLoop:
 
         self._handlers = {P.Generate: self._on_generate, P.Abort: self._on_abort,
                           P.Call: self._on_call, P.Stop: self._on_stop}
-        self._calls = {"integrity": self._call_integrity, "validate": self._call_validate}
+        self._calls = {"integrity": lambda _: self.core.integrity(),
+                       "validate": self.core.validate}
 
     def send(self, msg: Any) -> None:
         self.up.send_pyobj(msg)
@@ -83,27 +77,17 @@ class WorkerLoop:
             P.dispatch(self._handlers, msg)
 
     def _on_generate(self, msg: P.Generate) -> None:
-        from edserve.engine.request import FinishReason, GenerateOutput, TokenDelta
-
-        request, stream = msg.request, msg.stream
+        request = msg.request
         rid = request.rid
         if self.stop_deadline is not None:
-            out = GenerateOutput(rid, [], [], FinishReason.ERROR, error="worker is stopping")
-            self.send(P.Delta(self.index, rid, TokenDelta(rid, [], finished=True, output=out)))
+            self.send(P.Delta(self.index, rid, failed_delta(rid, "worker is stopping")))
             return
         request.logits_processors = [self._intern(f) for f in request.logits_processors]
-
-        def deliver(delta: Any) -> None:
-            if delta.finished:
-                self.live.pop(rid, None)
-            self.send(P.Delta(self.index, rid, delta))
-
         try:
-            self.engine.add_request(request, deliver, stream)
+            self.core.submit(request, lambda d: self.send(P.Delta(self.index, rid, d)),
+                             msg.stream)
         except ValueError as exc:
             self.send(P.Reject(self.index, rid, str(exc)))
-            return
-        self.live[rid] = stream
 
     def _intern(self, f: Any) -> Any:
         """One instance per distinct filter, so the sampler's per-filter caches are shared."""
@@ -113,7 +97,7 @@ class WorkerLoop:
             return f
 
     def _on_abort(self, msg: P.Abort) -> None:
-        self.engine.abort(msg.rid)
+        self.core.abort(msg.rid)
 
     def _on_call(self, msg: P.Call) -> None:
         try:
@@ -134,38 +118,9 @@ class WorkerLoop:
         if self.stop_deadline is None:
             self.stop_deadline = time.monotonic() + self.drain_timeout
 
-    # ---- calls ------------------------------------------------------------------------
-    def _call_integrity(self, _: Any) -> dict[str, Any]:
-        self.engine.check_integrity()
-        s = stats_of(self.engine)
-        return {"ok": True, "kv_slots_used": s.kv_used, "kv_slots_total": s.kv_total,
-                "running": s.running, "waiting": s.waiting, "inflight": len(self.live)}
-
-    def _call_validate(self, request: Any) -> None:
-        req = self.engine.make_req(request)
-        total = self.engine.pools.allocator.size
-        if req.reserved_slots > total:
-            raise ValueError(f"prompt + max_tokens need {req.reserved_slots} KV slots but the "
-                             f"cache holds {total}; lower max_tokens")
-
     # ---- loop -------------------------------------------------------------------------
-    def _step(self) -> None:
-        from edserve.engine.request import FinishReason, GenerateOutput, TokenDelta
-
-        try:
-            self.engine.step()
-        except Exception as exc:  # keep serving; fail what was in flight (as AsyncEngine)
-            logger.exception("engine step failed")
-            message = f"engine step failed: {type(exc).__name__}: {exc}"
-            for rid in list(self.live):
-                self.engine.abort(rid)
-                out = GenerateOutput(rid, [], [], FinishReason.ERROR, error=message)
-                self.send(P.Delta(self.index, rid, TokenDelta(rid, [], finished=True,
-                                                              output=out)))
-            self.live.clear()
-
     def _send_stats(self, now: float) -> None:
-        s = stats_of(self.engine)
+        s = self.core.stats()
         key = (s.waiting, s.running, s.kv_free, s.generated_tokens)
         due = now - self._stats_at >= (P.STATS_INTERVAL_S if key != self._last_stats
                                        else IDLE_STATS_S)
@@ -182,17 +137,16 @@ class WorkerLoop:
             if poller.poll(0 if busy else 100):
                 self._drain_messages()
             if self.engine.has_work():
-                self._step()
+                self.core.step()  # a failed step fails what was in flight; we keep serving
             now = time.monotonic()
             self._send_stats(now)
             if self.stop_deadline is not None:
-                if not self.live and not self.engine.has_work():
+                if not self.core.num_inflight and not self.engine.has_work():
                     return
                 if now > self.stop_deadline:
-                    for rid in list(self.live):
-                        self.engine.abort(rid)
+                    self.core.abort_all()
                     while self.engine.has_work():  # the aborts finish (and free) the rows
-                        self._step()
+                        self.core.step()
                     return
             if now - parent_checked > PARENT_CHECK_S:
                 parent_checked = now

@@ -9,32 +9,15 @@ and health checks cost the engine nothing.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from edserve.engine.async_engine import AsyncEngine
+from edserve.engine.core import EngineStats
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
 
 __all__ = ["EngineClient", "EngineStats", "RequestFailed"]
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A consistent snapshot of the engine, taken on the engine thread between steps."""
-
-    waiting: int
-    running: int
-    kv_used: int
-    kv_free: int
-    kv_total: int
-    generated_tokens: int
-    taken_at: float  # time.monotonic() of the snapshot
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class EngineClient:
@@ -50,21 +33,14 @@ class EngineClient:
     def __init__(self, aengine: AsyncEngine, model_name: str = "") -> None:
         self._aengine = aengine
         self._engine = aengine.engine
+        self._core = aengine.core
         self.model_name = model_name
-        self._stats = self._snapshot()  # startup read; afterwards only on the engine thread
+        self._stats = self._core.stats()  # startup read; afterwards only on the engine thread
         aengine.add_step_hook(self._refresh)
 
     # ---- stats ------------------------------------------------------------------------
-    def _snapshot(self) -> EngineStats:
-        sched, alloc = self._engine.scheduler, self._engine.pools.allocator
-        free, total = alloc.available_size(), alloc.size
-        return EngineStats(waiting=len(sched.waiting), running=len(sched.running),
-                           kv_used=total - free, kv_free=free, kv_total=total,
-                           generated_tokens=int(sched.num_generated_tokens),
-                           taken_at=time.monotonic())
-
     def _refresh(self) -> None:  # engine thread, after each step
-        self._stats = self._snapshot()
+        self._stats = self._core.stats()
 
     def stats(self) -> EngineStats:
         """The latest snapshot (refreshed once per engine step; never waits)."""
@@ -91,7 +67,7 @@ class EngineClient:
 
     def abort(self, rid: str) -> None:
         """Cancel a request (thread-safe); its row and KV are freed at the next step."""
-        self._engine.abort(rid)
+        self._core.abort(rid)
 
     def release_encoder(self, handle: Any) -> None:
         """Hand back a ``keep_encoder`` handle from an output (thread-safe; carried out on the
@@ -101,24 +77,12 @@ class EngineClient:
     def validate(self, request: GenerateRequest) -> None:
         """Dry run of the engine's admission checks (any thread): ``ValueError`` when the
         request is invalid or could never fit the KV cache, even when it is empty."""
-        req = self._engine.make_req(request)
-        total = self._engine.pools.allocator.size
-        if req.reserved_slots > total:
-            raise ValueError(f"prompt + max_tokens need {req.reserved_slots} KV slots but the "
-                             f"cache holds {total}; lower max_tokens")
+        self._core.validate(request)
 
     async def integrity(self) -> dict[str, Any]:
         """Run the KV-cache integrity check on the engine thread (one call per step at most);
         returns the stats at that moment plus ``ok`` and ``inflight``. Raises on corruption."""
-
-        def check() -> dict[str, Any]:
-            self._engine.check_integrity()
-            snap = self._snapshot()
-            return {"ok": True, "kv_slots_used": snap.kv_used, "kv_slots_total": snap.kv_total,
-                    "running": snap.running, "waiting": snap.waiting,
-                    "inflight": self._aengine.num_inflight}
-
-        return await self._aengine.call(check)
+        return await self._aengine.call(self._core.integrity)
 
     # ---- model facts ------------------------------------------------------------------
     @property
