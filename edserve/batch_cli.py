@@ -172,10 +172,10 @@ def _client(args: argparse.Namespace) -> Any:
 
         return DataParallelClient(config, args.data_parallel_size).start()
     from edserve.engine.async_engine import AsyncEngine
-    from edserve.engine.protocol import EngineClient
+    from edserve.engine.local_client import InProcessClient
     from edserve.runtime import build_engine
 
-    return EngineClient(AsyncEngine(build_engine(config)).start())
+    return InProcessClient(AsyncEngine(build_engine(config)).start())
 
 
 def _options(args: argparse.Namespace, seed: int) -> Any:

@@ -1,0 +1,59 @@
+"""``--engine-process``: the single-engine server on the worker-process path (one engine
+worker behind the API process), and the client interface both clients implement fully."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+import torch
+
+from dp.reference import DATA, single_engine_texts
+from edserve.config import EngineConfig
+from edserve.dp.client import DataParallelClient
+from edserve.engine.errors import RequestFailed
+from edserve.engine.local_client import InProcessClient
+from edserve.engine.protocol import EngineClient
+from edserve.engine.request import GenerateRequest
+from edserve.server.config import ServerConfig
+from edserve.server.launch import ServerThread, build
+
+
+def test_both_clients_implement_the_whole_interface():
+    assert InProcessClient.__abstractmethods__ == frozenset()
+    assert DataParallelClient.__abstractmethods__ == frozenset()
+    for cls in (InProcessClient, DataParallelClient):
+        assert "__init__" in vars(cls)  # its own, nothing inherited by accident
+    with pytest.raises(TypeError):
+        EngineClient()  # abstract
+
+
+def test_engine_process_serves_like_the_in_process_engine():
+    cfg = ServerConfig(engine_process=True)
+    client, app = build(EngineConfig(), cfg)
+    assert isinstance(client, DataParallelClient) and len(client.workers) == 1
+    server = ServerThread(app, "127.0.0.1", 0).start()
+    try:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
+                           timeout=300) as oai, open(DATA / "jfk.wav", "rb") as f:
+            text = oai.audio.transcriptions.create(model="whisper-1", file=f).text
+        assert text == single_engine_texts()["jfk"]
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            health = http.get("/health")
+            assert health.status_code == 200
+            body = health.json()
+            assert body["status"] == "ok" and [w["worker"] for w in body["workers"]] == [0]
+            with open(DATA / "jfk.wav", "rb") as f:
+                r = http.post("/v1/audio/transcriptions", files={"file": ("jfk.wav", f)},
+                              data={"model": "whisper-1", "response_format": "verbose_json",
+                                    "timestamp_granularities[]": "word"})
+            assert r.status_code == 400 and "--engine-process" in r.json()["error"]["message"]
+        with pytest.raises(RequestFailed, match="encoder handles"):
+            client.release_encoder(object())
+        kept = GenerateRequest([50257], torch.zeros(80, 3000), keep_encoder=True)
+        with pytest.raises(RequestFailed, match="encoder handles"):
+            client.validate(kept)
+    finally:
+        server.stop()
+        client.shutdown(5.0)
+    assert not client.is_alive
