@@ -196,8 +196,6 @@ def run_batch(args: argparse.Namespace) -> int:
         return _fail("--output-format all needs --output-dir")
     if args.resume and args.output_dir is None:
         return _fail("--resume needs --output-dir")
-    if args.data_parallel_size > 1 and getattr(args, "word_timestamps", False):
-        return _fail("--word-timestamps is not supported with --data-parallel-size > 1")
     try:
         files = expand_inputs(args.files)
     except (OSError, ValueError) as exc:
