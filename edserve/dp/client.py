@@ -2,9 +2,9 @@
 N engine worker processes, so ``create_app`` and every route work unchanged.
 
 Requests must pickle (prompt ids, the log-mel tensor, sampling params and the batched logits
-filters all do); a request with an ``on_finished_kv`` callback (word timestamps read the KV
-cache on the engine thread) or a ``keep_encoder``/``encoder_kv`` handle (a region of one
-worker's pool) cannot run in another process and is refused with
+filters and a ``readout``, e.g. word timestamps' alignment, all do); a request with an
+``on_finished_kv`` callback (it would run in the worker) or a ``keep_encoder``/``encoder_kv``
+handle (a region of one worker's pool) cannot run in another process and is refused with
 :class:`~edserve.engine.errors.RequestFailed`. A request whose worker dies fails with
 :class:`~edserve.dp.errors.WorkerLost` (503). Also used with one worker
 (``--engine-process``).

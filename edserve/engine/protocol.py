@@ -33,7 +33,8 @@ class EngineClient(ABC):
     @abstractmethod
     def supports_kv_hooks(self) -> bool:
         """True when the engine runs in this process, so requests may carry callbacks that
-        read the KV (``on_finished_kv``: word timestamps) and ``keep_encoder`` handles."""
+        read the KV (``on_finished_kv``) and ``keep_encoder`` handles (encoder reuse across
+        fallback). A ``readout`` (word timestamps) works with every client."""
 
     # ---- stats ------------------------------------------------------------------------
     @abstractmethod
