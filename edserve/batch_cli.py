@@ -172,10 +172,10 @@ def _client(args: argparse.Namespace) -> Any:
 
         return DataParallelClient(config, args.data_parallel_size).start()
     from edserve.engine.async_engine import AsyncEngine
-    from edserve.engine.protocol import EngineClient
+    from edserve.engine.local_client import InProcessClient
     from edserve.runtime import build_engine
 
-    return EngineClient(AsyncEngine(build_engine(config)).start())
+    return InProcessClient(AsyncEngine(build_engine(config)).start())
 
 
 def _options(args: argparse.Namespace, seed: int) -> Any:
@@ -196,8 +196,6 @@ def run_batch(args: argparse.Namespace) -> int:
         return _fail("--output-format all needs --output-dir")
     if args.resume and args.output_dir is None:
         return _fail("--resume needs --output-dir")
-    if args.data_parallel_size > 1 and getattr(args, "word_timestamps", False):
-        return _fail("--word-timestamps is not supported with --data-parallel-size > 1")
     try:
         files = expand_inputs(args.files)
     except (OSError, ValueError) as exc:

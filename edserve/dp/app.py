@@ -1,5 +1,6 @@
 """The HTTP app over a :class:`~edserve.dp.client.DataParallelClient`: ``create_app``'s routes
-unchanged, plus per-worker metrics and a ``/health`` that reports every worker.
+unchanged (its ``/health`` reports every worker through the client's ``health()``), plus
+per-worker metrics.
 
 ``/metrics`` keeps the engine gauges (summed over the workers) and adds, labelled
 ``worker="<i>"``: ``edserve_worker_up``, ``edserve_worker_inflight_requests``,
@@ -17,7 +18,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from edserve.server.app import create_app
@@ -60,18 +60,7 @@ class WorkerCollector:
 
 
 def create_dp_app(client: Any, config: ServerConfig | None = None) -> FastAPI:
-    """``create_app(client, config)`` with the worker metrics and the per-worker health."""
+    """``create_app(client, config)`` with the worker metrics."""
     app = create_app(client, config)
     app.state.metrics.registry.register(WorkerCollector(client))
-    app.router.routes = [r for r in app.router.routes if getattr(r, "path", "") != "/health"]
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        workers = [w.describe() for w in client.workers]
-        serving = sum(w["ready"] for w in workers)
-        status = "ok" if serving == len(workers) else "degraded" if serving else \
-            "engine stopped"
-        return JSONResponse({"status": status, "workers": workers},
-                            status_code=200 if client.is_alive else 503)
-
     return app

@@ -2,10 +2,12 @@
 N engine worker processes, so ``create_app`` and every route work unchanged.
 
 Requests must pickle (prompt ids, the log-mel tensor, sampling params and the batched logits
-filters all do); a request with an ``on_finished_kv`` callback (word timestamps read the KV
-cache on the engine thread) cannot run in another process and is refused with
+filters and a ``readout``, e.g. word timestamps' alignment, all do); a request with an
+``on_finished_kv`` callback (it would run in the worker) or a ``keep_encoder``/``encoder_kv``
+handle (a region of one worker's pool) cannot run in another process and is refused with
 :class:`~edserve.engine.errors.RequestFailed`. A request whose worker dies fails with
-:class:`~edserve.dp.errors.WorkerLost` (503).
+:class:`~edserve.dp.errors.WorkerLost` (503). Also used with one worker
+(``--engine-process``).
 """
 
 from __future__ import annotations
@@ -36,11 +38,8 @@ class DataParallelClient(EngineClient):
     :func:`edserve.dp.placement.plan`: one GPU each, or a share of the CPU cores).
     """
 
-    supports_kv_hooks = False  # the KV lives in the workers: no on_finished_kv callbacks
-
     def __init__(self, config: EngineConfig, size: int, model_name: str = "",
                  log_level: str = "WARNING", gpus: list[str] | None = None) -> None:
-        # Not EngineClient.__init__: there is no engine in this process.
         self._config = config
         self.size = size
         self.model_name = model_name
@@ -51,9 +50,14 @@ class DataParallelClient(EngineClient):
         self.supervisor.start(timeout)
         if self._facts.is_mllama:
             self.supervisor.shutdown(0.0)
-            raise ValueError("--data-parallel-size > 1 serves Whisper models only (Mllama "
-                             "chat prepares images with the model, which lives in the workers)")
+            raise ValueError("engine worker processes (--data-parallel-size > 1 or "
+                             "--engine-process) serve Whisper models only (Mllama chat "
+                             "prepares images with the model, which lives in the workers)")
         return self
+
+    @property
+    def supports_kv_hooks(self) -> bool:
+        return False  # the KV lives in the workers: no on_finished_kv callbacks or handles
 
     @property
     def workers(self) -> list[WorkerState]:
@@ -84,9 +88,12 @@ class DataParallelClient(EngineClient):
     def _pickled(request: GenerateRequest, stream: bool) -> bytes:
         if request.on_finished_kv is not None:
             raise RequestFailed("word timestamps (and other on_finished_kv hooks) are not "
-                                "supported with --data-parallel-size > 1", request.rid)
+                                "supported with engine worker processes", request.rid)
+        if request.keep_encoder or request.encoder_kv is not None:
+            raise RequestFailed("encoder handles (keep_encoder, encoder_kv) are not supported "
+                                "with engine worker processes", request.rid)
         try:
-            return pickle.dumps((P.GEN, request, stream), protocol=pickle.HIGHEST_PROTOCOL)
+            return pickle.dumps(P.Generate(request, stream), protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ValueError(f"request {request.rid} cannot be sent to a worker process: "
                              f"{exc}") from None
@@ -130,6 +137,11 @@ class DataParallelClient(EngineClient):
     def abort(self, rid: str) -> None:
         """Cancel a request on its worker (thread-safe)."""
         self.supervisor.forget(rid, abort=True)
+
+    def release_encoder(self, handle: Any) -> None:
+        """Never valid here: no request can ask for a handle (see the module doc)."""
+        raise RequestFailed("encoder handles (keep_encoder) are not supported with engine "
+                            "worker processes; there is none to release")
 
     def validate(self, request: GenerateRequest) -> None:
         """The engine's admission checks, run on a worker (blocking; call it off the event
@@ -189,6 +201,15 @@ class DataParallelClient(EngineClient):
     def is_alive(self) -> bool:
         """True while at least one worker serves."""
         return not self.supervisor.closing and any(w.ready for w in self.workers)
+
+    def health(self) -> dict[str, Any]:
+        """``status``: ``ok`` when every worker serves, ``degraded`` when some do, ``engine
+        stopped`` when none does; ``workers``: one entry each."""
+        workers = [w.describe() for w in self.workers]
+        serving = sum(w["ready"] for w in workers)
+        status = "ok" if serving == len(workers) else "degraded" if serving else \
+            "engine stopped"
+        return {"status": status, "workers": workers}
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Drain in-flight requests for at most ``timeout`` s, then stop every worker."""

@@ -19,7 +19,6 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -70,6 +69,9 @@ class Supervisor:
         self._started = False
         self._thread = threading.Thread(target=self._io_loop, name="edserve-dp-io",
                                         daemon=True)
+        self._handlers = {P.Hello: self._on_hello, P.Failed: self._on_failed,
+                          P.Delta: self._on_delta, P.Reject: self._on_reject,
+                          P.Stats: self._on_stats, P.Reply: self._on_reply, P.Bye: self._on_bye}
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self, timeout: float) -> None:
@@ -110,7 +112,7 @@ class Supervisor:
             time.sleep(0.05)
         with self.lock:
             for w in self.workers:
-                self._send(w, (P.STOP, 0.0))
+                self._send(w, P.Stop(0.0))
         for w in self.workers:
             if w.proc is not None:
                 procs.stop(w.proc, max(1.0, deadline - time.monotonic()) + 5.0)
@@ -139,7 +141,8 @@ class Supervisor:
             return False
 
     def submit(self, rid: str, data: bytes) -> Pending:
-        """Route one pickled ``(gen, request, stream)`` to the least-loaded worker."""
+        """Route one pickled :class:`~edserve.dp.protocol.Generate` to the least-loaded
+        worker."""
         with self.lock:
             w = None if self.closing else pick(self.workers)
             if w is None:
@@ -165,7 +168,7 @@ class Supervisor:
             w = self.workers[p.worker]
             w.inflight.discard(rid)
             if abort:
-                self._send(w, (P.ABORT, rid))
+                self._send(w, P.Abort(rid))
 
     def call(self, w: WorkerState, name: str, arg: Any = None) -> concurrent.futures.Future:
         """Run ``name`` (``integrity``, ``validate``) on worker ``w`` between its steps."""
@@ -173,7 +176,7 @@ class Supervisor:
         with self.lock:
             call_id = next(self._call_ids)
             self.calls[call_id] = (w.index, fut)
-            if not (w.ready and self._send(w, (P.CALL, call_id, name, arg))):
+            if not (w.ready and self._send(w, P.Call(call_id, name, arg))):
                 self.calls.pop(call_id)
                 fut.set_exception(WorkerLost(f"engine worker {w.index} is not ready"))
         return fut
@@ -195,55 +198,54 @@ class Supervisor:
             except Exception:  # never let the I/O thread die: everything would hang
                 logger.exception("data-parallel I/O loop error")
 
-    def _dispatch(self, msg: tuple) -> None:
-        kind, index, *payload = msg
-        w = self.workers[index]
-        handler: Callable[..., None] = getattr(self, "_on_" + kind)
+    def _dispatch(self, msg: Any) -> None:
         with self.lock:
-            handler(w, *payload)
+            P.dispatch(self._handlers, msg)
 
-    def _on_hello(self, w: WorkerState, facts: P.WorkerFacts) -> None:
-        if w.proc is None or facts.pid != w.proc.pid:
+    def _on_hello(self, msg: P.Hello) -> None:
+        w = self.workers[msg.worker]
+        if w.proc is None or msg.facts.pid != w.proc.pid:
             return  # a predecessor's late hello
-        w.facts, w.ready, w.failed_starts, w.last_error = facts, True, 0, None
-        logger.info("worker %d ready (pid %d)", w.index, facts.pid)
+        w.facts, w.ready, w.failed_starts, w.last_error = msg.facts, True, 0, None
+        logger.info("worker %d ready (pid %d)", w.index, msg.facts.pid)
 
-    def _on_failed(self, w: WorkerState, message: str) -> None:
-        w.last_error = message
-        logger.error("worker %d failed to start: %s", w.index, message)
+    def _on_failed(self, msg: P.Failed) -> None:
+        w = self.workers[msg.worker]
+        w.last_error = msg.message
+        logger.error("worker %d failed to start: %s", w.index, msg.message)
 
-    def _on_delta(self, w: WorkerState, rid: str, delta: Any) -> None:
-        p = self.pending.get(rid)
+    def _on_delta(self, msg: P.Delta) -> None:
+        w, p = self.workers[msg.worker], self.pending.get(msg.rid)
         if p is None or p.worker != w.index:
             return
-        if delta.finished:
-            del self.pending[rid]
-            w.inflight.discard(rid)
+        if msg.delta.finished:
+            del self.pending[msg.rid]
+            w.inflight.discard(msg.rid)
             w.finished += 1
-        p.put(delta)
+        p.put(msg.delta)
 
-    def _on_reject(self, w: WorkerState, rid: str, message: str) -> None:
-        p = self.pending.pop(rid, None)
-        w.inflight.discard(rid)
+    def _on_reject(self, msg: P.Reject) -> None:
+        p = self.pending.pop(msg.rid, None)
+        self.workers[msg.worker].inflight.discard(msg.rid)
         if p is not None:
-            p.put(ValueError(message))
+            p.put(ValueError(msg.message))
 
-    def _on_stats(self, w: WorkerState, stats: Any) -> None:
-        w.stats = stats
+    def _on_stats(self, msg: P.Stats) -> None:
+        self.workers[msg.worker].stats = msg.stats
 
-    def _on_reply(self, w: WorkerState, call_id: int, ok: bool, value: Any) -> None:
-        _, fut = self.calls.pop(call_id, (None, None))
+    def _on_reply(self, msg: P.Reply) -> None:
+        _, fut = self.calls.pop(msg.call_id, (None, None))
         if fut is None:
             return
-        if ok:
-            fut.set_result(value)
+        if msg.ok:
+            fut.set_result(msg.value)
         else:
-            exc_type, text = value
-            fut.set_exception(ValueError(text) if exc_type == "ValueError"
-                              else RuntimeError(f"worker {w.index}: {exc_type}: {text}"))
+            fut.set_exception(ValueError(msg.value) if msg.error_type == "ValueError" else
+                              RuntimeError(f"worker {msg.worker}: {msg.error_type}: "
+                                           f"{msg.value}"))
 
-    def _on_bye(self, w: WorkerState) -> None:
-        w.ready = False
+    def _on_bye(self, msg: P.Bye) -> None:
+        self.workers[msg.worker].ready = False
 
     def _check_procs(self) -> None:
         for w in self.workers:

@@ -7,6 +7,9 @@ steps), sends deltas and throttled stats ``up``, else waits up to 100 ms for a m
 exits when asked to stop (the ``stop`` message or SIGTERM: finish in-flight requests within the
 drain timeout, then abort the rest) or when its parent dies (``PR_SET_PDEATHSIG`` plus a
 parent-pid check: no orphans). SIGINT is ignored: the API process owns shutdown.
+In-flight bookkeeping, the failed-step rule, the stats snapshot, ``validate`` and
+``integrity`` are the :class:`~edserve.engine.core.EngineCore`'s (shared with the in-process
+``AsyncEngine``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import zmq
 
 from edserve.dp import protocol as P
+from edserve.engine.core import EngineCore, failed_delta
 
 logger = logging.getLogger("edserve.dp")
 PARENT_CHECK_S = 1.0
@@ -41,33 +45,27 @@ def die_with_parent(parent_pid: int) -> None:
         sys.exit(0)
 
 
-def stats_of(engine: Any) -> Any:
-    from edserve.engine.protocol import EngineStats
-
-    sched, alloc = engine.scheduler, engine.pools.allocator
-    free, total = alloc.available_size(), alloc.size
-    return EngineStats(waiting=len(sched.waiting), running=len(sched.running),
-                       kv_used=total - free, kv_free=free, kv_total=total,
-                       generated_tokens=int(sched.num_generated_tokens),
-                       taken_at=time.monotonic())
-
-
 class WorkerLoop:
     """The worker's engine loop (see the module doc); ``run()`` returns when it should exit."""
 
     def __init__(self, index: int, engine: Any, up: zmq.Socket, down: zmq.Socket,
                  parent_pid: int) -> None:
         self.index, self.engine, self.up, self.down = index, engine, up, down
+        self.core = EngineCore(engine)
         self.parent_pid = parent_pid
-        self.live: dict[str, bool] = {}  # rid -> streamed
         self._filters: dict[Any, Any] = {}
         self.stop_deadline: float | None = None
         self.drain_timeout = 30.0
         self._last_stats: tuple = ()
         self._stats_at = 0.0
 
-    def send(self, kind: str, *payload: Any) -> None:
-        self.up.send_pyobj((kind, self.index, *payload))
+        self._handlers = {P.Generate: self._on_generate, P.Abort: self._on_abort,
+                          P.Call: self._on_call, P.Stop: self._on_stop}
+        self._calls = {"integrity": lambda _: self.core.integrity(),
+                       "validate": self.core.validate}
+
+    def send(self, msg: Any) -> None:
+        self.up.send_pyobj(msg)
 
     # ---- messages ---------------------------------------------------------------------
     def _drain_messages(self) -> None:
@@ -76,29 +74,20 @@ class WorkerLoop:
                 msg = self.down.recv_pyobj(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            getattr(self, "_on_" + msg[0])(*msg[1:])
+            P.dispatch(self._handlers, msg)
 
-    def _on_gen(self, request: Any, stream: bool) -> None:
-        from edserve.engine.request import FinishReason, GenerateOutput, TokenDelta
-
+    def _on_generate(self, msg: P.Generate) -> None:
+        request = msg.request
         rid = request.rid
         if self.stop_deadline is not None:
-            out = GenerateOutput(rid, [], [], FinishReason.ERROR, error="worker is stopping")
-            self.send(P.DELTA, rid, TokenDelta(rid, [], finished=True, output=out))
+            self.send(P.Delta(self.index, rid, failed_delta(rid, "worker is stopping")))
             return
         request.logits_processors = [self._intern(f) for f in request.logits_processors]
-
-        def deliver(delta: Any) -> None:
-            if delta.finished:
-                self.live.pop(rid, None)
-            self.send(P.DELTA, rid, delta)
-
         try:
-            self.engine.add_request(request, deliver, stream)
+            self.core.submit(request, lambda d: self.send(P.Delta(self.index, rid, d)),
+                             msg.stream)
         except ValueError as exc:
-            self.send(P.REJECT, rid, str(exc))
-            return
-        self.live[rid] = stream
+            self.send(P.Reject(self.index, rid, str(exc)))
 
     def _intern(self, f: Any) -> Any:
         """One instance per distinct filter, so the sampler's per-filter caches are shared."""
@@ -107,61 +96,36 @@ class WorkerLoop:
         except TypeError:  # unhashable
             return f
 
-    def _on_abort(self, rid: str) -> None:
-        self.engine.abort(rid)
+    def _on_abort(self, msg: P.Abort) -> None:
+        self.core.abort(msg.rid)
 
-    def _on_call(self, call_id: int, name: str, arg: Any) -> None:
+    def _on_call(self, msg: P.Call) -> None:
         try:
-            value = getattr(self, "_call_" + name)(arg)
+            fn = self._calls.get(msg.name)
+            if fn is None:
+                raise ValueError(f"unknown engine call {msg.name!r}")
+            value = fn(msg.arg)
         except Exception as exc:
-            self.send(P.REPLY, call_id, False, (type(exc).__name__, str(exc)))
+            self.send(P.Reply(self.index, msg.call_id, False, str(exc), type(exc).__name__))
         else:
-            self.send(P.REPLY, call_id, True, value)
+            self.send(P.Reply(self.index, msg.call_id, True, value))
 
-    def _on_stop(self, drain_timeout: float) -> None:
-        self.drain_timeout = drain_timeout
+    def _on_stop(self, msg: P.Stop) -> None:
+        self.drain_timeout = msg.drain_timeout
         self.request_stop()
 
     def request_stop(self) -> None:
         if self.stop_deadline is None:
             self.stop_deadline = time.monotonic() + self.drain_timeout
 
-    # ---- calls ------------------------------------------------------------------------
-    def _call_integrity(self, _: Any) -> dict[str, Any]:
-        self.engine.check_integrity()
-        s = stats_of(self.engine)
-        return {"ok": True, "kv_slots_used": s.kv_used, "kv_slots_total": s.kv_total,
-                "running": s.running, "waiting": s.waiting, "inflight": len(self.live)}
-
-    def _call_validate(self, request: Any) -> None:
-        req = self.engine.make_req(request)
-        total = self.engine.pools.allocator.size
-        if req.reserved_slots > total:
-            raise ValueError(f"prompt + max_tokens need {req.reserved_slots} KV slots but the "
-                             f"cache holds {total}; lower max_tokens")
-
     # ---- loop -------------------------------------------------------------------------
-    def _step(self) -> None:
-        from edserve.engine.request import FinishReason, GenerateOutput, TokenDelta
-
-        try:
-            self.engine.step()
-        except Exception as exc:  # keep serving; fail what was in flight (as AsyncEngine)
-            logger.exception("engine step failed")
-            message = f"engine step failed: {type(exc).__name__}: {exc}"
-            for rid in list(self.live):
-                self.engine.abort(rid)
-                out = GenerateOutput(rid, [], [], FinishReason.ERROR, error=message)
-                self.send(P.DELTA, rid, TokenDelta(rid, [], finished=True, output=out))
-            self.live.clear()
-
     def _send_stats(self, now: float) -> None:
-        s = stats_of(self.engine)
+        s = self.core.stats()
         key = (s.waiting, s.running, s.kv_free, s.generated_tokens)
         due = now - self._stats_at >= (P.STATS_INTERVAL_S if key != self._last_stats
                                        else IDLE_STATS_S)
         if due:
-            self.send(P.STATS, s)
+            self.send(P.Stats(self.index, s))
             self._last_stats, self._stats_at = key, now
 
     def run(self) -> None:
@@ -173,17 +137,16 @@ class WorkerLoop:
             if poller.poll(0 if busy else 100):
                 self._drain_messages()
             if self.engine.has_work():
-                self._step()
+                self.core.step()  # a failed step fails what was in flight; we keep serving
             now = time.monotonic()
             self._send_stats(now)
             if self.stop_deadline is not None:
-                if not self.live and not self.engine.has_work():
+                if not self.core.num_inflight and not self.engine.has_work():
                     return
                 if now > self.stop_deadline:
-                    for rid in list(self.live):
-                        self.engine.abort(rid)
+                    self.core.abort_all()
                     while self.engine.has_work():  # the aborts finish (and free) the rows
-                        self._step()
+                        self.core.step()
                     return
             if now - parent_checked > PARENT_CHECK_S:
                 parent_checked = now
@@ -223,17 +186,17 @@ def main(argv: list[str] | None = None) -> int:
                               engine.max_decoder_len, is_mllama(engine), str(engine.device),
                               threads, engine.config.max_running_requests)
     except Exception as exc:
-        up.send_pyobj((P.FAILED, args.index, f"{type(exc).__name__}: {exc}"))
+        up.send_pyobj(P.Failed(args.index, f"{type(exc).__name__}: {exc}"))
         up.close()
         ctx.term()
         return 1
     loop = WorkerLoop(args.index, engine, up, down, args.parent_pid)
     signal.signal(signal.SIGTERM, lambda *_: loop.request_stop())
-    loop.send(P.HELLO, facts)
+    loop.send(P.Hello(args.index, facts))
     try:
         loop.run()
     finally:
-        loop.send(P.BYE)
+        loop.send(P.Bye(args.index))
         down.close()
         up.close()
         ctx.term()

@@ -6,7 +6,8 @@ work (so callers polling the engine thread can never starve decoding), then the 
 coroutines (HTTP handlers) join the same continuous batch. Deltas cross back to the event loop
 with ``call_soon_threadsafe`` into a per-request ``asyncio.Queue`` (no shared per-request
 state). A consumer that stops early (client disconnect, task cancelled) aborts its request,
-so its row and KV slots are freed at the next step.
+so its row and KV slots are freed at the next step. In-flight bookkeeping and the failed-step
+rule are the :class:`~edserve.engine.core.EngineCore`'s (shared with the data-parallel worker).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+from edserve.engine.core import EngineCore
 from edserve.engine.errors import RequestFailed
-from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
 
 logger = logging.getLogger("edserve")
 T = TypeVar("T")
@@ -32,14 +34,13 @@ class AsyncEngine:
 
     def __init__(self, engine: Any, idle_poll_s: float = 1.0) -> None:
         self.engine = engine
+        self.core = EngineCore(engine)
         self._idle_poll_s = idle_poll_s
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = \
             queue.SimpleQueue()
-        self._inflight: dict[str, Callable[[TokenDelta], None]] = {}
         self._hooks: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="edserve-engine", daemon=True)
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -60,18 +61,14 @@ class AsyncEngine:
 
     @property
     def num_inflight(self) -> int:
-        return len(self._inflight)
+        return self.core.num_inflight
 
     def _loop(self) -> None:
         self._run_hooks()
         while not self._stop.is_set():
             self._run_one_call()
             if self.engine.has_work():
-                try:
-                    self.engine.step()
-                except Exception as exc:  # keep serving; fail what was in flight
-                    logger.exception("engine step failed")
-                    self._fail_inflight(f"engine step failed: {type(exc).__name__}: {exc}")
+                self.core.step()  # a failed step fails what was in flight; we keep serving
                 self._run_hooks()
             elif self._calls.empty():
                 self._wake.wait(self._idle_poll_s)
@@ -101,14 +98,6 @@ class AsyncEngine:
         cheap (no tensor work): it runs between steps."""
         self._hooks.append(hook)
 
-    def _fail_inflight(self, message: str) -> None:
-        with self._lock:
-            pending = list(self._inflight.items())
-        for rid, deliver in pending:
-            self.engine.abort(rid)
-            deliver(TokenDelta(rid, [], finished=True, output=GenerateOutput(
-                rid, [], [], FinishReason.ERROR, error=message)))
-
     # ---- calls on the engine thread ----------------------------------------------------
     def call_soon(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``fn()`` on the engine thread between steps (e.g. ``engine.check_integrity``);
@@ -135,23 +124,12 @@ class AsyncEngine:
         rid = request.rid
 
         def deliver(delta: TokenDelta) -> None:  # engine thread
-            if delta.finished:
-                with self._lock:
-                    if self._inflight.pop(rid, None) is None:
-                        return  # already failed by _fail_inflight
             try:
                 loop.call_soon_threadsafe(deltas.put_nowait, delta)
             except RuntimeError:  # the event loop is closed: nobody is listening
                 pass
 
-        with self._lock:
-            self._inflight[rid] = deliver
-        try:
-            self.engine.add_request(request, deliver, stream=per_token)
-        except BaseException:
-            with self._lock:
-                self._inflight.pop(rid, None)
-            raise
+        self.core.submit(request, deliver, stream=per_token)
         self._wake.set()
         finished = False
         try:
@@ -161,7 +139,7 @@ class AsyncEngine:
                 yield delta
         finally:
             if not finished:
-                self.engine.abort(rid)
+                self.core.abort(rid)
                 self._wake.set()
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:

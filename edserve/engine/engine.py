@@ -13,6 +13,7 @@ import queue
 from collections.abc import Callable
 from typing import Any
 
+from edserve.engine import readout
 from edserve.engine.groups import make_group, reserved_slots
 from edserve.engine.parts import EngineParts
 from edserve.engine.req import Req
@@ -111,7 +112,9 @@ class Engine:
                     on_delta: Callable[[TokenDelta], None] | None = None,
                     stream: bool = True) -> str:
         """Thread-safe submit; ``on_delta`` is called on the stepping thread, for every new
-        token when ``stream``, else only with the final output."""
+        token when ``stream``, else only with the final output. A request's ``readout``
+        (:mod:`edserve.engine.readout`) runs here and comes back in its output."""
+        request, on_delta = readout.attach(request, self.model, on_delta)
         self._inbox.put(("add", self.make_req(request, on_delta, stream)))
         return request.rid
 

@@ -1,147 +1,103 @@
-"""The narrow engine interface the HTTP layer uses: :class:`EngineClient`.
+"""The narrow engine interface the HTTP layer uses: the abstract :class:`EngineClient`.
 
 The server never touches the scheduler, the KV pools or the engine thread directly: it submits
 requests (:meth:`EngineClient.generate` / :meth:`EngineClient.stream`), aborts them, dry-runs
-their validation, reads a stats snapshot, runs the integrity check, and reads model facts. The
-snapshot is rebuilt on the engine thread after every step (cheap reads only), so ``/metrics``
-and health checks cost the engine nothing.
+their validation, reads a stats snapshot, runs the integrity check, asks for its health, and
+reads model facts. Two clients implement all of it, each with its own ``__init__`` (nothing is
+inherited by accident): :class:`~edserve.engine.local_client.InProcessClient` (the engine on a
+thread of this process) and :class:`~edserve.dp.client.DataParallelClient` (N >= 1 engine
+worker processes). Both drive their engines through one
+:class:`~edserve.engine.core.EngineCore`, so the rules behind every method are the same.
 """
 
 from __future__ import annotations
 
-import time
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from edserve.engine.async_engine import AsyncEngine
+from edserve.engine.core import EngineStats
 from edserve.engine.errors import RequestFailed
-from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
 
 __all__ = ["EngineClient", "EngineStats", "RequestFailed"]
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    """A consistent snapshot of the engine, taken on the engine thread between steps."""
+class EngineClient(ABC):
+    """What the HTTP layer may do with the engine (see the module doc). Implementations set
+    ``model_name`` (the name the server reports, ``--served-model-name``) in ``__init__``."""
 
-    waiting: int
-    running: int
-    kv_used: int
-    kv_free: int
-    kv_total: int
-    generated_tokens: int
-    taken_at: float  # time.monotonic() of the snapshot
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class EngineClient:
-    """What the HTTP layer may do with the engine (see the module doc).
-
-    ``model_name``: the name the server reports (``--served-model-name``).
-    """
-
-    # The engine runs in this process, so requests may carry callbacks that read the KV
-    # (``on_finished_kv``: word timestamps). Clients of remote engines say False.
-    supports_kv_hooks = True
-
-    def __init__(self, aengine: AsyncEngine, model_name: str = "") -> None:
-        self._aengine = aengine
-        self._engine = aengine.engine
-        self.model_name = model_name
-        self._stats = self._snapshot()  # startup read; afterwards only on the engine thread
-        aengine.add_step_hook(self._refresh)
-
-    # ---- stats ------------------------------------------------------------------------
-    def _snapshot(self) -> EngineStats:
-        sched, alloc = self._engine.scheduler, self._engine.pools.allocator
-        free, total = alloc.available_size(), alloc.size
-        return EngineStats(waiting=len(sched.waiting), running=len(sched.running),
-                           kv_used=total - free, kv_free=free, kv_total=total,
-                           generated_tokens=int(sched.num_generated_tokens),
-                           taken_at=time.monotonic())
-
-    def _refresh(self) -> None:  # engine thread, after each step
-        self._stats = self._snapshot()
-
-    def stats(self) -> EngineStats:
-        """The latest snapshot (refreshed once per engine step; never waits)."""
-        return self._stats
+    model_name: str
 
     @property
+    @abstractmethod
+    def supports_kv_hooks(self) -> bool:
+        """True when the engine runs in this process, so requests may carry callbacks that
+        read the KV (``on_finished_kv``) and ``keep_encoder`` handles (encoder reuse across
+        fallback). A ``readout`` (word timestamps) works with every client."""
+
+    # ---- stats ------------------------------------------------------------------------
+    @abstractmethod
+    def stats(self) -> EngineStats:
+        """The latest snapshot (refreshed once per engine step; never waits)."""
+
+    @property
+    @abstractmethod
     def num_inflight(self) -> int:
-        """Requests submitted through this process's AsyncEngine and not finished yet."""
-        return self._aengine.num_inflight
+        """Requests submitted through this client and not finished yet."""
 
     # ---- requests -----------------------------------------------------------------------
+    @abstractmethod
     def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
         """Submit and yield deltas (last: ``finished`` with ``output``); closing early aborts.
         ``ValueError`` before the first delta when the engine refuses the request."""
-        return self._aengine.stream(request)
 
+    @abstractmethod
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         """Run to completion. Raises :class:`RequestFailed` when the request failed or was
         aborted; cancelling the caller aborts it (KV freed)."""
-        out = await self._aengine.generate(request)
-        if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
-            raise RequestFailed(out.error or f"request {out.rid} was aborted", out.rid)
-        return out
 
+    @abstractmethod
     def abort(self, rid: str) -> None:
         """Cancel a request (thread-safe); its row and KV are freed at the next step."""
-        self._engine.abort(rid)
 
+    @abstractmethod
     def release_encoder(self, handle: Any) -> None:
-        """Hand back a ``keep_encoder`` handle from an output (thread-safe; carried out on the
-        engine thread before any engine call submitted after it)."""
-        self._aengine.call_soon(lambda: self._engine.scheduler.release_encoder(handle))
+        """Hand back a ``keep_encoder`` handle from an output (thread-safe)."""
 
+    @abstractmethod
     def validate(self, request: GenerateRequest) -> None:
-        """Dry run of the engine's admission checks (any thread): ``ValueError`` when the
-        request is invalid or could never fit the KV cache, even when it is empty."""
-        req = self._engine.make_req(request)
-        total = self._engine.pools.allocator.size
-        if req.reserved_slots > total:
-            raise ValueError(f"prompt + max_tokens need {req.reserved_slots} KV slots but the "
-                             f"cache holds {total}; lower max_tokens")
+        """Dry run of the engine's admission checks (blocking; call it off the event loop):
+        ``ValueError`` when the request is invalid or could never fit the KV cache."""
 
+    @abstractmethod
     async def integrity(self) -> dict[str, Any]:
-        """Run the KV-cache integrity check on the engine thread (one call per step at most);
-        returns the stats at that moment plus ``ok`` and ``inflight``. Raises on corruption."""
-
-        def check() -> dict[str, Any]:
-            self._engine.check_integrity()
-            snap = self._snapshot()
-            return {"ok": True, "kv_slots_used": snap.kv_used, "kv_slots_total": snap.kv_total,
-                    "running": snap.running, "waiting": snap.waiting,
-                    "inflight": self._aengine.num_inflight}
-
-        return await self._aengine.call(check)
+        """The KV-cache integrity check between steps: ``ok``, ``kv_slots_used``,
+        ``kv_slots_total``, ``running``, ``waiting``, ``inflight``. Raises on corruption."""
 
     # ---- model facts ------------------------------------------------------------------
     @property
-    def tokenizer(self) -> Any:
-        return self._engine.tokenizer
+    @abstractmethod
+    def tokenizer(self) -> Any: ...
 
     @property
+    @abstractmethod
     def model(self) -> Any:
-        """The model object, for request preprocessing only (image tiles, mel bins)."""
-        return self._engine.model
+        """The model, for request preprocessing only (image tiles, mel bins): at least
+        ``model.config``."""
 
     @property
+    @abstractmethod
     def config(self) -> Any:
-        """The engine's (frozen) configuration."""
-        return self._engine.config
+        """The engine's (frozen) configuration, with its resolved running limit."""
 
     @property
-    def max_decoder_len(self) -> int:
-        return self._engine.max_decoder_len
+    @abstractmethod
+    def max_decoder_len(self) -> int: ...
 
     @property
-    def is_mllama(self) -> bool:
-        return getattr(self.model, "model_type", None) == "mllama"
+    @abstractmethod
+    def is_mllama(self) -> bool: ...
 
     @property
     def is_multilingual(self) -> bool:
@@ -154,8 +110,16 @@ class EngineClient:
 
     # ---- lifecycle ----------------------------------------------------------------------
     @property
+    @abstractmethod
     def is_alive(self) -> bool:
-        return self._aengine.is_alive
+        """True while requests can be served (``/health`` answers 200, else 503)."""
 
+    @abstractmethod
+    def health(self) -> dict[str, Any]:
+        """The ``/health`` body: ``status`` (``ok``, ``degraded`` or ``engine stopped``) and
+        whatever else the client reports (e.g. one entry per worker)."""
+
+    @abstractmethod
     def shutdown(self, timeout: float = 10.0) -> None:
-        self._aengine.shutdown(timeout)
+        """Stop the engine(s): the data-parallel client first lets in-flight requests finish
+        for at most ``timeout`` s; the in-process one stops after the current step."""

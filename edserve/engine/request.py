@@ -150,6 +150,9 @@ class GenerateRequest:
     # temperature fallback). The caller must hand it back: ``Engine.release_encoder(handle)``.
     keep_encoder: bool = False
     encoder_kv: EncoderKV | None = None
+    # readout: what the engine computes from the finished KV for the caller, returned in
+    # ``GenerateOutput.readout`` (see edserve.engine.readout; picklable, no callback).
+    readout: Any = None
     rid: str = field(default_factory=next_rid)
 
     def __post_init__(self) -> None:
@@ -282,6 +285,7 @@ class GenerateOutput:
     stop_logprob: float | None = None
     encoder_kv: EncoderKV | None = None  # set when the request asked for keep_encoder
     timing: RequestTiming | None = None  # engine stage times (None: never admitted)
+    readout: Any = None  # the request's readout result (see GenerateRequest.readout)
 
     @property
     def sum_logprob(self) -> float:

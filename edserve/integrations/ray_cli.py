@@ -13,7 +13,7 @@ def add_serve_ray(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("serve-ray", help="The OpenAI-compatible server on Ray Serve, one "
                        "engine per replica (pip install 'edserve[ray]').")
-    add_config_args(p, ServerConfig, skip=("data_parallel_size",))
+    add_config_args(p, ServerConfig, skip=("data_parallel_size", "engine_process"))
     add_config_args(p, EngineConfig)
     p.add_argument("--replicas", type=int, default=1,
                    help="Replicas (engines); the minimum when --max-replicas is larger.")

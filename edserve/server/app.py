@@ -1,8 +1,9 @@
 """The FastAPI app: OpenAI-compatible audio and chat endpoints plus models, health, metrics.
 
 ``create_app(engine, config)`` builds an app around an
-:class:`~edserve.engine.protocol.EngineClient` (an ``AsyncEngine`` is wrapped in one); the
-routes use nothing else of the engine. All per-request state lives in the handlers.
+:class:`~edserve.engine.protocol.EngineClient` (an ``AsyncEngine`` is wrapped in an
+:class:`~edserve.engine.local_client.InProcessClient`); the routes use nothing else of the
+engine. All per-request state lives in the handlers.
 
 Middleware, outermost first: status counting + catch-all 500 (:class:`StatusCounterMiddleware`),
 Origin/Host checks, CORS for allowed origins, the body read timeout, the body size limit.
@@ -18,6 +19,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from edserve.engine.local_client import InProcessClient
 from edserve.engine.protocol import EngineClient
 from edserve.server.body_limit import BodyLimitMiddleware
 from edserve.server.chat import router as chat_router
@@ -90,7 +92,7 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     """``engine``: an :class:`EngineClient`, or a started ``AsyncEngine`` to wrap in one."""
     config = config or ServerConfig()
     client = engine if isinstance(engine, EngineClient) \
-        else EngineClient(engine, config.served_model_name)
+        else InProcessClient(engine, config.served_model_name)
     docs = config.openapi_docs
     app = FastAPI(title="edserve", version=api_version(), description=DESCRIPTION,
                   docs_url="/docs" if docs else None, redoc_url=None,
@@ -131,9 +133,7 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
 
     @app.get("/health", openapi_extra=HEALTH_DOC)
     async def health() -> JSONResponse:
-        alive = client.is_alive
-        return JSONResponse({"status": "ok" if alive else "engine stopped"},
-                            status_code=200 if alive else 503)
+        return JSONResponse(client.health(), status_code=200 if client.is_alive else 503)
 
     @app.get("/metrics", openapi_extra=plain_operation(
         "Prometheus metrics", "text/plain", {"type": "string"}))

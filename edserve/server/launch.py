@@ -21,9 +21,10 @@ from edserve.server.connections import connection_cap, guarded_protocol, install
 
 def build(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[Any, Any]:
     """Load the engine, start its loop, and build the app around it; returns (the engine or
-    client, with ``shutdown(timeout)``, the app). With ``data_parallel_size`` > 1: a started
-    :class:`~edserve.dp.client.DataParallelClient` over that many worker processes."""
-    if server_config.data_parallel_size > 1:
+    client, with ``shutdown(timeout)``, the app). With ``data_parallel_size`` > 1 or
+    ``engine_process``: a started :class:`~edserve.dp.client.DataParallelClient` over that
+    many worker processes."""
+    if server_config.data_parallel_size > 1 or server_config.engine_process:
         from edserve.dp.launch import build_dp
 
         return build_dp(engine_config, server_config)

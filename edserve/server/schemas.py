@@ -47,9 +47,8 @@ def audio_form_schema(model_ids: list[str], languages: list[str] | None) -> dict
     (what ``params.parse_form`` accepts; fields not listed are ignored). ``model_ids``: the
     ids the server answers to; ``languages``: the model's language codes (None: unknown)."""
     granularities = {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)},
-                     "description": "`word`: word timestamps (`words` in verbose_json; not "
-                     "with --data-parallel-size > 1: 400); `segment`: segment timestamps "
-                     "(always in verbose_json, srt and vtt)."}
+                     "description": "`word`: word timestamps (`words` in verbose_json); "
+                     "`segment`: segment timestamps (always in verbose_json, srt and vtt)."}
     group = "an integer from 1 to {n} (edserve extension; default: the server's --{flag}); " \
         "more than the server's --max-running-requests: 400."
     props = {

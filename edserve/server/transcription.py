@@ -148,10 +148,6 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     check_task(client.tokenizer, task, params.language)
     # refuse bad combinations before the audio is decoded
     decoding(params, cfg, getattr(client.config, "max_running_requests", None))
-    if "word" in params.granularities and not client.supports_kv_hooks:
-        raise APIError(400, "word-level timestamps are not supported with "
-                       "--data-parallel-size > 1 (the KV cache lives in the workers); use "
-                       "'segment'", "timestamp_granularities[]", "unsupported_value")
     try:
         return await asyncio.to_thread(_featurize, client, params, task, cfg, cancel,
                                        app_state.metrics.stage)

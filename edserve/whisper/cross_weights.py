@@ -8,15 +8,17 @@ slots, as :class:`~edserve.engine.request.FinishedKV` gives them), self-attentio
 causally over the sequence (nothing is written to the pool), and layers after the last
 alignment head's layer are skipped unless token probabilities are asked for.
 
-:class:`Aligner` binds a model and its heads; its :meth:`Aligner.capture` is what a long-form
-window's ``on_finished_kv`` hook calls (engine thread): the weights come back on the CPU as
-``[heads, T, encoder_len]`` float32 for the task's ``feed`` to turn into words.
+:class:`Aligner` binds a model and its heads; :class:`AlignmentReadout` is what a long-form
+window's request asks the engine for (``GenerateRequest.readout``): the engine runs
+:meth:`Aligner.capture` on its thread when the window finishes, and the weights come back in
+the output, on the CPU, as ``[heads, T, encoder_len]`` float32 for the task's ``feed`` to turn
+into words (the same with the engine in this process or in a worker process).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from edserve.whisper.alignment import alignment_heads
+from edserve.whisper.words import segment_text_tokens
 
 
 @torch.inference_mode()
@@ -94,6 +97,8 @@ class Alignment:
 
     weights: torch.Tensor  # [heads, T, S] float32
     text_probs: list[float]  # probability of each text token (openai-whisper's word prob.)
+    sot_seq: list[int] = field(default_factory=list)  # the sequence aligned: sot_seq +
+    text_tokens: list[int] = field(default_factory=list)  # text_tokens + [eot]
 
 
 class Aligner:
@@ -105,7 +110,7 @@ class Aligner:
 
     def capture(self, kv: Any, sot_seq: list[int], text_tokens: list[int], eot: int
                 ) -> Alignment:
-        """Engine thread, from an ``on_finished_kv`` hook: the weights for ``sot_seq +
+        """Engine thread, at the window's finish: the weights for ``sot_seq +
         text_tokens + [eot]`` over the row's encoder slots, and the probabilities of the text
         tokens (softmax over the text vocabulary ``[:eot]`` at the position before each)."""
         tokens = list(sot_seq) + list(text_tokens) + [eot]
@@ -115,7 +120,34 @@ class Aligner:
         text = torch.softmax(logits[len(sot_seq) - 1:len(sot_seq) - 1 + n, :eot], dim=-1)
         picked = text[torch.arange(n, device=text.device),
                       torch.tensor(text_tokens, dtype=torch.long, device=text.device)]
-        return Alignment(weights.cpu(), picked.cpu().tolist())
+        return Alignment(weights.cpu(), picked.cpu().tolist(), list(sot_seq), list(text_tokens))
+
+
+@dataclass(frozen=True)
+class AlignmentReadout:
+    """A long-form window's request for its alignment (``GenerateRequest.readout``, see
+    :mod:`edserve.engine.readout`): the engine runs :meth:`read` when the window finishes and
+    returns the :class:`Alignment` (None when the window has no finished segment text) in
+    ``GenerateOutput.readout``. Token ids only, so it pickles to an engine worker process."""
+
+    heads: tuple[tuple[int, int], ...]
+    eot: int
+    timestamp_begin: int
+    forced: int  # generated tokens before the text (language detection: <|lang|>, task)
+    # the sot sequence (without timestamps) by the first generated token (the detected
+    # language's token) when ``forced``; else under the key None
+    sot_seqs: dict[int | None, tuple[int, ...]]
+
+    def read(self, kv: Any, model: Any) -> Alignment | None:
+        tokens = list(kv.token_ids)
+        text = segment_text_tokens(tokens[self.forced:], self.eot, self.timestamp_begin)
+        if not text:
+            return None
+        key = tokens[0] if self.forced else None
+        if key not in self.sot_seqs:
+            raise ValueError(f"token {key} is not a language token")
+        return Aligner(model, list(self.heads)).capture(kv, list(self.sot_seqs[key]), text,
+                                                        self.eot)
 
 
 def model_alignment_heads(engine: Any) -> list[tuple[int, int]]:

@@ -13,11 +13,13 @@ windows of different audios share the engine's continuous batch. Per window:
 - otherwise it is cut into segments at pairs of timestamp tokens and the next window starts at
   the last complete timestamp (or at the window's end when the text ended with a timestamp).
 
-With ``word_timestamps`` each window's request carries an ``on_finished_kv`` hook: on the
-engine thread, before the row is freed, :class:`~edserve.whisper.cross_weights.Aligner` reads the
+With ``word_timestamps`` each window's request asks for an
+:class:`~edserve.whisper.cross_weights.AlignmentReadout` (a request field, not a callback, so it
+works with the engine in a worker process): on the engine thread, before the row is freed, the
 alignment heads' cross-attention weights for ``sot sequence + <|notimestamps|> + the segments'
-text tokens + <|endoftext|>`` from the encoder K/V still in the pool (no second encoder pass)
-and stores them on the CPU; :meth:`LongformTask.feed` turns them into words
+text tokens + <|endoftext|>`` are read from the encoder K/V still in the pool (no second
+encoder pass) and come back on the CPU in the output's ``readout``;
+:meth:`LongformTask.feed` turns them into words
 (:mod:`edserve.whisper.words`). Segment times then follow the words and, when the window was
 decoded with timestamps and did not end on a single timestamp, the next window starts at the
 last word's end (openai-whisper's rule). Without timestamps (a clip of one window) the window
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,6 @@ from edserve.audio.mel import (
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import (
     EncoderKV,
-    FinishedKV,
     FinishReason,
     GenerateOutput,
     GenerateRequest,
@@ -52,6 +52,7 @@ from edserve.engine.request import (
 )
 from edserve.tokenizer import WhisperTokenizer
 from edserve.whisper.alignment import find_alignment
+from edserve.whisper.cross_weights import AlignmentReadout
 from edserve.whisper.language import detection_chain
 from edserve.whisper.logits import (
     ApplyTimestampRules,
@@ -65,7 +66,6 @@ from edserve.whisper.words import (
     add_word_timestamps,
     cut_points,
     last_word_end,
-    segment_text_tokens,
 )
 
 TIME_PRECISION = 0.02  # seconds per timestamp token
@@ -84,7 +84,8 @@ class LongformTask:
 
     ``audio``: ``[num_samples]`` float32 at 16 kHz. ``max_decoder_len``: the model's decoder
     positions (448 for Whisper). ``aligner``: an :class:`~edserve.whisper.cross_weights.Aligner`
-    (``capture(kv, sot_seq, text_tokens, eot)``), required when ``options.word_timestamps``.
+    (its ``heads`` go into each window's alignment readout), required when
+    ``options.word_timestamps``.
     The task is done when :meth:`next_request` returns None; :meth:`result` then holds the
     transcription.
     """
@@ -101,7 +102,6 @@ class LongformTask:
         self.reuse_encoder = reuse_encoder
         self._held: EncoderKV | None = None
         self._released: list[EncoderKV] = []
-        self._alignments: dict[str, Any] = {}  # rid -> Alignment, set on the engine thread
         self._last_speech = 0.0
         self.tok = tokenizer
         self.opts = options
@@ -169,24 +169,20 @@ class LongformTask:
                               keep_encoder=self.reuse_encoder and self._held is None
                               and retry_left)
         if self.opts.word_timestamps:
-            req.on_finished_kv = self._alignment_hook(req.rid, forced, self.language)
+            req.readout = self._readout(forced)
         return req
 
-    def _alignment_hook(self, rid: str, forced: int, language: str | None
-                        ) -> Callable[[FinishedKV], None]:
-        """The window's ``on_finished_kv``: the alignment pass (engine thread), kept for
-        :meth:`feed`. ``forced``: tokens that precede the text (detection: <|lang|> ...)."""
+    def _readout(self, forced: int) -> AlignmentReadout:
+        """What the window asks the engine for: its alignment pass (returned in the output's
+        ``readout``). ``forced``: tokens that precede the text (detection: <|lang|> ...)."""
         tok, task = self.tok, self.opts.task
-
-        def hook(kv: FinishedKV) -> None:
-            tokens = list(kv.token_ids)
-            lang = tok.language_code(tokens[0]) if forced and tokens else language
-            text = segment_text_tokens(tokens[forced:], tok)
-            if text:
-                sot_seq = tok.sot_sequence(lang, task, timestamps=False)
-                self._alignments[rid] = self.aligner.capture(kv, sot_seq, text, tok.eot)
-
-        return hook
+        if forced:
+            seqs = {tok.language_token(code): tuple(tok.sot_sequence(code, task, False))
+                    for code in tok.all_language_codes}
+        else:
+            seqs = {None: tuple(tok.sot_sequence(self.language, task, timestamps=False))}
+        return AlignmentReadout(tuple(map(tuple, self.aligner.heads)), tok.eot,
+                                tok.timestamp_begin, forced, seqs)
 
     def feed(self, out: GenerateOutput) -> list[Segment]:
         """Take the output of the last request; returns the segments this window added
@@ -219,7 +215,7 @@ class LongformTask:
         return self.take_released()
 
     def _feed(self, out: GenerateOutput) -> list[Segment]:
-        alignment = self._alignments.pop(out.rid, None)
+        alignment = out.readout
         tokens, logprobs = list(out.token_ids), list(out.logprobs)
         if self._detecting:
             tokens, logprobs = self._take_language(tokens, logprobs)

@@ -11,7 +11,6 @@ than the segment's own timestamp says (then the word is cut instead). Words are 
 
 from __future__ import annotations
 
-from edserve.tokenizer import WhisperTokenizer
 from edserve.whisper.alignment import (
     WordTiming,
     clip_long_words,
@@ -32,11 +31,11 @@ def cut_points(tokens: list[int], timestamp_begin: int) -> tuple[list[int], bool
     return cuts, single_ending
 
 
-def segment_text_tokens(tokens: list[int], tok: WhisperTokenizer) -> list[int]:
+def segment_text_tokens(tokens: list[int], eot: int, timestamp_begin: int) -> list[int]:
     """The text tokens (``< eot``) of the segments a window's ``tokens`` make (an unfinished
     last segment, decoded again by the next window, is left out)."""
-    cuts, _ = cut_points(tokens, tok.timestamp_begin)
-    return [t for t in tokens[:cuts[-1] if cuts else len(tokens)] if t < tok.eot]
+    cuts, _ = cut_points(tokens, timestamp_begin)
+    return [t for t in tokens[:cuts[-1] if cuts else len(tokens)] if t < eot]
 
 
 def add_word_timestamps(segments: list[Segment], alignment: list[WordTiming], eot: int,

@@ -120,11 +120,18 @@ def test_killed_worker_fails_its_requests_with_503_and_comes_back(dp_server, htt
     idle_integrity(http)
 
 
-def test_word_timestamps_are_refused_with_400(http):
-    """The KV lives in the workers, so word timestamps (read from it) are a clear 400."""
+def test_word_timestamps_come_back_from_the_workers(http):
+    """The KV lives in the workers: each window asks its worker for the alignment by a
+    request field and gets it in the output (equality with the in-process server:
+    test_engine_process.py)."""
     with open(DATA / "jfk.wav", "rb") as f:
         r = http.post("/v1/audio/transcriptions", files={"file": ("jfk.wav", f)},
                       data={"model": "whisper-1", "response_format": "verbose_json",
                             "timestamp_granularities[]": "word"})
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["code"] == "unsupported_value"
+    assert r.status_code == 200, r.text
+    body = r.json()
+    words = body["words"]
+    assert words and " ".join(w["word"] for w in words).startswith("And so my fellow Americans")
+    assert words[-1]["word"] == "country." and body["text"].endswith("country.")
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts) and all(0 <= w["start"] <= w["end"] <= 11.01 for w in words)

@@ -160,11 +160,12 @@ def test_engine_calls_never_starve_steps(model_dir):
 
 
 def test_engine_client_stats_validate_and_request_failed(model_dir):
-    from edserve.engine.protocol import EngineClient, RequestFailed
+    from edserve.engine.local_client import InProcessClient
+    from edserve.engine.protocol import RequestFailed
 
     engine = build_engine(model=str(model_dir))
     aengine = AsyncEngine(engine).start()
-    client = EngineClient(aengine, "tiny")
+    client = InProcessClient(aengine, "tiny")
     total = engine.pools.allocator.size
     assert client.stats().kv_total == total and client.stats().kv_used == 0
     assert client.max_decoder_len == engine.max_decoder_len and client.n_mels == 80

@@ -123,6 +123,8 @@ def test_prompts_and_conditioning(tok):
 class _FakeAligner:
     """Each text token k attends to encoder frames 25k..25k+24 (0.5 s per token)."""
 
+    heads = [(0, 0)]
+
     def capture(self, kv, sot_seq, text_tokens, eot):
         from edserve.whisper.cross_weights import Alignment
 
@@ -139,16 +141,17 @@ def test_word_timestamps_move_segments_and_seek(tok):
     """A window that ends on a pair of timestamps: the next window starts at the last word's
     end (not at the last timestamp); words concatenate to the segment texts; the unfinished
     segment's tokens are not aligned."""
-    from types import SimpleNamespace
-
     tb, hello, world = tok.timestamp_begin, tok.encode(" hello"), tok.encode(" world there")
     task = LongformTask(np.zeros(16000 * 45, np.float32), tok, 80,
                         TranscribeOptions(word_timestamps=True), 448, "x", _FakeAligner())
     req = task.next_request()
     tokens = [tb, *hello, tb + 50, tb + 50, *world, tb + 300, tb + 300, *hello]
-    req.on_finished_kv(SimpleNamespace(token_ids=tokens))  # what the engine calls
+    readout = req.readout  # what the engine runs at the window's finish (a request field)
+    assert readout.heads == ((0, 0),) and readout.forced == 0
+    assert readout.sot_seqs == {None: tuple(tok.sot_sequence("en", "transcribe", False))}
+    al = _FakeAligner().capture(None, readout.sot_seqs[None], [*hello, *world], tok.eot)
     segs = task.feed(GenerateOutput(req.rid, tokens, [-0.1] * len(tokens), FinishReason.STOP,
-                                    0.01, None, -0.1))
+                                    0.01, None, -0.1, readout=al))
     assert ["".join(w.word for w in s.words) for s in segs] == [" hello", " world there"]
     words = [(w.word, w.start, w.end) for s in segs for w in s.words]
     assert words == [(" hello", 0.0, 0.5), (" world", 0.5, 1.0), (" there", 1.0, 1.5)]

@@ -24,16 +24,18 @@ from tests.whisper_fixtures import CLIPS, DATA
 TOL = 0.02 + 1e-9  # seconds: one encoder frame
 
 
-class Recorder:
-    """Wraps the task's aligner; keeps what each window's hook captured."""
+def record_alignments(task) -> list:
+    """Keep (sot_seq, text_tokens, alignment) of every window the engine returns to ``task``
+    (the output's ``readout``)."""
+    calls, feed = [], task.feed
 
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
+    def recording(out):
+        if out.readout is not None:
+            calls.append((out.readout.sot_seq, out.readout.text_tokens, out.readout))
+        return feed(out)
 
-    def capture(self, kv, sot_seq, text_tokens, eot):
-        al = self.inner.capture(kv, sot_seq, text_tokens, eot)
-        self.calls.append((list(sot_seq), list(text_tokens), al))
-        return al
+    task.feed = recording
+    return calls
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def runs(engine):
     opts = TranscribeOptions(word_timestamps=True)
     tasks = [make_task(engine, load_audio(DATA / f"{c}.wav"), opts, c) for c in CLIPS]
     for t in tasks:
-        t.aligner = Recorder(t.aligner)
+        t.calls = record_alignments(t)
     run_tasks(engine, tasks)
     return {c: t for c, t in zip(CLIPS, tasks, strict=True)}
 
@@ -95,7 +97,7 @@ def _raw(task, sot, text, al):
 @pytest.mark.parametrize("clip", CLIPS)
 def test_words_match_the_float64_reference(runs, clip):
     task = runs[clip]
-    [(sot, text, al)] = task.aligner.calls  # one window
+    [(sot, text, al)] = task.calls  # one window
     ours = _raw(task, sot, text, al)
     ref = reference_words(al.weights.numpy(), task.tok, text, len(sot), task.content_frames)
     assert [w.word for w in ours] == [r[0] for r in ref]
@@ -118,8 +120,8 @@ def test_words_match_the_reference_on_hf_weights(runs, hf_tiny, clip):
     from tests.whisper.test_cross_weights import _hf_cross
 
     task = runs[clip]
-    [(sot, text, al)] = task.aligner.calls
-    heads = task.aligner.inner.heads
+    [(sot, text, al)] = task.calls
+    heads = task.aligner.heads
     cross, _ = _hf_cross(hf_tiny, task.mel[:, :3000], sot + text + [task.tok.eot])
     hf_weights = torch.stack([cross[layer][h] for layer, h in heads]).numpy()
     ref = reference_words(hf_weights, task.tok, text, len(sot), task.content_frames)

@@ -1,0 +1,141 @@
+"""The data-parallel worker's loop in this process (real engine, real ZeroMQ ``inproc``
+sockets, no subprocess): typed messages in and out, calls between steps, a failed step fails
+only the in-flight requests, stop drains."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+import zmq
+from whisper_fixtures import make_random_whisper
+
+from edserve.dp import protocol as P
+from edserve.dp.worker import WorkerLoop
+from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_random_whisper(tmp_path_factory.mktemp("worker_whisper"))
+
+
+def _request(new_tokens: int, seed: int = 0) -> GenerateRequest:
+    g = torch.Generator().manual_seed(seed)
+    return GenerateRequest([50257], torch.randn(80, 3000, generator=g) * 0.5,
+                           SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+
+
+class Harness:
+    """A WorkerLoop on its own thread; ``send`` goes down, ``recv`` comes up."""
+
+    def __init__(self, engine, name: str) -> None:
+        self.ctx = zmq.Context()
+        self.up_pull, up_push = self.ctx.socket(zmq.PULL), self.ctx.socket(zmq.PUSH)
+        self.down_push, down_pull = self.ctx.socket(zmq.PUSH), self.ctx.socket(zmq.PULL)
+        self.up_pull.bind(f"inproc://{name}-up")
+        up_push.connect(f"inproc://{name}-up")
+        self.down_push.bind(f"inproc://{name}-down")
+        down_pull.connect(f"inproc://{name}-down")
+        self.sockets = (self.up_pull, up_push, self.down_push, down_pull)
+        self.loop = WorkerLoop(3, engine, up_push, down_pull, os.getppid())
+        self.thread = threading.Thread(target=self.loop.run, daemon=True)
+        self.thread.start()
+
+    def send(self, msg) -> None:
+        self.down_push.send_pyobj(msg)
+
+    def recv_until(self, done, timeout_ms: int = 60_000) -> list:
+        got = []
+        while not done(got):
+            assert self.up_pull.poll(timeout_ms), f"no message; got {got}"
+            got.append(self.up_pull.recv_pyobj())
+        return got
+
+    def close(self) -> None:
+        self.send(P.Stop(5.0))
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        for s in self.sockets:
+            s.close(0)
+        self.ctx.term()
+
+
+def _finished(rid: str):
+    return lambda got: any(isinstance(m, P.Delta) and m.rid == rid and m.delta.finished
+                           for m in got)
+
+
+def test_typed_messages_round_trip(model_dir):
+    engine = build_engine(model=str(model_dir))
+    expected = engine.generate([_request(9)])[0].token_ids
+    h = Harness(engine, "round")
+    try:
+        req = _request(9)
+        h.send(P.Generate(req, True))
+        got = h.recv_until(_finished(req.rid))
+        deltas = [m for m in got if isinstance(m, P.Delta)]
+        assert all(m.worker == 3 for m in got)
+        assert [t for m in deltas for t in m.delta.token_ids] == expected
+        assert deltas[-1].delta.output.token_ids == expected
+        assert len(deltas) == 9  # streamed: one delta per token
+
+        quiet = _request(9)
+        h.send(P.Generate(quiet, False))  # not streamed: only the final delta
+        got = h.recv_until(_finished(quiet.rid))
+        assert [m.delta.output.token_ids for m in got if isinstance(m, P.Delta)] == [expected]
+
+        bad = GenerateRequest([50257] * 500, torch.zeros(80, 3000))  # past the decoder
+        h.send(P.Generate(bad, False))
+        h.send(P.Call(1, "integrity"))
+        h.send(P.Call(2, "validate", bad))
+        h.send(P.Call(3, "no_such_call"))
+        got = h.recv_until(lambda g: sum(isinstance(m, P.Reply) for m in g) == 3)
+        assert [m.rid for m in got if isinstance(m, P.Reject)] == [bad.rid]
+        replies = {m.call_id: m for m in got if isinstance(m, P.Reply)}
+        assert replies[1].ok and replies[1].value["ok"] and replies[1].value["kv_slots_used"] == 0
+        assert not replies[2].ok and replies[2].error_type == "ValueError"
+        assert not replies[3].ok and "no_such_call" in replies[3].value
+    finally:
+        h.close()
+    engine.check_integrity()
+    with pytest.raises(TypeError, match="unexpected message tuple"):
+        P.dispatch({}, ("gen", 0))
+
+
+def test_failed_step_fails_in_flight_requests_and_keeps_serving(model_dir):
+    engine = build_engine(model=str(model_dir))
+    expected = engine.generate([_request(6, seed=1)])[0].token_ids
+    original, calls = engine.step, [0]
+
+    def step_failing_third_time() -> None:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("boom")
+        original()
+
+    engine.step = step_failing_third_time
+    h = Harness(engine, "failing")
+    try:
+        a, b = _request(50), _request(50, seed=2)
+        h.send(P.Generate(a, False))
+        h.send(P.Generate(b, True))
+        got = h.recv_until(lambda g: _finished(a.rid)(g) and _finished(b.rid)(g))
+        finals = {m.rid: m.delta.output for m in got if isinstance(m, P.Delta)
+                  and m.delta.finished}
+        for out in finals.values():
+            assert out.finish_reason == FinishReason.ERROR
+            assert out.error == "engine step failed: RuntimeError: boom"
+        after = _request(6, seed=1)
+        h.send(P.Generate(after, False))
+        got = h.recv_until(_finished(after.rid))
+        out = [m.delta.output for m in got if isinstance(m, P.Delta) and m.rid == after.rid][-1]
+        assert out.finish_reason == FinishReason.LENGTH and out.token_ids == expected
+        h.send(P.Call(9, "integrity"))
+        reply = h.recv_until(lambda g: any(isinstance(m, P.Reply) for m in g))[-1]
+        assert reply.ok and reply.value["kv_slots_used"] == 0 and reply.value["inflight"] == 0
+    finally:
+        h.close()
