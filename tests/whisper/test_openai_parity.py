@@ -163,8 +163,9 @@ def test_language_detection_on_base(base, oracle, audio):
 
     model = oracle("base")
     clips = list(LANGUAGE_CLIPS)
-    zeros = _ours(base, [audio[c] for c in clips], mel_padding="zeros")
-    silence = _ours(base, [audio[c] for c in clips], max_new_tokens=1)  # detection only
+    # detection (and one token) on both clips in each layout
+    zeros = _ours(base, [audio[c] for c in clips], mel_padding="zeros", max_new_tokens=1)
+    silence = _ours(base, [audio[c] for c in clips], max_new_tokens=1)
     for clip, z, s in zip(clips, zeros, silence, strict=True):
         mel = whisper.log_mel_spectrogram(audio[clip], 80, padding=N_SAMPLES)
         content = mel.shape[-1] - N_FRAMES
@@ -173,9 +174,10 @@ def test_language_detection_on_base(base, oracle, audio):
         assert z.language_probability == pytest.approx(prob, abs=1e-4), clip
         code, prob = _detect(model, mel[:, :N_FRAMES])
         assert s.language == code and s.language_probability == pytest.approx(prob, abs=1e-4)
+    ours = _ours(base, [audio[clips[0]]], mel_padding="zeros")[0]  # detect, then transcribe
     ref = _theirs(model, audio[clips[0]], without_timestamps=True)
-    assert ref["language"] == zeros[0].language
-    assert _tokens(zeros[0].segments) == _tokens(ref["segments"]), (zeros[0].text, ref["text"])
+    assert ref["language"] == ours.language == LANGUAGE_CLIPS[clips[0]]
+    assert _tokens(ours.segments) == _tokens(ref["segments"]), (ours.text, ref["text"])
 
 
 def test_silence_gives_openai_decode_tokens(tiny, oracle, audio):
