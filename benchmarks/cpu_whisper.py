@@ -46,19 +46,22 @@ def clips() -> list[Path]:
     return list(seen.values())
 
 
-def references() -> dict[str, str]:
-    """``file.wav`` -> reference transcript, from the assets README table."""
-    refs = {}
-    readme = ASSETS / "README.md"
-    if readme.is_file():
-        for m in re.finditer(r"^\| (\S+\.wav) \([^)]*\) \| ([^|]+) \|", readme.read_text(), re.M):
-            refs[m.group(1)] = m.group(2).strip()
+def references(folders: tuple[Path, ...] = (ASSETS,)) -> dict[str, str]:
+    """``file.wav`` -> reference transcript, from the README tables of ``folders`` (the first
+    folder naming a file wins)."""
+    refs: dict[str, str] = {}
+    for readme in (f / "README.md" for f in folders):
+        if readme.is_file():
+            for m in re.finditer(r"^\| (\S+\.wav) \([^)]*\) \| ([^|]+) \|", readme.read_text(),
+                                 re.M):
+                refs.setdefault(m.group(1), m.group(2).strip())
     return refs
 
 
 def normalize(text: str) -> list[str]:
-    """Lower case, no punctuation, hyphens split, small numbers spelled out."""
-    words = re.sub(r"[^a-z0-9' ]", " ", text.lower().replace("-", " ")).split()
+    """Lower case, no punctuation (any script's letters kept), hyphens split, small numbers
+    spelled out."""
+    words = re.sub(r"[^\w' ]|_", " ", text.lower().replace("-", " ")).split()
     return [_NUM[int(w)] if w.isdigit() and int(w) < len(_NUM) else w.strip("'")
             for w in words]
 

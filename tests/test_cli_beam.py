@@ -19,17 +19,17 @@ def _args(*extra: str):
 def test_defaults_are_openai_whispers():
     args = _args()
     assert decoding_kwargs(args) == dict(beam_size=5, best_of=5, patience=None,
-                                         length_penalty=None)
+                                         length_penalty=None, mel_padding="silence")
 
 
 def test_flags_reach_transcribe_options():
     args = _args("--beam-size", "3", "--best-of", "2", "--patience", "1.5",
-                 "--length-penalty", "0.6")
+                 "--length-penalty", "0.6", "--mel-padding", "zeros")
     assert decoding_kwargs(args) == dict(beam_size=3, best_of=2, patience=1.5,
-                                         length_penalty=0.6)
+                                         length_penalty=0.6, mel_padding="zeros")
     opts = _options(args, seed=0)  # the batch path (folders, manifests, DP) builds these
-    assert (opts.beam_size, opts.best_of, opts.patience, opts.length_penalty) == \
-        (3, 2, 1.5, 0.6)
+    assert (opts.beam_size, opts.best_of, opts.patience, opts.length_penalty,
+            opts.mel_padding) == (3, 2, 1.5, 0.6, "zeros")
     assert _options(_args("--beam-size", "1"), seed=0).beam_size == 1
     assert group_rows(args) == 3 and group_rows(_args("--beam-size", "1", "--best-of", "1")) == 1
 

@@ -2,7 +2,10 @@
 
 A :class:`LongformTask` walks one audio in 30 s windows. The caller (a driver) asks it for the
 next engine request, runs it, and feeds the output back; many tasks can be driven at once so
-windows of different audios share the engine's continuous batch. Per window:
+windows of different audios share the engine's continuous batch. The log-mel of the whole audio
+plus 30 s of zero samples is computed once (openai-whisper's ``transcribe``); each window is a
+slice of it, and a window shorter than 30 s is completed with the silence's frames or with zeros
+(``options.mel_padding``, :func:`~edserve.audio.mel.window_features`). Per window:
 
 - the prompt is ``[<|startofprev|> previous text tokens] + <|startoftranscript|> ...`` (with
   timestamps), conditioning on what the previous windows said;
@@ -107,7 +110,8 @@ class LongformTask:
         self.opts = options
         self.source = source
         self.duration = len(audio) / SAMPLE_RATE
-        self.mel = log_mel_spectrogram(audio, n_mels, padding=N_SAMPLES)  # [n_mels, frames]
+        # [n_mels, content_frames + N_FRAMES]: the whole audio, then 30 s of silence
+        self.mel = log_mel_spectrogram(audio, n_mels, padding=N_SAMPLES)
         self.content_frames = self.mel.shape[-1] - N_FRAMES
         self.n_ctx = max_decoder_len
         self.seek = 0

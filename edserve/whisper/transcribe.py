@@ -91,14 +91,16 @@ def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
                on_finish: Callable[[Any], None] | None = None,
                options: TranscribeOptions | None = None,
                word_timestamps: bool = False, beam_size: int = 1, best_of: int = 1,
-               patience: float | None = None, length_penalty: float | None = None
-               ) -> list[Transcription]:
+               patience: float | None = None, length_penalty: float | None = None,
+               mel_padding: str = "silence") -> list[Transcription]:
     """Transcribe files, bytes or 16 kHz float arrays of any length, in input order.
 
     ``temperature`` starts the fallback schedule (``temperature, +0.2, ... 1.0``);
     ``word_timestamps`` times every word (``Transcription.words``, ``Segment.words``);
     ``beam_size`` beams at temperature 0 and ``best_of`` samples above it (1: greedy / one
     sample, openai-whisper's ``transcribe()`` defaults; its CLI uses 5 and 5).
+    ``mel_padding="zeros"`` lays out windows shorter than 30 s as openai-whisper's
+    ``transcribe()`` does (its tokens exactly); ``"silence"``: see :class:`TranscribeOptions`.
     ``options`` overrides all keyword settings. Raises AudioError for unusable audio.
     """
     if options is None:
@@ -107,7 +109,8 @@ def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
                                     seed=engine.config.seed if seed is None else seed,
                                     word_timestamps=word_timestamps, beam_size=beam_size,
                                     best_of=best_of, patience=patience,
-                                    length_penalty=length_penalty)
+                                    length_penalty=length_penalty,
+                                    mel_padding=mel_padding)
     audios = [a if isinstance(a, np.ndarray) else load_audio(a) for a in inputs]
     if any(not np.isfinite(a).all() for a in audios):  # files: refused by load_audio
         raise NonFiniteAudioError()
