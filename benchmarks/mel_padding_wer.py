@@ -56,11 +56,11 @@ def long_form(audios: dict[str, np.ndarray], refs: dict[str, str]
 
 
 def run(model: str, beam: int, padding: str, audios: list[np.ndarray]) -> list[str]:
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
     from edserve.whisper.options import TranscribeOptions
     from edserve.whisper.transcribe import transcribe
 
-    engine = Engine(model=model, device="cpu", max_running_requests=len(audios) * 5)
+    engine = build_engine(model=model, device="cpu", max_running_requests=len(audios) * 5)
     opts = TranscribeOptions(beam_size=beam, best_of=5, mel_padding=padding)
     return [r.text for r in transcribe(engine, audios, options=opts)]
 

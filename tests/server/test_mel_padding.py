@@ -69,9 +69,9 @@ def test_bad_value_400_names_the_field(http: httpx.Client, path):
 
 def test_each_layout_decodes_as_in_process(http: httpx.Client):
     """The server (tiny.en) with each layout gives the in-process text with that layout."""
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
 
-    local = Engine(device="cpu", max_running_requests=1)
+    local = build_engine(device="cpu", max_running_requests=1)
     expected = {p: transcribe(local, [load_audio(WAV)], options=TranscribeOptions(
         mel_padding=p))[0].text for p in ("silence", "zeros")}
     assert expected["silence"] != expected["zeros"]  # the clip tells the layouts apart

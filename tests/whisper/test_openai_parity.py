@@ -60,16 +60,15 @@ def audio():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
 
-    return Engine(device="cpu", max_running_requests=10)
+    return build_engine(device="cpu", max_running_requests=10)
 
 
 @pytest.fixture(scope="module")
 def base():
-    from edserve.engine.engine import Engine
 
-    return Engine(model="base", device="cpu", max_running_requests=4)
+    return build_engine(model="base", device="cpu", max_running_requests=4)
 
 
 def _ours(engine, audios: list[np.ndarray], **opts):
