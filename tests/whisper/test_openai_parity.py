@@ -19,6 +19,7 @@ import torch
 import whisper  # the official openai-whisper package (the test extra)
 
 from edserve.audio.decode import load_audio
+from edserve.runtime import build_engine
 from edserve.whisper.options import TranscribeOptions
 from edserve.whisper.transcribe import transcribe
 from tests.whisper.openai_oracle import load_openai_whisper
@@ -60,14 +61,11 @@ def audio():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from edserve.runtime import build_engine
-
     return build_engine(device="cpu", max_running_requests=10)
 
 
 @pytest.fixture(scope="module")
 def base():
-
     return build_engine(model="base", device="cpu", max_running_requests=4)
 
 
