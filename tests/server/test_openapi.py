@@ -112,6 +112,9 @@ def test_stream_events_match_schema(http, doc):
     ({"temperature": "2"}, 400, "temperature"),
     ({"include[]": "logprobs"}, 400, "include[]"),
     ({"stream": "maybe"}, 400, "stream"),
+    # found by the fuzz (were 500s): beam_size * patience overflowing, or rounding to 0
+    ({"beam_size": "2", "patience": "1e308"}, 400, "patience"),
+    ({"beam_size": "2", "patience": "0.1"}, 400, "patience"),
     ({"model": "gpt-4o"}, 404, "model"),
 ])
 def test_errors_match_schema(http, doc, fields, status, param):
