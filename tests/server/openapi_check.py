@@ -50,11 +50,13 @@ def check_response(doc: dict, path: str, method: str, response: httpx.Response) 
         payloads = []
         for event in sse_events(response.text):
             _validate(doc, schema, event)
-            data = schema["properties"]["data"]
-            if event["data"] == "[DONE]" or "contentSchema" not in data:
+            data = schema["properties"]["data"]  # contentSchema, or after if [DONE] / else
+            content = data.get("contentSchema") or data.get("else", {}).get("contentSchema")
+            assert content is not None, data
+            if event["data"] == "[DONE]" and "else" in data:
                 continue
             payload = json.loads(event["data"])
-            _validate(doc, data["contentSchema"], payload)
+            _validate(doc, content, payload)
             payloads.append(payload)
         return payloads
     _validate(doc, schema, response.text)
