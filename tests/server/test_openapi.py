@@ -75,6 +75,7 @@ def test_flag_in_help():
     {}, {"response_format": "verbose_json", "timestamp_granularities[]": "word"},
     {"response_format": "text"}, {"response_format": "srt"}, {"response_format": "vtt"},
     {"beam_size": "2", "length_penalty": "1.0"}, {"stream": "null"},
+    {"temperature": "1e-06"},  # found by the fuzz: was a 500 (schedule reached 1.000001)
 ])
 def test_responses_match_schema(http, doc, fields):
     r = _post(http, fields)
