@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -16,6 +15,9 @@ from edserve.config import MAX_GROUP_ROWS
 from edserve.engine.logits_filter import LogitsFilter
 
 _rid_counter = itertools.count()
+# Beam search stops after round(beam_size * patience) finished candidates; beyond a few
+# hundred it never stops early (decoder contexts are 448 tokens), so larger is refused.
+MAX_PATIENCE = 100.0
 
 
 def _is_int(value: Any) -> bool:
@@ -100,10 +102,12 @@ class SamplingParams:
         if self.best_of > 1 and self.temperature == 0:
             raise ValueError("best_of needs sampling (temperature > 0); at temperature 0 use "
                              "beam_size")
-        if self.patience is not None and (self.beam_size == 1
-                                          or not 0 < self.patience < math.inf):
-            raise ValueError(f"patience must be a finite number > 0 and needs beam_size > 1, "
-                             f"got {self.patience}")
+        if self.patience is not None and (
+                self.beam_size == 1 or not 0 < self.patience <= MAX_PATIENCE
+                or round(self.beam_size * self.patience) < 1):
+            raise ValueError(f"patience must be in (0, {MAX_PATIENCE:g}] with "
+                             "round(beam_size * patience) >= 1, and needs beam_size > 1; got "
+                             f"{self.patience} with beam_size {self.beam_size}")
         if self.length_penalty is not None and not 0.0 <= self.length_penalty <= 10.0:
             raise ValueError(f"length_penalty must be in [0, 10], got {self.length_penalty}")
 

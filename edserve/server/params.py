@@ -14,7 +14,7 @@ from typing import Any
 from starlette.datastructures import FormData, UploadFile
 
 from edserve.config import check_mel_padding
-from edserve.engine.request import MAX_GROUP_ROWS
+from edserve.engine.request import MAX_GROUP_ROWS, MAX_PATIENCE
 from edserve.server.errors import APIError
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -120,8 +120,8 @@ def _decoding(form: FormData) -> dict[str, Any]:
         mel_padding=_mel_padding(_one(form, "mel_padding")),
         beam_size=_group_size(_one(form, "beam_size"), "beam_size"),
         best_of=_group_size(_one(form, "best_of"), "best_of"),
-        patience=_float_in(_one(form, "patience"), "patience", 0.0, math.inf, True,
-                           "a finite number > 0"),
+        patience=_float_in(_one(form, "patience"), "patience", 0.0, MAX_PATIENCE, True,
+                           f"a number > 0 and <= {MAX_PATIENCE:g}"),
         length_penalty=_float_in(_one(form, "length_penalty"), "length_penalty", 0.0, 10.0,
                                  False, "a number between 0 and 10"))
 

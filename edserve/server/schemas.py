@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from edserve.config import MAX_GROUP_ROWS
+from edserve.engine.request import MAX_PATIENCE
 from edserve.server.params import GRANULARITIES, RESPONSE_FORMATS
 
 
@@ -87,8 +88,9 @@ def audio_form_schema(model_ids: list[str], languages: list[str] | None) -> dict
                           "likely is kept): " + group.format(n=MAX_GROUP_ROWS, flag="best-of"),
                           minimum=1, maximum=MAX_GROUP_ROWS),
         "patience": _field("number", "Beam search patience (edserve extension): stop after "
-                           "round(beam_size * patience) finished candidates; finite, > 0; "
-                           "needs beam_size > 1 (else 400).", exclusiveMinimum=0),
+                           "round(beam_size * patience) finished candidates (at least 1); "
+                           "needs beam_size > 1 (else 400).", exclusiveMinimum=0,
+                           maximum=MAX_PATIENCE),
         "length_penalty": _field("number", "Rank finished sequences by sum log-probability / "
                                  "((5 + length) / 6) ** length_penalty (edserve extension; "
                                  "omitted: divided by the length).", minimum=0, maximum=10),

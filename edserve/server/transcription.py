@@ -29,6 +29,7 @@ from edserve.audio.errors import (
     NonFiniteAudioError,
 )
 from edserve.engine.errors import RequestFailed
+from edserve.engine.request import SamplingParams
 from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError
 from edserve.server.metrics import EngineTimes
@@ -74,6 +75,11 @@ def decoding(params: TranscriptionParams, cfg: Any, max_rows: int | None = None
     if params.patience is not None and beam_size == 1:
         raise APIError(400, "'patience' needs beam search: send 'beam_size' > 1 with it",
                        "patience", "invalid_value")
+    try:  # the engine's own rules (e.g. round(beam_size * patience) >= 1)
+        SamplingParams(beam_size=beam_size, patience=params.patience,
+                       length_penalty=params.length_penalty)
+    except ValueError as exc:
+        raise APIError(400, f"'patience': {exc}", "patience", "invalid_value") from None
     return dict(beam_size=beam_size, best_of=best_of, patience=params.patience,
                 length_penalty=params.length_penalty)
 

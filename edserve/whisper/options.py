@@ -15,7 +15,7 @@ def temperature_schedule(start: float, increment: float = TEMPERATURE_INCREMENT
     if not 0.0 <= start <= 1.0:
         raise ValueError(f"temperature must be in [0, 1], got {start}")
     temps, t = [], start
-    while t <= 1.0 + 1e-6:
+    while round(t, 6) <= 1.0:  # rounded: 0.8 + 0.2 is 1.0000000000000002, 1e-6 + 1.0 is not 1
         temps.append(round(t, 6))
         t += increment
     return tuple(temps)

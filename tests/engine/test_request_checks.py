@@ -68,7 +68,9 @@ def test_bad_fields_are_value_errors_at_construction(kwargs, match):
     (dict(stop_token_ids=5), "stop_token_ids must be a list"),
     (dict(ignore_eos=1), "ignore_eos must be a bool"),
     (dict(beam_size=True), "beam_size must be an integer"),
-    (dict(beam_size=2, patience=float("inf")), "patience must be a finite number"),
+    (dict(beam_size=2, patience=float("inf")), r"patience must be in \(0, 100\]"),
+    (dict(beam_size=2, patience=1e308), r"patience must be in \(0, 100\]"),
+    (dict(beam_size=2, patience=0.1), r"round\(beam_size \* patience\) >= 1"),
     (dict(length_penalty="1"), "length_penalty must be a number"),
 ])
 def test_bad_sampling_params_are_value_errors(kwargs, match):

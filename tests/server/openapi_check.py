@@ -50,11 +50,13 @@ def check_response(doc: dict, path: str, method: str, response: httpx.Response) 
         payloads = []
         for event in sse_events(response.text):
             _validate(doc, schema, event)
-            data = schema["properties"]["data"]
-            if event["data"] == "[DONE]" or "contentSchema" not in data:
+            data = schema["properties"]["data"]  # contentSchema, or after if [DONE] / else
+            content = data.get("contentSchema") or data.get("else", {}).get("contentSchema")
+            assert content is not None, data
+            if event["data"] == "[DONE]" and "else" in data:
                 continue
             payload = json.loads(event["data"])
-            _validate(doc, data["contentSchema"], payload)
+            _validate(doc, content, payload)
             payloads.append(payload)
         return payloads
     _validate(doc, schema, response.text)
@@ -62,12 +64,12 @@ def check_response(doc: dict, path: str, method: str, response: httpx.Response) 
 
 
 def fuzz(schema: Any, base_url: str, headers: dict[str, str], max_examples: int,
-         checks: list, real: dict[str, Any] | None = None,
+         checks: list, real: Any = None,
          skip: Any = None) -> tuple[Counter, list[str]]:
     """Run ``max_examples`` positive and negative cases per operation of the schemathesis
     ``schema`` against ``base_url`` (derandomized: the same cases every run). With ``real``
-    (e.g. ``{"file": speech, "model": "whisper-1"}``), half the cases that send a ``file``
-    send these fields instead, so that some valid requests do real work. ``skip(case,
+    (``body -> body``), half the cases that send a ``file`` are passed through it (e.g. to
+    send real speech to a served model), so that many requests do real work. ``skip(case,
     response)``: True to leave a response unchecked. Returns
     (count per ``METHOD path status``, failure texts)."""
     from hypothesis import HealthCheck, Phase, given, settings
@@ -78,8 +80,9 @@ def fuzz(schema: Any, base_url: str, headers: dict[str, str], max_examples: int,
     failures: list[str] = []
 
     def with_audio(case: Any, use_real: bool) -> Any:
-        if use_real and real and isinstance(case.body, dict) and "file" in case.body:
-            case.body = {**case.body, **real}
+        if use_real and real is not None and isinstance(case.body, dict) \
+                and "file" in case.body:
+            case.body = real(dict(case.body))
         return case
 
     def runner(op: Any) -> Any:
@@ -99,7 +102,10 @@ def fuzz(schema: Any, base_url: str, headers: dict[str, str], max_examples: int,
                 return
             try:
                 case.validate_response(response, checks=checks, headers=headers)
-            except Exception as exc:  # one failure text per distinct problem
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # schemathesis raises an exception group
+                # one failure text per distinct problem
                 text = f"{op.method.upper()} {op.path} {response.status_code}: {exc}"[:2000]
                 if text not in failures:
                     failures.append(text)

@@ -250,3 +250,22 @@ def test_chat_on_whisper_server_is_400():
         r = tc.post("/v1/chat/completions", json={"model": "whisper-1", "messages": TEXT_MSG})
     assert r.status_code == 400
     assert "Whisper" in r.json()["error"]["message"]
+
+
+def test_chat_responses_match_served_schema(http):
+    """The completion, the stream (chunks, usage chunk, [DONE]) and an error match the
+    /openapi.json this server serves."""
+    from .openapi_check import check_response
+
+    doc = http.get("/openapi.json").json()
+    path = "/v1/chat/completions"
+    body = {"model": MODEL, "messages": _image_msg(), "max_tokens": 4, "temperature": 0}
+    out = check_response(doc, path, "post", http.post(path, json=body))
+    assert out["choices"][0]["finish_reason"] in ("stop", "length")
+    r = http.post(path, json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    events = check_response(doc, path, "post", r)
+    assert r.text.rstrip().endswith("data: [DONE]") and events[-1]["usage"]["total_tokens"] > 0
+    r = http.post(path, json={**body, "temperature": 5})
+    assert r.status_code == 400
+    assert check_response(doc, path, "post", r)["error"]["param"] == "temperature"
+    _idle_integrity(http)

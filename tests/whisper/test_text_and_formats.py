@@ -24,6 +24,7 @@ def test_temperature_schedule():
     assert temperature_schedule(0.0) == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     assert temperature_schedule(0.5) == (0.5, 0.7, 0.9)
     assert temperature_schedule(1.0) == (1.0,)
+    assert temperature_schedule(1e-6)[-1] == 0.800001  # never past 1.0 (a fuzz-found 500)
     for bad in (-0.1, 1.1):
         with pytest.raises(ValueError):
             temperature_schedule(bad)
