@@ -66,7 +66,7 @@ class AsyncEngine:
         _name_os_thread(self._thread.name)
         self._run_hooks()
         while not self._stop.is_set():
-            self._run_one_call()
+            called = self._run_one_call()
             if self.engine.has_work():
                 try:
                     self.engine.step()
@@ -74,21 +74,26 @@ class AsyncEngine:
                     logger.exception("engine step failed")
                     self._fail_inflight(f"engine step failed: {type(exc).__name__}: {exc}")
                 self._run_hooks()
-            elif self._calls.empty():
-                self._wake.wait(self._idle_poll_s)
-                self._wake.clear()
+            else:
+                if called:  # a call (e.g. releasing a held encoder) may have freed KV
+                    self._run_hooks()
+                if self._calls.empty():
+                    self._wake.wait(self._idle_poll_s)
+                    self._wake.clear()
 
-    def _run_one_call(self) -> None:
-        """At most one queued call per loop turn: one per engine step while there is work."""
+    def _run_one_call(self) -> bool:
+        """At most one queued call per loop turn: one per engine step while there is work.
+        Returns whether a call was taken."""
         try:
             fn, fut = self._calls.get_nowait()
         except queue.Empty:
-            return
+            return False
         if fut.set_running_or_notify_cancel():
             try:
                 fut.set_result(fn())
             except BaseException as exc:
                 fut.set_exception(exc)
+        return True
 
     def _run_hooks(self) -> None:
         for hook in self._hooks:
