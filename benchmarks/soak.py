@@ -7,8 +7,9 @@ each of which must get its 4xx; ``--disconnect`` are clients that leave at a ran
 are good requests (a quarter streamed) whose text must equal a sequential reference (first
 pass, one request per clip). Afterwards: ``/debug/integrity`` ok with 0 KV slots used, the
 ``edserve_kv_slots_used`` gauge 0, and the server's RSS (sampled every 0.5 s) within
-``--rss-tolerance`` of its post-warm-up plateau (the median while the 10-20 % of requests
-complete). Starts ``python -m edserve serve`` (tiny.en) unless ``--url`` is given.
+``--rss-tolerance`` of its post-warm-up plateau (the median while requests w..2w complete,
+w = max(10 % of N, 2 C), at most N / 3). Starts ``python -m edserve serve`` (tiny.en)
+unless ``--url`` is given.
 
   python benchmarks/soak.py --requests 2000 --concurrency 64 --json soak.json
 """
@@ -192,11 +193,12 @@ class Soak:
         gauge = next(float(line.split()[-1]) for line in metrics.splitlines()
                      if line.startswith("edserve_kv_slots_used "))
         out = {"integrity": integ, "kv_slots_used_metric": gauge}
-        n = self.args.requests
-        plateau = [b for d, b in self.rss if 0.1 * n <= d <= 0.2 * n]
+        n, c = self.args.requests, self.args.concurrency
+        w = min(max(0.1 * n, 2 * c), n / 3)  # warm-up: every slot has served twice
+        plateau = [b for d, b in self.rss if w <= d <= 2 * w]
         if self.pid is not None and plateau:
             base = statistics.median(plateau)
-            after = [b for d, b in self.rss if d > 0.2 * n] + [rss_bytes(self.pid)]
+            after = [b for d, b in self.rss if d > 2 * w] + [rss_bytes(self.pid)]
             out.update(rss_plateau_mib=base / 2**20, rss_max_after_mib=max(after) / 2**20,
                        rss_final_mib=after[-1] / 2**20, rss_ratio=max(after) / base)
         return out
