@@ -109,7 +109,7 @@ def format_summary(s: dict[str, Any]) -> str:
         for stat, value in s[key].items():
             lines.append(f"{f'{stat.capitalize()} (ms):':<36}{value:.1f}")
     if s["stages"]:
-        lines.append(f"{'-' * 12}Server stages (mean ms per observation){'-' * 0}")
+        lines.append(f"{'-' * 12}Server stages (mean ms per request)")
         for stage, d in s["stages"].items():
             lines.append(f"{stage + ':':<36}{d['mean_ms']:.2f}  (n={d['count']})")
     lines.append("=" * 46)

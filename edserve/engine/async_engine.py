@@ -64,27 +64,33 @@ class AsyncEngine:
         return self.core.num_inflight
 
     def _loop(self) -> None:
+        _name_os_thread(self._thread.name)
         self._run_hooks()
         while not self._stop.is_set():
-            self._run_one_call()
+            called = self._run_one_call()
             if self.engine.has_work():
                 self.core.step()  # a failed step fails what was in flight; we keep serving
                 self._run_hooks()
-            elif self._calls.empty():
-                self._wake.wait(self._idle_poll_s)
-                self._wake.clear()
+            else:
+                if called:  # a call (e.g. releasing a held encoder) may have freed KV
+                    self._run_hooks()
+                if self._calls.empty():
+                    self._wake.wait(self._idle_poll_s)
+                    self._wake.clear()
 
-    def _run_one_call(self) -> None:
-        """At most one queued call per loop turn: one per engine step while there is work."""
+    def _run_one_call(self) -> bool:
+        """At most one queued call per loop turn: one per engine step while there is work.
+        Returns whether a call was taken."""
         try:
             fn, fut = self._calls.get_nowait()
         except queue.Empty:
-            return
+            return False
         if fut.set_running_or_notify_cancel():
             try:
                 fut.set_result(fn())
             except BaseException as exc:
                 fut.set_exception(exc)
+        return True
 
     def _run_hooks(self) -> None:
         for hook in self._hooks:
@@ -155,3 +161,16 @@ class AsyncEngine:
         finally:
             await stream.aclose()
         raise RequestFailed(f"request {request.rid} ended without output", request.rid)
+
+
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread its name in the OS too (Linux ``comm``, 15 bytes), so ``top
+    -H``, py-spy and /proc CPU readings can tell the engine thread from the API's."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+

@@ -193,3 +193,30 @@ def test_engine_client_stats_validate_and_request_failed(model_dir):
     assert max(seen_running) == 1
     assert client.stats().generated_tokens >= 10 and client.stats().kv_used == 0
     _idle_check(engine)
+
+
+def test_stats_refresh_after_a_call_that_frees_kv(model_dir):
+    """Releasing a held encoder runs as a call on an idle engine (no step follows): the
+    stats snapshot (the /metrics KV gauges) must still show the freed slots."""
+    from edserve.engine.protocol import EngineClient
+
+    engine = build_engine(model=str(model_dir))
+    aengine = AsyncEngine(engine).start()
+    client = EngineClient(aengine, "tiny")
+
+    async def main():
+        req = _requests(1, 3)[0]
+        req.keep_encoder = True
+        out = await client.generate(req)
+        assert out.encoder_kv is not None
+        await asyncio.sleep(0.05)
+        assert client.stats().kv_used > 0  # the held encoder region
+        client.release_encoder(out.encoder_kv)
+        for _ in range(200):
+            if client.stats().kv_used == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert client.stats().kv_used == 0
+
+    _run(aengine, main())
+    _idle_check(engine)

@@ -81,7 +81,7 @@ def test_non_finite_samples_are_400_even_when_streaming(http, bad, stream):
 
 
 def test_error_inside_a_stream_is_an_sse_error_event(client, http, monkeypatch):
-    async def failing(_client, _task):
+    async def failing(_client, _task, _on_output=None):
         yield SimpleNamespace(text=" hello")
         await asyncio.sleep(0)
         raise ValueError("boom at /secret/path")
