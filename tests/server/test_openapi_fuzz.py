@@ -4,7 +4,7 @@ may get a 5xx, and every response must match the schema (streamed events include
 
 Half the cases that send a ``file`` send 1.5 s of real speech to a served model (see ``real``),
 so that many requests run a real (short) transcription. ``EDSERVE_FUZZ_EXAMPLES`` sets the
-cases per operation (CI: 20; the ~3,000-case run recorded in benchmarks/RESULTS.md: 300).
+cases per operation (CI: 20; the ~2,800-case run in benchmarks/RESULTS.md: 350).
 """
 
 from __future__ import annotations
