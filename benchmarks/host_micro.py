@@ -13,6 +13,7 @@ from pathlib import Path
 from edserve.audio.decode import load_audio
 from edserve.engine.async_engine import AsyncEngine
 from edserve.engine.engine import Engine
+from edserve.runtime import build_engine
 from edserve.whisper.logits import SuppressBlank, SuppressTokens, default_suppress_tokens
 from edserve.whisper.options import TranscribeOptions
 from edserve.whisper.transcribe import make_task
@@ -43,7 +44,7 @@ async def cross_thread_calls(aengine: AsyncEngine, engine: Engine) -> tuple[int,
 
 
 def main() -> None:
-    engine = Engine(threads=1, max_running_requests=4)
+    engine = build_engine(threads=1, max_running_requests=4)
     print(f"filters per task: {filters_ms(engine.tokenizer):.3f} ms")
     aengine = AsyncEngine(engine).start()
     try:

@@ -60,11 +60,11 @@ def serve_figure(args) -> dict:
 
 def transcribe_figure(args) -> float:
     """Requests/s of the in-process driver on the same files (model load not counted)."""
-    from edserve.engine.engine import Engine
+    from edserve.runtime import build_engine
     from edserve.whisper.transcribe import transcribe
 
     files = [CLIPS[i % len(CLIPS)] for i in range(args.requests)]
-    engine = Engine(threads=args.threads, max_running_requests=args.rows)
+    engine = build_engine(threads=args.threads, max_running_requests=args.rows)
     transcribe(engine, files[:2])  # warm-up
     t0 = time.perf_counter()
     transcribe(engine, files)  # decodes the files too, as edserve transcribe does
