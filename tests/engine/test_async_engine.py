@@ -198,11 +198,11 @@ def test_engine_client_stats_validate_and_request_failed(model_dir):
 def test_stats_refresh_after_a_call_that_frees_kv(model_dir):
     """Releasing a held encoder runs as a call on an idle engine (no step follows): the
     stats snapshot (the /metrics KV gauges) must still show the freed slots."""
-    from edserve.engine.protocol import EngineClient
+    from edserve.engine.local_client import InProcessClient
 
     engine = build_engine(model=str(model_dir))
     aengine = AsyncEngine(engine).start()
-    client = EngineClient(aengine, "tiny")
+    client = InProcessClient(aengine, "tiny")
 
     async def main():
         req = _requests(1, 3)[0]
