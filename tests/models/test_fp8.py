@@ -113,9 +113,6 @@ def test_fp8_keeps_tiny_en_tokens_on_the_bundled_clips():
     assert all(r.words for r in results)  # the alignment read the fp8 cross K
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-                    reason="needs an fp8 GPU")
 def _rounded(lin: nn.Linear, dtype: torch.dtype) -> nn.Linear:
     """A float32 copy of ``lin`` whose weight and bias went through ``dtype``."""
     out = nn.Linear(lin.in_features, lin.out_features)
@@ -123,6 +120,9 @@ def _rounded(lin: nn.Linear, dtype: torch.dtype) -> nn.Linear:
     return out
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="needs an fp8 GPU")
 def test_scaled_mm_matches_the_emulation_and_the_engine_runs(tmp_path):
     """On Hopper: ``torch._scaled_mm`` computes the emulated product (same rounding; only the
     accumulation order differs), and the engine runs with both fp8 options (random weights;
