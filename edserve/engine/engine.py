@@ -59,12 +59,6 @@ class Engine:
         self._in_flight: tuple[ScheduledBatch, StepOutput] | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
 
-    @property
-    def max_row_len(self) -> int:
-        """Longest row: the model's largest encoder region + its decoder positions."""
-        return self.pools.backend.encoder_region(self.model.max_encoder_len) \
-            + self.max_decoder_len
-
     # ---- requests ---------------------------------------------------------------------
     def make_req(self, request: GenerateRequest,
                  on_delta: Callable[[TokenDelta], None] | None = None,

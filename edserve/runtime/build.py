@@ -51,9 +51,9 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops,
                              grouped_cross=config.grouped_cross_attention)
-    sizing = build_pools(config, s, model, backend, max_decoder_len)
-    running = sizing.max_running_requests
     max_row = backend.encoder_region(model.max_encoder_len) + max_decoder_len
+    sizing = build_pools(config, s, model, backend, max_row)
+    running = sizing.max_running_requests
     graphs = None
     if use_cuda_graph(config, s):
         graphs = DecodeGraphRunner(model, sizing.pools,

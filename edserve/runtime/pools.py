@@ -92,11 +92,11 @@ def auto_running(plan: KVCachePlan, cap: int) -> tuple[KVCachePlan, str]:
 
 
 def build_pools(config: EngineConfig, s: RuntimeSettings, model,
-                backend: EncoderDecoderBackend, max_decoder_len: int) -> PoolSizing:
-    """The request table, KV pool and allocator for ``model`` under ``config``."""
-    context_len = backend.encoder_region(model.max_encoder_len) + max_decoder_len
+                backend: EncoderDecoderBackend, max_row: int) -> PoolSizing:
+    """The request table, KV pool and allocator for ``model`` under ``config``; ``max_row``:
+    the longest row (the largest encoder region + every decoder position)."""
     # Admission reserves whole pages; a row may round up to one extra page.
-    context_len = -(-context_len // s.page_size) * s.page_size
+    context_len = -(-max_row // s.page_size) * s.page_size
     if config.max_running_requests is None:
         plan, reason = _auto_running(config, s, model, context_len)
     else:
