@@ -19,11 +19,6 @@ from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest
 MAX_STOP_STRINGS = 16
 
 
-def is_mllama(engine: Any) -> bool:
-    """The engine (or engine client) serves a Llama-3.2-Vision model."""
-    return getattr(getattr(engine, "model", None), "model_type", None) == "mllama"
-
-
 def normalize_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
     """``stop`` as a tuple of non-empty strings (ValueError otherwise)."""
     if stop is None:
@@ -124,7 +119,7 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
     Raises ``ValueError`` subclasses: ``ChatFormatError`` (messages), ``ImageInputError``
     (images), or ``ValueError`` (not an Mllama engine, bad sampling values).
     """
-    if not is_mllama(engine):
+    if not getattr(engine, "is_mllama", False):
         raise ValueError("chat needs a Llama-3.2-Vision (Mllama) model; this engine serves "
                          f"{type(getattr(engine, 'model', None)).__name__}")
     tok = ChatTokenizer.for_model(engine.model, engine.tokenizer)

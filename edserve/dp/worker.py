@@ -176,14 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        from edserve.chat.chat_api import is_mllama
         from edserve.config import EngineConfig
         from edserve.runtime import build_engine
 
         engine = build_engine(EngineConfig(**json.loads(args.config)))
         threads = torch.get_num_threads() if engine.device.type == "cpu" else None
         facts = P.WorkerFacts(os.getpid(), engine.tokenizer, engine.model.config,
-                              engine.max_decoder_len, is_mllama(engine), str(engine.device),
+                              engine.max_decoder_len, engine.is_mllama, str(engine.device),
                               threads, engine.config.max_running_requests)
     except Exception as exc:
         up.send_pyobj(P.Failed(args.index, f"{type(exc).__name__}: {exc}"))

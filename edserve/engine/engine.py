@@ -59,6 +59,11 @@ class Engine:
         self._in_flight: tuple[ScheduledBatch, StepOutput] | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
 
+    @property
+    def is_mllama(self) -> bool:
+        """The model is Llama-3.2-Vision (chat), not Whisper (the one place this is decided)."""
+        return getattr(self.model, "model_type", None) == "mllama"
+
     # ---- requests ---------------------------------------------------------------------
     def make_req(self, request: GenerateRequest,
                  on_delta: Callable[[TokenDelta], None] | None = None,

@@ -86,7 +86,7 @@ class InProcessClient(EngineClient):
 
     @property
     def is_mllama(self) -> bool:
-        return getattr(self.model, "model_type", None) == "mllama"
+        return self._engine.is_mllama
 
     # ---- lifecycle ----------------------------------------------------------------------
     @property

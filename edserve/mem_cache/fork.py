@@ -49,12 +49,6 @@ def _host_list(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, pin_memory=pin).to(device, non_blocking=pin)
 
 
-def _check_held(rtp: ReqToTokenPool, row: int, action: str) -> None:
-    rtp._check_row(row, action)
-    if rtp._is_free[row]:
-        raise KVCacheError(f"cannot {action} row {row}: it is not held by any request")
-
-
 def attach_shared(rtp: ReqToTokenPool, allocator: BaseAllocator, row: int,
                   slots: torch.Tensor) -> None:
     """``req_to_token[row, :L] = slots`` and one more holder on each page ``slots[0::ps]``.
@@ -66,7 +60,7 @@ def attach_shared(rtp: ReqToTokenPool, allocator: BaseAllocator, row: int,
     if slots.dim() != 1 or slots.dtype.is_floating_point or slots.dtype == torch.bool:
         raise ValueError(f"attach_shared: slots must be 1-D integer, got {slots.dtype} "
                          f"{tuple(slots.shape)}")
-    _check_held(rtp, row, "attach to")
+    rtp.check_held(row, "attach to")
     if slots.numel() > rtp.max_context_len:
         raise ContextOverflowError(f"attach_shared: {slots.numel()} slots do not fit in "
                                    f"max_context_len={rtp.max_context_len}")
@@ -81,7 +75,7 @@ def fork_row(rtp: ReqToTokenPool, allocator: BaseAllocator, parent_row: int, chi
     Returns the child's row, or ``None`` with nothing changed when no row is free. The child
     must call ``cow_last_pages`` before its first write (as must the parent, if listed).
     """
-    _check_held(rtp, parent_row, "fork")
+    rtp.check_held(parent_row, "fork")
     if child_req.req_pool_idx is not None:
         raise KVCacheError(f"fork_row: the child already holds row {child_req.req_pool_idx}")
     if not 0 <= length <= rtp.max_context_len:
@@ -124,7 +118,7 @@ def fork_rows(rtp: ReqToTokenPool, allocator: BaseAllocator, parent_rows: Sequen
     if not len(parent_rows) == len(children) == len(lengths):
         raise ValueError("fork_rows: parent_rows, children and lengths differ in length")
     for row, n in zip(parent_rows, lengths, strict=True):
-        _check_held(rtp, row, "fork")
+        rtp.check_held(row, "fork")
         if not 0 <= n <= rtp.max_context_len:
             raise ContextOverflowError(f"fork_rows: length {n} outside 0.."
                                        f"{rtp.max_context_len}")
@@ -166,7 +160,7 @@ def cow_last_pages(rtp: ReqToTokenPool, allocator: BaseAllocator, kv_pool: KVPoo
     if len(set(rows)) != len(rows):
         raise ValueError("cow_last_pages: a row is listed twice")
     for r, n in zip(rows, lengths, strict=True):
-        _check_held(rtp, r, "copy-on-write")
+        rtp.check_held(r, "copy-on-write")
         if not 0 <= n <= rtp.max_context_len:
             raise ContextOverflowError(f"cow_last_pages: length {n} of row {r} outside "
                                        f"0..{rtp.max_context_len}")

@@ -104,6 +104,12 @@ class ReqToTokenPool:
         self._is_free[row] = True
         req.req_pool_idx = None
 
+    def check_held(self, row: int, action: str) -> None:
+        """Raise unless ``row`` is a valid row currently held by a request."""
+        self._check_row(row, action)
+        if self._is_free[row]:
+            raise KVCacheError(f"cannot {action} row {row}: it is not held by any request")
+
     # ------------------------------------------------------------------ writes
     def write(self, row: int, start: int, values: torch.Tensor) -> None:
         """``req_to_token[row, start:start + len(values)] = values`` (cast to int32).
