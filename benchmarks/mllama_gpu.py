@@ -42,6 +42,7 @@ from mllama_hf import (  # noqa: E402
     build_hf,
     hf_config,
     hf_generate,
+    hf_generate_fitting,
     hf_vision_seconds,
     share_weights,
     sync,
@@ -181,13 +182,19 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
     """One strategy x batch: HF and edserve alternately, then the edserve step measurements;
     prints the row and returns it. ``hf_once`` caches HF's TTFT / vision time per batch."""
     rows, cuda = len(b["cases"]), args.device == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    hf_tokens, t_hf = hf_generate(hf, b["hf"], args.new_tokens)
-    hf_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-    if n not in hf_once:
-        hf_once[n] = dict(ttft=hf_generate(hf, b["hf"], 1)[1],
-                          vision=hf_vision_seconds(hf, b["hf_img"]))
+    if n not in hf_once or args.hf_every_strategy:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        hf_tokens, t_hf, chunk = hf_generate_fitting(hf, b["hf"], args.new_tokens)
+        hf_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+        hf_once[n] = dict(tokens=hf_tokens, seconds=t_hf, chunk=chunk, peak=hf_peak,
+                          ttft=hf_once.get(n, {}).get("ttft"))
+        if hf_once[n]["ttft"] is None:
+            first = hf_generate_fitting(hf, b["hf"], 1)
+            vis_chunk = {k: v[:first[2]] for k, v in b["hf_img"].items()}
+            hf_once[n].update(ttft=first[1], vision=hf_vision_seconds(hf, vis_chunk)
+                              * n / min(n, first[2]))
+    hf_tokens, t_hf, hf_peak = hf_once[n]["tokens"], hf_once[n]["seconds"], hf_once[n]["peak"]
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     tokens, t = run_edserve(eng, b["cases"], args.new_tokens)
@@ -204,12 +211,14 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
              hf_tokens_per_s=n_tok / t_hf, ratio_hf=t_hf / t, ttft_s=ttft,
              hf_ttft_s=hf_once[n]["ttft"], vision_ms_per_tile=1000 * vision / tiles,
              hf_vision_ms_per_tile=1000 * hf_once[n]["vision"] / tiles, floor_ms=floor,
-             peak_gib=peak, hf_peak_gib=hf_peak, **stats, **agreement(tokens, hf_tokens, n))
+             peak_gib=peak, hf_peak_gib=hf_peak, hf_chunk=hf_once[n]["chunk"], **stats,
+             **agreement(tokens, hf_tokens, n))
     busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
     syncs = "n/a" if r["syncs_per_step"] is None else f"{r['syncs_per_step']:.2f}"
     print(f"{ctx['strategy']}/{ctx['page']} {n:3d} img + {rows - n:2d} txt: "
           f"{r['requests_per_s']:7.2f} req/s {r['tokens_per_s']:8.0f} tok/s "
-          f"(HF {r['hf_tokens_per_s']:7.0f}, x{r['ratio_hf']:.2f}) | TTFT {ttft * 1000:7.1f} ms "
+          f"(HF {r['hf_tokens_per_s']:7.0f}{hf_note(hf_once[n]['chunk'], rows)}, "
+          f"x{r['ratio_hf']:.2f}) | TTFT {ttft * 1000:7.1f} ms "
           f"(HF {r['hf_ttft_s'] * 1000:7.1f}) | vision {r['vision_ms_per_tile']:6.2f} ms/tile "
           f"(HF {r['hf_vision_ms_per_tile']:6.2f}) | step {r['step_ms']:6.2f} ms, floor "
           f"{floor:6.2f} (x{r['step_ms'] / floor:.2f}) | busy {busy} syncs/step {syncs} | peak "
@@ -217,6 +226,33 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
           f"{r['image_rows_identical']}/{n} txt {r['text_rows_identical']}/{rows - n}",
           flush=True)
     return r
+
+
+def hf_note(chunk: int, rows: int) -> str:
+    """How HF ran a batch it could not hold at once."""
+    return "" if chunk >= rows else f" in chunks of {chunk}"
+
+
+def profile_step(engine, case_list, steps: int = 4, top: int = 15) -> None:
+    """The CUDA kernels of ``steps`` decode steps with every request running, by total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for r in requests(engine, case_list, steps + 12):
+        engine.add_request(r)
+    engine.step()
+    while engine.scheduler.waiting:
+        engine.step()
+    for _ in range(2):
+        engine.step()
+    sync("cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        sync("cuda")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=top), flush=True)
+    while engine.has_work():
+        engine.step()
+    engine.check_integrity()
 
 
 def parse_args(argv=None):
@@ -233,6 +269,11 @@ def parse_args(argv=None):
                     "ragged always runs eager)")
     ap.add_argument("--ops", default="auto", choices=("auto", "torch", "triton"))
     ap.add_argument("--json", default=None, help="write the summary here")
+    ap.add_argument("--hf-every-strategy", action="store_true",
+                    help="rerun HF before every strategy (default: once per batch, reused)")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the top CUDA kernels of a decode step at the largest batch "
+                    "(first strategy)")
     args = ap.parse_args(argv)
     args.device = "cpu" if args.dry_run else "cuda"
     args.dtype = torch.float32 if args.dry_run else torch.bfloat16
@@ -296,6 +337,7 @@ def main(argv=None) -> int:
             except torch.cuda.OutOfMemoryError as e:  # keep the other rows of the run
                 r = dict(strategy=strategy, page_size=page, image_requests=n, error=str(e))
                 print(f"{strategy}/{page} {n:3d} img: out of GPU memory", flush=True)
+            if "error" in r:  # outside the except block, whose frames hold the memory
                 del eng  # its state may be mid-step: start a fresh engine
                 gc.collect()
                 torch.cuda.empty_cache()
@@ -303,6 +345,8 @@ def main(argv=None) -> int:
             results.append(r)
             if args.json:  # after every row: a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(results, indent=1))
+        if args.profile and args.device == "cuda" and spec == args.strategies.split(",")[0]:
+            profile_step(eng, largest["cases"])
         del eng
     if args.json:
         print(f"# wrote {args.json}")

@@ -154,6 +154,28 @@ def hf_generate(model, inputs: dict, new_tokens: int) -> tuple[list[list[int]], 
     return out[:, inputs["input_ids"].shape[1]:].tolist(), dt
 
 
+def hf_generate_fitting(model, inputs: dict, new_tokens: int
+                        ) -> tuple[list[list[int]], float, int]:
+    """:func:`hf_generate` on the whole batch, or, when HF runs out of GPU memory, on chunks
+    of half the size (then a quarter, ...) run one after another: (tokens, seconds, chunk)."""
+    B = inputs["input_ids"].shape[0]
+    chunk = B
+    while True:
+        try:
+            tokens, seconds = [], 0.0
+            for i in range(0, B, chunk):
+                part = {k: v[i:i + chunk] for k, v in inputs.items()}
+                t, s = hf_generate(model, part, new_tokens)
+                tokens += t
+                seconds += s
+            return tokens, seconds, chunk
+        except torch.cuda.OutOfMemoryError:
+            if chunk == 1:
+                raise
+        chunk = (chunk + 1) // 2  # outside the except block: its frames hold the memory
+        torch.cuda.empty_cache()
+
+
 @torch.inference_mode()
 def hf_vision_seconds(model, inputs: dict) -> float:
     """Vision encoder + projector over the batch's images (every row's 4 tile slots)."""
