@@ -2,8 +2,8 @@
 the KV allocators validate every call (``EDSERVE_DEBUG_CHECKS=1``, off in production), and
 every engine a test builds must end the test idle and pass the KV integrity check.
 
-``EDSERVE_TEST_THREADS`` sets torch's CPU threads (default: up to 4); on a loaded machine, 1
-avoids thread oversubscription stalls.
+``EDSERVE_TEST_THREADS`` sets torch's CPU threads (default: up to 4, the cores shared among
+``pytest -n`` workers); on a loaded machine, 1 avoids thread oversubscription stalls.
 """
 
 import os
@@ -19,7 +19,9 @@ if not torch.cuda.is_available():  # before anything imports triton
 
 from edserve.engine.engine import Engine  # noqa: E402
 
-_threads = int(os.environ.get("EDSERVE_TEST_THREADS", "0")) or max(1, min(4, os.cpu_count() or 1))
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # pytest -n N shares the cores
+_threads = int(os.environ.get("EDSERVE_TEST_THREADS", "0")) or max(
+    1, min(4, (os.cpu_count() or 1) // _workers))
 torch.set_num_threads(_threads)
 os.environ.setdefault("EDSERVE_THREADS", str(_threads))  # engines keep the test thread count
 
