@@ -79,6 +79,13 @@ class EngineConfig:
         "with --attention-backend torch; see benchmarks/RESULTS.md 'fp8').",
         choices=("auto", "fp8"),
     )
+    compile_encoder: bool = _f(
+        False,
+        "Run the encoder layers through torch.compile (Whisper; one graph shared by every "
+        "layer and batch size >= 2; inductor fuses bias + GELU and residual + layer norm, and "
+        "with --encoder-dtype fp8 the activation scaling). The first prefill compiles "
+        "(tens of seconds). Off by default; see benchmarks/RESULTS.md 'Prefill'.",
+    )
     threads: int | None = _f(
         None,
         "CPU threads for torch (torch.set_num_threads, set once at engine start); default: "
@@ -215,6 +222,8 @@ class EngineConfig:
                              "(the other ranks mirror eager steps only)")
         if self.tensor_parallel_size > 1 and self.quantization != "none":
             raise ValueError("--quantization cannot be used with --tensor-parallel-size > 1")
+        if self.tensor_parallel_size > 1 and self.compile_encoder:
+            raise ValueError("--compile-encoder cannot be used with --tensor-parallel-size > 1")
         if self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
 

@@ -48,6 +48,11 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         del checkpoint
         model = quantize_model(model, config.quantization)
         model = apply_encoder_dtype(model, config.encoder_dtype)
+        if config.compile_encoder:
+            if not hasattr(model, "compile_encoder"):
+                raise ValueError(f"--compile-encoder supports Whisper models only, got "
+                                 f"{type(model).__name__}")
+            model.compile_encoder()
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops,
                              grouped_cross=config.grouped_cross_attention)

@@ -78,3 +78,59 @@ def test_compiled_layers_share_one_graph_and_match_eager(encoder):
     for n, r in ref.items():
         torch.testing.assert_close(got[n], r, rtol=1e-6, atol=1e-6)
     assert not encoder.compiled
+
+
+def _greedy(engine, mels):
+    from edserve.engine.logits_filter import LogitsRecorder
+    from edserve.engine.request import GenerateRequest, SamplingParams
+
+    recs = [LogitsRecorder() for _ in mels]
+    outs = engine.generate([GenerateRequest([50257, 50362], m, SamplingParams(
+        max_new_tokens=4, ignore_eos=True), logits_processors=[r])
+        for m, r in zip(mels, recs, strict=True)])
+    return [o.token_ids for o in outs], [torch.stack(r.rows).float().cpu() for r in recs]
+
+
+def test_engine_with_compile_encoder_gives_the_eager_tokens(random_whisper):
+    """``--compile-encoder`` through build_engine; the graph is rebuilt with the aot_eager
+    backend (inductor's CPU C++ compile takes minutes on CI machines; the GPU test below runs
+    inductor): the same tokens and logits as the eager engine, one graph for both layers."""
+    from edserve.runtime import build_engine
+
+    gen = torch.Generator().manual_seed(2)
+    mels = [torch.randn(80, 3000, generator=gen) * 0.5 for _ in range(2)]
+    eager = build_engine(model=str(random_whisper), device="cpu", max_running_requests=2)
+    ref_tokens, ref_logits = _greedy(eager, mels)
+    engine = build_engine(model=str(random_whisper), device="cpu", max_running_requests=2,
+                          compile_encoder=True)
+    encoder = engine.model.model.encoder
+    assert encoder.compiled
+    counter = CompileCounterWithBackend("aot_eager")
+    encoder.compile_layers(backend=counter)
+    tokens, logits = _greedy(engine, mels)
+    assert counter.frame_count == 1
+    assert tokens == ref_tokens
+    for a, b in zip(logits, ref_logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_encoder_refuses_tensor_parallel():
+    from edserve.config import EngineConfig
+
+    with pytest.raises(ValueError, match="--compile-encoder"):
+        EngineConfig(compile_encoder=True, tensor_parallel_size=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_inductor_compiled_encoder_on_gpu(random_whisper):
+    from edserve.runtime import build_engine
+
+    gen = torch.Generator().manual_seed(2)
+    mels = [torch.randn(80, 3000, generator=gen) * 0.5 for _ in range(3)]
+    runs = [_greedy(build_engine(model=str(random_whisper), device="cuda", dtype="float32",
+                                 max_running_requests=3, compile_encoder=c), mels)
+            for c in (False, True)]
+    assert runs[1][0] == runs[0][0]
+    for a, b in zip(runs[1][1], runs[0][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
