@@ -115,10 +115,16 @@ def apply_encoder_dtype(model: Any, mode: str) -> Any:
     if not isinstance(model, WhisperForConditionalGeneration):
         raise ValueError(f"--encoder-dtype {mode} supports Whisper models only, got "
                          f"{type(model).__name__}")
-    for layer in model.model.encoder.layers:
+    fp8_encoder_layers(model.model.encoder)
+    return model
+
+
+def fp8_encoder_layers(encoder: nn.Module) -> None:
+    """Every linear layer of a Whisper encoder's layers becomes an :class:`Fp8Linear` (in
+    place)."""
+    for layer in encoder.layers:
         for owner in (layer.self_attn, layer):
             for name in _ENCODER_LINEARS:
                 child = getattr(owner, name, None)
                 if isinstance(child, nn.Linear):
                     setattr(owner, name, Fp8Linear(child))
-    return model
