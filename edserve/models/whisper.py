@@ -25,6 +25,7 @@ from torch import nn
 
 from edserve.layers.attention.base import Attention
 from edserve.layers.forward_batch import ForwardBatch
+from edserve.models.encoder_graphs import EncoderGraphs
 from edserve.models.weights.fused import FusedLinear, load_hf_tensors
 from edserve.models.whisper_config import WhisperConfig
 from edserve.models.whisper_encoder import SelfAttention, WhisperEncoder
@@ -148,6 +149,7 @@ class WhisperForConditionalGeneration(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = _Inner(cfg)
+        self.encoder_graphs: EncoderGraphs | None = None  # capture_encoder_graphs
 
     # Sizes the engine needs to lay out the KV pool.
     @property
@@ -209,12 +211,24 @@ class WhisperForConditionalGeneration(nn.Module):
         for m in encoder_inputs:
             self._check_mel(m)
         mel = _stack_to_device(encoder_inputs, p.device)  # [N, n_mels, 3000]
-        return list(self.model.encoder(mel.to(p.dtype)).unbind(0))  # N x [1500, d]
+        graphs = self.encoder_graphs
+        out = graphs.run(mel) if graphs is not None else None  # [N, 1500, d] or None
+        if out is None:
+            out = self.model.encoder(mel.to(p.dtype))
+        return list(out.unbind(0))  # N x [1500, d]
 
     def compile_encoder(self) -> None:
         """``--compile-encoder``: the encoder layers run through one ``torch.compile``d
         function (:meth:`WhisperEncoder.compile_layers`)."""
         self.model.encoder.compile_layers()
+
+    def capture_encoder_graphs(self, max_bs: int) -> None:
+        """``--encoder-cuda-graph-max-bs``: :class:`EncoderGraphs` of the encoder (as it is now,
+        compiled or not) for batches up to ``max_bs`` (CUDA)."""
+        p = next(self.parameters())
+        self.encoder_graphs = EncoderGraphs(
+            self.model.encoder, max_bs,
+            (self.config.num_mel_bins, 2 * self.config.max_source_positions), p.dtype, p.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 encoder_states: torch.Tensor | None) -> torch.Tensor:
