@@ -1,8 +1,8 @@
 """Prefill speed on the GPU: edserve's Whisper encoder and prefill step, per prefill path
 (``prefill_variants.VARIANTS``: the path before issue 19's fusion work, the contiguous residual
-stream, Triton cross-K/V writes, ``--compile-encoder``, fp8 encoder eager and compiled) vs HF's
-WhisperEncoder on the same random weights, in one process (runs alternate; medians of
-``--repeats``).
+stream, Triton cross-K/V writes, ``--compile-encoder``, encoder CUDA graphs, fp8 encoder eager
+and compiled) vs HF's WhisperEncoder on the same random weights, in one process (runs
+alternate; medians of ``--repeats``).
 
 Per batch size (30 s clips), per clip:
   encode    ``model.encode(mels)``: the encoder alone (host log-mels uploaded inside)
@@ -15,7 +15,7 @@ against the eager bf16 path; at the end torch-profiler tables of one prefill ste
 device time, GFLOP, achieved TFLOP/s; then kernels) for the fastest path and the default one.
 ``--sdpa`` also times the SDPA backends on the encoder's 1500 x 1500 self-attention.
 
-  python benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32
+  python benchmarks/prefill_gpu.py --arch large-v3 --batch 2 16 32
   python benchmarks/prefill_gpu.py --dry-run      # toy shapes on CPU: the script runs
 """
 
@@ -190,7 +190,8 @@ def measure(vs: Variants, engine, hf, names: list[str], n: int, args, dev: str,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="large-v3", choices=sorted(wg.ARCHS))
-    ap.add_argument("--batch", nargs="+", type=int, default=[16, 32])
+    ap.add_argument("--batch", nargs="+", type=int, default=[2, 16, 32],
+                    help="batch sizes (2 and up: a compiled encoder compiles batch 1 apart)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile-batch", type=int, default=16)
     ap.add_argument("--rows", type=int, default=15, help="rows of the profiler tables")
@@ -222,7 +223,10 @@ def main() -> None:
                             encoder_kv=strategy, page_size=ps,
                             max_prefill_tokens=conc * 1600, debug_checks=False,
                             kv_cache_dtype=args.kv_cache_dtype)
-    vs = Variants(engine, backend, fp8=any(v.startswith("fp8") for v in args.variants))
+    if dev != "cuda" and "graphs" in args.variants:
+        args.variants.remove("graphs")  # CUDA graphs: CUDA only
+    vs = Variants(engine, backend, fp8=any(v.startswith("fp8") for v in args.variants),
+                  graph_max_bs=max(args.batch + [args.profile_batch]))
     n_mels = wg.ARCHS[args.arch]["n_mels"]
     gen = torch.Generator().manual_seed(0)
     host = [torch.randn(n_mels, 3000, generator=gen) * 0.5 for _ in range(args.profile_batch)]

@@ -6,6 +6,8 @@
   contiguous    the contiguous residual stream, ``index_put`` writes
   eager         the engine's default now: contiguous + the Triton row-copy cross K/V writes
   compiled      eager + ``--compile-encoder`` (one torch.compile graph for all layers)
+  graphs        eager + ``--encoder-cuda-graph-max-bs`` (the eager encoder in CUDA graphs at
+                batch sizes 1, 2, 4, ... up to the largest batch measured)
   fp8           ``--encoder-dtype fp8`` (eager): a copy of the encoder with fp8 linears
   fp8-compiled  fp8 + ``--compile-encoder`` (inductor fuses the per-token activation scaling)
 
@@ -20,9 +22,10 @@ import types
 import torch
 import torch.nn.functional as F
 
+from edserve.models.encoder_graphs import EncoderGraphs
 from edserve.models.fp8 import fp8_encoder_layers
 
-VARIANTS = ("before", "contiguous", "eager", "compiled", "fp8", "fp8-compiled")
+VARIANTS = ("before", "contiguous", "eager", "compiled", "graphs", "fp8", "fp8-compiled")
 
 
 def transposed_layout_forward(self, mel: torch.Tensor) -> torch.Tensor:
@@ -38,9 +41,12 @@ def transposed_layout_forward(self, mel: torch.Tensor) -> torch.Tensor:
 class Variants:
     """Puts ``engine`` into one of :data:`VARIANTS` (:meth:`use`)."""
 
-    def __init__(self, engine, compile_backend: str, fp8: bool) -> None:
-        """``fp8``: make the fp8 encoder copy now (before anything is compiled)."""
+    def __init__(self, engine, compile_backend: str, fp8: bool, graph_max_bs: int) -> None:
+        """``fp8``: make the fp8 encoder copy now (before anything is compiled);
+        ``graph_max_bs``: the largest batch the ``graphs`` path captures."""
         self.engine = engine
+        self.graph_max_bs = graph_max_bs
+        self.graphs: EncoderGraphs | None = None
         self.inner = engine.model.model  # holds .encoder
         self.bf16 = self.inner.encoder
         self.fp8 = None
@@ -71,3 +77,12 @@ class Variants:
         else:
             enc.compile_layers(backend=self.backend)
             self.compiled_fns[id(enc)] = enc.run_layer
+        model = self.engine.model
+        model.encoder_graphs = None
+        if name == "graphs":
+            if self.graphs is None:  # captures the eager bf16 encoder set up above
+                cfg = model.config
+                self.graphs = EncoderGraphs(
+                    enc, self.graph_max_bs, (cfg.num_mel_bins, 2 * cfg.max_source_positions),
+                    enc.layer_norm.weight.dtype, enc.layer_norm.weight.device)
+            model.encoder_graphs = self.graphs

@@ -14,12 +14,13 @@ from edserve.kernels import kv_write
 from edserve.runtime import build_engine
 
 PROMPT = [50257, 50362]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
 
 
 @pytest.fixture(scope="module")
 def mels():
     gen = torch.Generator().manual_seed(11)
-    return [torch.randn(80, 3000, generator=gen) * 0.5 for _ in range(2)]
+    return [(torch.randn(80, 3000, generator=gen) * 0.5).to(DEVICE) for _ in range(2)]
 
 
 @pytest.mark.parametrize("strategy", ["aligned", "ragged", "flat"])
@@ -29,8 +30,10 @@ def test_kernel_writes_equal_index_put(random_whisper, mels, strategy, page_size
     kernel = kv_write.write_kv_rows
     monkeypatch.setattr(kv_write, "write_kv_rows",
                         lambda *a: calls.append(a[2].shape[0]) or kernel(*a))
-    engine = build_engine(model=str(random_whisper), device="cpu", page_size=page_size,
-                          encoder_kv=strategy, max_running_requests=2, debug_checks=True)
+    # torch attention ops at every page size; only the pool's write path changes below
+    engine = build_engine(model=str(random_whisper), device=DEVICE, dtype="float32",
+                          attention_backend="torch", page_size=page_size, encoder_kv=strategy,
+                          max_running_requests=2, debug_checks=True)
 
     def run(write_kernel: bool):
         engine.pools.kv_pool.write_kernel = write_kernel
