@@ -60,8 +60,10 @@ def write_kv_rows(k_dst: torch.Tensor, v_dst: torch.Tensor, loc: torch.Tensor,
     assert k.dtype == v.dtype == k_dst.dtype == v_dst.dtype, "cast before the copy"
     width = k_dst.shape[1] * k_dst.shape[2]
     ks, vs, loc = _rows(k), _rows(v), loc.contiguous()
-    block_w = min(256, triton.next_power_of_2(width))
-    rows = 64 if os.environ.get("TRITON_INTERPRET") == "1" else 8  # fewer programs to interpret
+    if os.environ.get("TRITON_INTERPRET") == "1":  # few large programs: cheap to interpret
+        rows, block_w = 512, triton.next_power_of_2(width)
+    else:
+        rows, block_w = 8, min(256, triton.next_power_of_2(width))
     grid = (triton.cdiv(n, rows), triton.cdiv(width, block_w))
     _write_kv_rows_kernel[grid](ks, vs, k_dst, v_dst, loc, n, ks.stride(0), vs.stride(0),
                                 WIDTH=width, ROWS=rows, BLOCK_W=block_w)
