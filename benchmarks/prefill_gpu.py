@@ -157,6 +157,10 @@ def first_calls(vs: Variants, model, host: list[torch.Tensor], names: list[str],
         err = float((out - ref).norm() / ref.norm())
         print(f"{name:13s} {time.perf_counter() - t0:8.2f} s   rel err {err:.2e}")
         ok.append(name)
+    from torch._dynamo.utils import counters
+
+    print(f"dynamo graphs compiled: {counters['stats']['unique_graphs']} (one per compiled "
+          f"path expected: the layers share theirs)")
     return ok
 
 
