@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
-#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|tp|prefill|arrivals   (several allowed, in order;
+#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|tp|prefill|prefill-tests|arrivals   (several allowed, in order;
 #   tp needs a host with >= 2 GPUs)
 #   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), chat (~3 min)
 set -uo pipefail
@@ -35,10 +35,11 @@ for part in "$@"; do
     tp) timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/parallel/test_tp_gpu.py -rs 2>&1 \
           | tee "$OUT/tp_tests.log" | tail -15   # needs >= 2 GPUs (nvidia-h200-x2)
         timeout 540 python3 benchmarks/tp_gpu.py 2>&1 | tee "$OUT/tp_gpu.log" ;;
-    prefill) timeout 200 python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_prefill_syncs.py tests/models/test_fp8.py \
-               -k "syncs_at_most_once or scaled_mm" -rs 2>&1 | tee "$OUT/prefill_tests.log" | tail -15
-             timeout 330 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 1 8 16 32 --compile 2>&1 | tee "$OUT/prefill.log"
-             timeout 200 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --encoder-dtype fp8 --kv-cache-dtype fp8 2>&1 | tee "$OUT/prefill_fp8.log" ;;
+    prefill-tests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_prefill_syncs.py tests/models/test_fp8.py \
+               tests/models/test_whisper_encoder.py tests/models/test_encoder_graphs.py tests/kernels/test_kv_write.py \
+               tests/engine/test_cross_kv_writes.py -k "not keeps_tiny_en" -rs 2>&1 | tee "$OUT/prefill_tests.log" | tail -15 ;;
+    # every prefill path (before / contiguous / eager / compiled / graphs / fp8 / fp8-compiled) in one run, ~4 min
+    prefill) timeout 480 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 2 16 32 2>&1 | tee "$OUT/prefill.log" ;;
     arrivals) timeout 500 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 262144 2>&1 | tee "$OUT/arrivals.log" ;;
     large256) python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 256 --configs flat:1:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large256.log" ;;
     mllama-tests) timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \

@@ -1,32 +1,40 @@
-"""Prefill speed on the GPU: edserve's Whisper encoder and prefill step vs HF's WhisperEncoder on
-the same random weights, in one process (runs alternate; medians of ``--repeats``).
+"""Prefill speed on the GPU: edserve's Whisper encoder and prefill step, per prefill path
+(``prefill_variants.VARIANTS``: the path before issue 19's fusion work, the contiguous residual
+stream, Triton cross-K/V writes, ``--compile-encoder``, encoder CUDA graphs, fp8 encoder eager
+and compiled) vs HF's WhisperEncoder on the same random weights, in one process (runs
+alternate; medians of ``--repeats``).
 
 Per batch size (30 s clips), per clip:
-  ours encode   ``model.encode(mels)``: the encoder alone (host log-mels uploaded inside)
-  ours prefill  one engine step admitting every clip: encoder + cross-K/V projection and pool
-                write + decoder prompt + first token (what a request waits for)
-  HF encoder    ``WhisperEncoder(mels)`` (sdpa), log-mels already on the device
-  floor         encoder FLOPs / the measured bf16 matmul rate (8192^3 GEMM)
-Then a torch-profiler table of one prefill step (per op: device time, GFLOP, achieved TFLOP/s,
-share of the step; the profiler counts FLOPs of matmuls and convolutions), and the SDPA backends
-(flash, cuDNN, efficient, math) on the encoder's bidirectional 1500 x 1500 self-attention.
-``--compile`` also times ``torch.compile`` of edserve's encoder (a measured option, not used by
-the engine).
+  encode    ``model.encode(mels)``: the encoder alone (host log-mels uploaded inside)
+  prefill   one engine step admitting every clip: encoder + cross-K/V projection and pool
+            write + decoder prompt + first token (what a request waits for)
+  HF        ``WhisperEncoder(mels)`` (sdpa), log-mels already on the device
+  floor     encoder FLOPs / the measured bf16 matmul rate (8192^3 GEMM)
+First each path's first call (compilation included) and its encoder output's relative error
+against the eager bf16 path; at the end torch-profiler tables of one prefill step (per op:
+device time, GFLOP, achieved TFLOP/s; then kernels) for the fastest path and the default one.
+``--sdpa`` also times the SDPA backends on the encoder's 1500 x 1500 self-attention.
 
-  python benchmarks/prefill_gpu.py --arch large-v3 --batch 1 8 16 32
+  python benchmarks/prefill_gpu.py --arch large-v3 --batch 2 16 32
   python benchmarks/prefill_gpu.py --dry-run      # toy shapes on CPU: the script runs
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
-import torch
-import whisper_gpu as wg
+if "--dry-run" in sys.argv:  # the Triton KV-write kernel runs under the CPU interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from edserve.engine.request import GenerateRequest, SamplingParams
+import torch  # noqa: E402
+import whisper_gpu as wg  # noqa: E402
+from prefill_variants import VARIANTS, Variants  # noqa: E402
+
+from edserve.engine.request import GenerateRequest, SamplingParams  # noqa: E402
 
 
 def timed_ms(fn, dev: str, repeats: int) -> float:
@@ -127,28 +135,89 @@ def sdpa_backends(arch: str, dev: str, dtype: torch.dtype, batch: int, repeats: 
         print(f"{name:20s} {ms:8.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s  max|err| {err:.1e}")
 
 
+def first_calls(vs: Variants, model, host: list[torch.Tensor], names: list[str],
+                dev: str) -> list[str]:
+    """Each path's first encode (compiles) and its relative error against eager bf16; a path
+    that fails is reported and dropped. Returns the paths that ran."""
+    vs.use("eager")
+    ref = torch.stack(model.encode(host)).float()
+    print("\n# first call (s, compilation included), encoder output vs eager bf16 "
+          "(|a - b| / |b|)")
+    ok = []
+    for name in names:
+        try:
+            vs.use(name)
+            wg.sync(dev)
+            t0 = time.perf_counter()
+            out = torch.stack(model.encode(host)).float()
+            wg.sync(dev)
+        except Exception as e:  # noqa: BLE001 - report and measure the others
+            print(f"{name:13s} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
+            continue
+        err = float((out - ref).norm() / ref.norm())
+        print(f"{name:13s} {time.perf_counter() - t0:8.2f} s   rel err {err:.2e}")
+        ok.append(name)
+    from torch._dynamo.utils import counters
+
+    print(f"dynamo graphs compiled: {counters['stats']['unique_graphs']} (one per compiled "
+          f"path expected: the layers share theirs)")
+    return ok
+
+
+def measure(vs: Variants, engine, hf, names: list[str], n: int, args, dev: str,
+            dtype: torch.dtype, floor_ms: float) -> dict[str, float]:
+    """Per-clip ms of every path at batch ``n`` (printed); returns prefill ms per path."""
+    n_mels = wg.ARCHS[args.arch]["n_mels"]
+    gen = torch.Generator().manual_seed(n)
+    host = [torch.randn(n_mels, 3000, generator=gen) * 0.5 for _ in range(n)]
+    feats = torch.stack(host).to(device=dev, dtype=dtype)
+    step = prefill_step(engine, host)
+    t: dict[str, list[float]] = {"hf": []}
+    with torch.inference_mode():
+        for _ in range(args.repeats):  # alternate so drift hits all equally
+            t["hf"].append(timed_ms(lambda: hf.model.encoder(feats), dev, 1))
+            for name in names:
+                vs.use(name)
+                t.setdefault(f"enc {name}", []).append(
+                    timed_ms(lambda: engine.model.encode(host), dev, 1))
+                t.setdefault(f"pre {name}", []).append(timed_ms(step, dev, 1))
+    m = {k: statistics.median(v) / n for k, v in t.items()}
+    print(f"\n# batch {n}: ms per 30 s clip; HF encoder {m['hf']:.3f}, floor {floor_ms:.2f}")
+    print("path           encode  prefill  encode/HF  prefill/HF  %floor (encode)")
+    for name in names:
+        e, p = m[f"enc {name}"], m[f"pre {name}"]
+        print(f"{name:13s} {e:7.3f}  {p:7.3f}  {e / m['hf']:9.2f}  {p / m['hf']:10.2f}  "
+              f"{100 * floor_ms / e:15.1f}")
+    return {name: m[f"pre {name}"] for name in names}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="large-v3", choices=sorted(wg.ARCHS))
-    ap.add_argument("--batch", nargs="+", type=int, default=[1, 8, 16, 32])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--batch", nargs="+", type=int, default=[2, 16, 32],
+                    help="batch sizes (2 and up: a compiled encoder compiles batch 1 apart)")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile-batch", type=int, default=16)
     ap.add_argument("--rows", type=int, default=15, help="rows of the profiler tables")
     ap.add_argument("--config", default="flat:128", help="strategy:page_size of the engine")
-    ap.add_argument("--compile", action="store_true", help="also time torch.compile(encoder)")
-    ap.add_argument("--encoder-dtype", default="auto", choices=("auto", "fp8"))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                    help="prefill paths to compare (prefill_variants.py)")
+    ap.add_argument("--compile-backend", default=None,
+                    help="torch.compile backend (default inductor; aot_eager with --dry-run)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    ap.add_argument("--sdpa", action="store_true", help="also time the SDPA backends")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     if args.dry_run:
-        args.arch, args.batch, args.repeats, args.profile_batch = "toy", [1, 2], 2, 2
+        args.arch, args.batch, args.repeats, args.profile_batch = "toy", [2, 3], 2, 2
+    backend = args.compile_backend or ("aot_eager" if args.dry_run else "inductor")
     _, flops_rate = wg.ceilings(dev)
     per_clip = encoder_flops(args.arch)
     floor_ms = 1000 * per_clip / flops_rate
     print(f"# {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, {args.arch}, "
-          f"{dtype}, encoder {args.encoder_dtype}, KV {args.kv_cache_dtype}: bf16 matmul "
+          f"{dtype}, KV {args.kv_cache_dtype}, compile backend {backend}: bf16 matmul "
           f"{flops_rate / 1e12:.0f} TFLOP/s; encoder "
           f"{per_clip / 1e12:.3f} TFLOP per 30 s clip -> floor {floor_ms:.2f} ms per clip")
     hf = wg.build_hf(args.arch, dev, dtype)
@@ -157,35 +226,30 @@ def main() -> None:
     engine = wg.make_engine(hf, args.arch, conc, 2, device=dev, dtype=str(dtype)[6:],
                             encoder_kv=strategy, page_size=ps,
                             max_prefill_tokens=conc * 1600, debug_checks=False,
-                            encoder_dtype=args.encoder_dtype, kv_cache_dtype=args.kv_cache_dtype)
-    model = engine.model
-    compiled = torch.compile(model.model.encoder) if args.compile else None
+                            kv_cache_dtype=args.kv_cache_dtype)
+    if dev != "cuda" and "graphs" in args.variants:
+        args.variants.remove("graphs")  # CUDA graphs: CUDA only
+    vs = Variants(engine, backend, fp8=any(v.startswith("fp8") for v in args.variants),
+                  graph_max_bs=max(args.batch + [args.profile_batch]))
     n_mels = wg.ARCHS[args.arch]["n_mels"]
-    print("batch  ours encode  ours prefill  HF encoder  ours/HF  %floor (encode)"
-          + ("  compiled" if compiled else "") + "   ms per clip")
-    for n in args.batch:
-        gen = torch.Generator().manual_seed(n)
-        host = [torch.randn(n_mels, 3000, generator=gen) * 0.5 for _ in range(n)]
-        feats = torch.stack(host).to(device=dev, dtype=dtype)
-        runs = {"enc": lambda h=host: model.encode(h),
-                "hf": lambda f=feats: hf.model.encoder(f),
-                "pre": prefill_step(engine, host)}
-        if compiled is not None:
-            runs["cmp"] = lambda f=feats: compiled(f)
-        t = {k: [] for k in runs}
-        with torch.inference_mode():
-            for _ in range(args.repeats):  # alternate so drift hits all equally
-                for k, fn in runs.items():
-                    t[k].append(timed_ms(fn, dev, 1))
-        m = {k: statistics.median(v) / n for k, v in t.items() if v}
-        print(f"{n:5d}  {m['enc']:11.3f}  {m['pre']:12.3f}  {m['hf']:10.3f}  "
-              f"{m['enc'] / m['hf']:7.2f}  {100 * floor_ms / m['enc']:14.1f}"
-              + (f"  {m['cmp']:8.3f}" if compiled else ""))
     gen = torch.Generator().manual_seed(0)
     host = [torch.randn(n_mels, 3000, generator=gen) * 0.5 for _ in range(args.profile_batch)]
     with torch.inference_mode():
-        profile_table(prefill_step(engine, host), dev, flops_rate, args.rows)
-    sdpa_backends(args.arch, dev, dtype, args.profile_batch, args.repeats)
+        names = first_calls(vs, engine.model, host, args.variants, dev)
+    prefill = {}
+    for n in args.batch:
+        prefill[n] = measure(vs, engine, hf, names, n, args, dev, dtype, floor_ms)
+    at = prefill.get(args.profile_batch) or prefill[args.batch[-1]]
+    best = min(at, key=at.get)
+    for name in dict.fromkeys([best, "eager"]):
+        if name in names:
+            vs.use(name)
+            print(f"\n## profile: {name}")
+            with torch.inference_mode():
+                profile_table(prefill_step(engine, host), dev, flops_rate, args.rows)
+    vs.use("eager")
+    if args.sdpa:
+        sdpa_backends(args.arch, dev, dtype, args.profile_batch, args.repeats)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,20 @@ class EngineConfig:
         "with --attention-backend torch; see benchmarks/RESULTS.md 'fp8').",
         choices=("auto", "fp8"),
     )
+    compile_encoder: bool = _f(
+        False,
+        "Run the encoder layers through torch.compile (Whisper; one graph shared by every "
+        "layer and batch size >= 2; inductor fuses bias + GELU and residual + layer norm, and "
+        "with --encoder-dtype fp8 the activation scaling). The first prefill compiles "
+        "(tens of seconds). Off by default; see benchmarks/RESULTS.md 'Prefill'.",
+    )
+    encoder_cuda_graph_max_bs: int = _f(
+        0,
+        "Capture the encoder in CUDA graphs for batches of 1, 2, 4, ... up to N clips (Whisper, "
+        "CUDA; larger batches run eagerly): small prefill batches are bound by kernel "
+        "launches. 0 (default): off. Captured at start-up (after --compile-encoder's "
+        "compilation).",
+    )
     threads: int | None = _f(
         None,
         "CPU threads for torch (torch.set_num_threads, set once at engine start); default: "
@@ -215,6 +229,13 @@ class EngineConfig:
                              "(the other ranks mirror eager steps only)")
         if self.tensor_parallel_size > 1 and self.quantization != "none":
             raise ValueError("--quantization cannot be used with --tensor-parallel-size > 1")
+        if self.tensor_parallel_size > 1 and (self.compile_encoder
+                                              or self.encoder_cuda_graph_max_bs):
+            raise ValueError("--compile-encoder and --encoder-cuda-graph-max-bs cannot be used "
+                             "with --tensor-parallel-size > 1")
+        if self.encoder_cuda_graph_max_bs < 0:
+            raise ValueError(f"--encoder-cuda-graph-max-bs must be >= 0 (0: off), "
+                             f"got {self.encoder_cuda_graph_max_bs}")
         if self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
 

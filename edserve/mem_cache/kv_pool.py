@@ -8,6 +8,11 @@ Layout, for every layer::
 
 With page size 1 the padding is just slot 0 and slots 1..num_slots are usable. The pool does
 not allocate slots itself; an allocator over ``num_slots`` hands them out.
+
+Writes (:meth:`KVPool.set_kv`) of at least :data:`KERNEL_MIN_ROWS` rows (an encoder's cross
+K/V: 1500 rows per Whisper clip) go through a Triton row-copy kernel when the pool was built
+with ``write_kernel`` (:mod:`edserve.kernels.kv_write`, one launch for K and V, no per-token
+``index_put``); smaller writes (decode steps, CUDA-graph decode included) keep ``index_put``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ logger = logging.getLogger("edserve")
 _GB = 1024**3
 
 _FP8_MAX = 448.0  # largest finite float8_e4m3fn
+KERNEL_MIN_ROWS = 512  # set_kv writes at least this long use the row-copy kernel
 
 
 class KVPool:
@@ -39,6 +45,7 @@ class KVPool:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         check_indices: bool | None = None,
+        write_kernel: bool = False,
     ):
         for name, value in (
             ("num_slots", num_slots),
@@ -60,6 +67,9 @@ class KVPool:
         self.device = torch.device(device)
         # Bounds-checking loc costs a device->host sync; by default only on CPU.
         self.check_indices = self.device.type == "cpu" if check_indices is None else check_indices
+        # Long writes through the Triton row-copy kernel (CUDA, or the CPU interpreter in tests);
+        # not for float8 pools, whose saturating cast is done in torch.
+        self.write_kernel = write_kernel and dtype != torch.float8_e4m3fn
 
         shape = (num_slots + page_size, num_kv_heads, head_dim)
         self.k_buffers: list[torch.Tensor] = [
@@ -129,6 +139,12 @@ class KVPool:
                     f"set_kv: slots must be in 0..{self.num_buffer_slots - 1}, got min {lo} "
                     f"max {hi}"
                 )
+        if self.write_kernel and loc.shape[0] >= KERNEL_MIN_ROWS:
+            from edserve.kernels.kv_write import write_kv_rows
+
+            write_kv_rows(self.k_buffers[layer], self.v_buffers[layer], loc, k.to(self.dtype),
+                          v.to(self.dtype))
+            return
         if self.dtype == torch.float8_e4m3fn:  # saturate (a plain cast may give NaN on CUDA)
             k, v = k.clamp(-_FP8_MAX, _FP8_MAX), v.clamp(-_FP8_MAX, _FP8_MAX)
         self.k_buffers[layer][loc] = k.to(self.dtype)

@@ -85,19 +85,21 @@ class Fp8Linear(nn.Module):
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.parts = getattr(linear, "parts", None)  # FusedLinear's row layout stays inspectable
-        self._dequantized: torch.Tensor | None = None  # emulation: W as it is used, cached
+        # Decided once (forward stays free of device queries, so torch.compile traces it whole):
+        # torch._scaled_mm on fp8 hardware, else the emulation with W as it is used.
+        self.scaled_mm = fp8_hardware(w.device)
+        self._dequantized = None if self.scaled_mm else \
+            (w.float() * scale).to(linear.weight.dtype)  # [out, in] in the model dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in] -> [..., out] in x's dtype
+        # x: [..., in] -> [..., out] in x's dtype (the model dtype)
         shape = x.shape
         xq, xs = quantize_rows(x.reshape(-1, self.in_features))  # [M, in], [M, 1]
-        if fp8_hardware(x.device):
+        if self.scaled_mm:
             y = torch._scaled_mm(xq, self.weight_fp8.t(), scale_a=xs, scale_b=self.weight_scale,
                                  out_dtype=x.dtype)
         else:  # emulation: the same rounding, the product in x's dtype
-            if self._dequantized is None or self._dequantized.dtype != x.dtype:
-                self._dequantized = (self.weight_fp8.float() * self.weight_scale.t()).to(x.dtype)
-            y = F.linear((xq.float() * xs).to(x.dtype), self._dequantized)
+            y = F.linear((xq.float() * xs).to(x.dtype), self._dequantized.to(x.dtype))
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
@@ -113,10 +115,16 @@ def apply_encoder_dtype(model: Any, mode: str) -> Any:
     if not isinstance(model, WhisperForConditionalGeneration):
         raise ValueError(f"--encoder-dtype {mode} supports Whisper models only, got "
                          f"{type(model).__name__}")
-    for layer in model.model.encoder.layers:
+    fp8_encoder_layers(model.model.encoder)
+    return model
+
+
+def fp8_encoder_layers(encoder: nn.Module) -> None:
+    """Every linear layer of a Whisper encoder's layers becomes an :class:`Fp8Linear` (in
+    place)."""
+    for layer in encoder.layers:
         for owner in (layer.self_attn, layer):
             for name in _ENCODER_LINEARS:
                 child = getattr(owner, name, None)
                 if isinstance(child, nn.Linear):
                     setattr(owner, name, Fp8Linear(child))
-    return model

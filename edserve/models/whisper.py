@@ -1,8 +1,8 @@
 """Whisper (any size: tiny ... large-v3) in plain torch, with HF parameter names except for
 the fused projections.
 
-The encoder runs batched over the requests admitted in a step (one stacked batch in the model's
-dtype, SDPA, no KV cache). The decoder's self- and cross-attention go through
+The encoder (:mod:`edserve.models.whisper_encoder`) runs batched over the requests admitted in
+a step. The decoder's self- and cross-attention go through
 :class:`Attention`, i.e. the paged KV pool: each decoder layer ``i`` uses KV-pool layer ``i`` for
 both its cross K/V (the row's encoder region) and its self K/V (the decoder region).
 
@@ -17,7 +17,6 @@ Fused projections (one GEMM each), filled from the HF-named checkpoint at load t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,58 +25,17 @@ from torch import nn
 
 from edserve.layers.attention.base import Attention
 from edserve.layers.forward_batch import ForwardBatch
+from edserve.models.encoder_graphs import EncoderGraphs
 from edserve.models.weights.fused import FusedLinear, load_hf_tensors
+from edserve.models.whisper_config import WhisperConfig
+from edserve.models.whisper_encoder import SelfAttention, WhisperEncoder
 
-
-@dataclass(frozen=True)
-class WhisperConfig:
-    d_model: int
-    encoder_layers: int
-    encoder_attention_heads: int
-    encoder_ffn_dim: int
-    decoder_layers: int
-    decoder_attention_heads: int
-    decoder_ffn_dim: int
-    num_mel_bins: int
-    max_source_positions: int  # encoder frames after the stride-2 conv: 1500
-    max_target_positions: int  # decoder positions: 448
-    vocab_size: int
-    eos_token_id: int = 50256
-    decoder_start_token_id: int = 50257
-
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> WhisperConfig:
-        act = cfg.get("activation_function", "gelu")
-        if act != "gelu":
-            raise ValueError(f"unsupported Whisper activation {act!r} (only gelu)")
-        if cfg.get("scale_embedding", False):
-            raise ValueError("Whisper checkpoints with scale_embedding=True are not supported")
-        return cls(**{f: cfg[f] for f in (
-            "d_model", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim",
-            "decoder_layers", "decoder_attention_heads", "decoder_ffn_dim", "num_mel_bins",
-            "max_source_positions", "max_target_positions", "vocab_size")},
-            eos_token_id=cfg.get("eos_token_id", 50256),
-            decoder_start_token_id=cfg.get("decoder_start_token_id", 50257))
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.decoder_attention_heads
+__all__ = ["WhisperConfig", "WhisperForConditionalGeneration"]
 
 
 # Largest cross K/V projection output materialised at once at prefill (bytes); above it the
 # layers are projected in groups (large-v3, 8 clips, bf16: 2 GEMMs of 16 layers).
 CROSS_KV_CHUNK_BYTES = 1 << 30
-
-
-class _SelfAttention(nn.Module):
-    """q/k/v as one GEMM (``qkv_proj`` ``[3d, d]``, filled from HF's ``q_proj``/``k_proj``/
-    ``v_proj``; k has no bias, so its bias rows are zero) and ``out_proj``."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.qkv_proj = FusedLinear(d, [("q_proj", d), ("k_proj", d), ("v_proj", d)],
-                                    no_bias=["k_proj"])
-        self.out_proj = nn.Linear(d, d)
 
 
 class _CrossAttention(nn.Module):
@@ -90,49 +48,6 @@ class _CrossAttention(nn.Module):
         self.out_proj = nn.Linear(d, d)
 
 
-class WhisperEncoderLayer(nn.Module):
-    def __init__(self, cfg: WhisperConfig) -> None:
-        super().__init__()
-        d = cfg.d_model
-        self.num_heads = cfg.encoder_attention_heads
-        self.self_attn = _SelfAttention(d)
-        self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, cfg.encoder_ffn_dim)
-        self.fc2 = nn.Linear(cfg.encoder_ffn_dim, d)
-        self.final_layer_norm = nn.LayerNorm(d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [N, S, d]
-        N, S, d = x.shape
-        a = self.self_attn
-        qkv = a.qkv_proj(self.self_attn_layer_norm(x))  # [N, S, 3d]
-        q, k, v = qkv.view(N, S, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # [N, H, S, hd]
-        o = F.scaled_dot_product_attention(q, k, v)  # [N, H, S, hd]
-        x = x + a.out_proj(o.transpose(1, 2).reshape(N, S, d))
-        h = self.final_layer_norm(x)
-        return x + self.fc2(F.gelu(self.fc1(h)))
-
-
-class WhisperEncoder(nn.Module):
-    def __init__(self, cfg: WhisperConfig) -> None:
-        super().__init__()
-        d = cfg.d_model
-        self.conv1 = nn.Conv1d(cfg.num_mel_bins, d, kernel_size=3, padding=1)
-        self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
-        self.embed_positions = nn.Embedding(cfg.max_source_positions, d)
-        self.layers = nn.ModuleList(WhisperEncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.layer_norm = nn.LayerNorm(d)
-
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        # mel: [N, n_mels, 2 * max_source_positions] -> [N, max_source_positions, d]
-        x = F.gelu(self.conv1(mel))
-        x = F.gelu(self.conv2(x)).transpose(1, 2)
-        x = x + self.embed_positions.weight[: x.shape[1]]
-        for layer in self.layers:
-            x = layer(x)
-        return self.layer_norm(x)
-
-
 class WhisperDecoderLayer(nn.Module):
     def __init__(self, cfg: WhisperConfig, layer_id: int) -> None:
         super().__init__()
@@ -140,7 +55,7 @@ class WhisperDecoderLayer(nn.Module):
         self.num_heads = H
         self.head_dim = d // H
         scaling = self.head_dim**-0.5
-        self.self_attn = _SelfAttention(d)
+        self.self_attn = SelfAttention(d)
         self.self_attn_layer_norm = nn.LayerNorm(d)
         self.encoder_attn = _CrossAttention(d)
         self.encoder_attn_layer_norm = nn.LayerNorm(d)
@@ -234,6 +149,7 @@ class WhisperForConditionalGeneration(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = _Inner(cfg)
+        self.encoder_graphs: EncoderGraphs | None = None  # capture_encoder_graphs
 
     # Sizes the engine needs to lay out the KV pool.
     @property
@@ -295,7 +211,24 @@ class WhisperForConditionalGeneration(nn.Module):
         for m in encoder_inputs:
             self._check_mel(m)
         mel = _stack_to_device(encoder_inputs, p.device)  # [N, n_mels, 3000]
-        return list(self.model.encoder(mel.to(p.dtype)).unbind(0))  # N x [1500, d]
+        graphs = self.encoder_graphs
+        out = graphs.run(mel) if graphs is not None else None  # [N, 1500, d] or None
+        if out is None:
+            out = self.model.encoder(mel.to(p.dtype))
+        return list(out.unbind(0))  # N x [1500, d]
+
+    def compile_encoder(self) -> None:
+        """``--compile-encoder``: the encoder layers run through one ``torch.compile``d
+        function (:meth:`WhisperEncoder.compile_layers`)."""
+        self.model.encoder.compile_layers()
+
+    def capture_encoder_graphs(self, max_bs: int) -> None:
+        """``--encoder-cuda-graph-max-bs``: :class:`EncoderGraphs` of the encoder (as it is now,
+        compiled or not) for batches up to ``max_bs`` (CUDA)."""
+        p = next(self.parameters())
+        self.encoder_graphs = EncoderGraphs(
+            self.model.encoder, max_bs,
+            (self.config.num_mel_bins, 2 * self.config.max_source_positions), p.dtype, p.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 encoder_states: torch.Tensor | None) -> torch.Tensor:

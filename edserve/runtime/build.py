@@ -48,6 +48,7 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         del checkpoint
         model = quantize_model(model, config.quantization)
         model = apply_encoder_dtype(model, config.encoder_dtype)
+        _encoder_options(model, config)
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops,
                              grouped_cross=config.grouped_cross_attention)
@@ -65,3 +66,20 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         max_prefill_tokens=max(config.max_prefill_tokens or DEFAULT_PREFILL_TOKENS[s.on_cuda],
                                max_row),
         graphs=graphs))
+
+
+def _encoder_options(model: Any, config: EngineConfig) -> None:
+    """``--compile-encoder``, then ``--encoder-cuda-graph-max-bs`` (which captures the
+    compiled encoder). Whisper only."""
+    wanted = [flag for flag, on in (("--compile-encoder", config.compile_encoder),
+                                    ("--encoder-cuda-graph-max-bs",
+                                     config.encoder_cuda_graph_max_bs)) if on]
+    if not wanted:
+        return
+    if not hasattr(model, "capture_encoder_graphs"):
+        raise ValueError(f"{' and '.join(wanted)}: Whisper models only, got "
+                         f"{type(model).__name__}")
+    if config.compile_encoder:
+        model.compile_encoder()
+    if config.encoder_cuda_graph_max_bs:
+        model.capture_encoder_graphs(config.encoder_cuda_graph_max_bs)

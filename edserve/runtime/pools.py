@@ -105,7 +105,7 @@ def build_pools(config: EngineConfig, s: RuntimeSettings, model,
         if plan.num_rows < config.max_running_requests:
             reason += f", lowered to {plan.num_rows} by the KV pool"
     kv_pool = KVPool(plan.num_slots, s.page_size, model.num_kv_layers, model.num_kv_heads,
-                     model.head_dim, s.kv_dtype, s.device)
+                     model.head_dim, s.kv_dtype, s.device, write_kernel=s.ops == "triton")
     rtp = ReqToTokenPool(plan.num_rows, plan.max_context_len, s.device)
     debug = config.debug_checks
     allocator = PagedTokenToKVPoolAllocator(plan.num_slots, s.page_size, s.device, debug) \

@@ -1,0 +1,88 @@
+"""The prefill paths ``prefill_gpu.py`` compares, as switchable states of one engine (issue 19).
+
+  before        the encoder as it was (positions added to the conv output's transposed view:
+                a strided residual stream, every layer norm copying it) + ``index_put`` cross
+                K/V writes: the path measured in benchmarks/RESULTS.md on 2026-12-01
+  contiguous    the contiguous residual stream, ``index_put`` writes
+  eager         the engine's default now: contiguous + the Triton row-copy cross K/V writes
+  compiled      eager + ``--compile-encoder`` (one torch.compile graph for all layers)
+  graphs        eager + ``--encoder-cuda-graph-max-bs`` (the eager encoder in CUDA graphs at
+                batch sizes 1, 2, 4, ... up to the largest batch measured)
+  fp8           ``--encoder-dtype fp8`` (eager): a copy of the encoder with fp8 linears
+  fp8-compiled  fp8 + ``--compile-encoder`` (inductor fuses the per-token activation scaling)
+
+Switching is cheap (attributes; the fp8 encoder copy is made once), so runs can alternate.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import torch
+import torch.nn.functional as F
+
+from edserve.models.encoder_graphs import EncoderGraphs
+from edserve.models.fp8 import fp8_encoder_layers
+
+VARIANTS = ("before", "contiguous", "eager", "compiled", "graphs", "fp8", "fp8-compiled")
+
+
+def transposed_layout_forward(self, mel: torch.Tensor) -> torch.Tensor:
+    """WhisperEncoder.forward before the layout fix (kept here to measure it)."""
+    x = F.gelu(self.conv1(mel))
+    x = F.gelu(self.conv2(x)).transpose(1, 2)
+    x = x + self.embed_positions.weight[: x.shape[1]]
+    for layer in self.layers:
+        x = layer(x)
+    return self.layer_norm(x)
+
+
+class Variants:
+    """Puts ``engine`` into one of :data:`VARIANTS` (:meth:`use`)."""
+
+    def __init__(self, engine, compile_backend: str, fp8: bool, graph_max_bs: int) -> None:
+        """``fp8``: make the fp8 encoder copy now (before anything is compiled);
+        ``graph_max_bs``: the largest batch the ``graphs`` path captures."""
+        self.engine = engine
+        self.graph_max_bs = graph_max_bs
+        self.graphs: EncoderGraphs | None = None
+        self.inner = engine.model.model  # holds .encoder
+        self.bf16 = self.inner.encoder
+        self.fp8 = None
+        if fp8:
+            self.fp8 = copy.deepcopy(self.bf16)
+            fp8_encoder_layers(self.fp8)
+        self.backend = compile_backend
+        self.compiled_fns: dict[int, object] = {}  # id(encoder) -> its compiled layer function
+        pool = engine.pools.kv_pool
+        self.can_write_kernel = pool.dtype != torch.float8_e4m3fn
+
+    def use(self, name: str) -> None:
+        if name not in VARIANTS:
+            raise ValueError(f"unknown variant {name!r}; choose from {VARIANTS}")
+        enc = self.fp8 if name.startswith("fp8") else self.bf16
+        if enc is None:
+            raise ValueError("build Variants with fp8=True to use the fp8 variants")
+        self.inner.encoder = enc
+        enc.__dict__.pop("forward", None)
+        if name == "before":
+            enc.forward = types.MethodType(transposed_layout_forward, enc)
+        self.engine.pools.kv_pool.write_kernel = self.can_write_kernel and \
+            name not in ("before", "contiguous")
+        if not name.endswith("compiled"):
+            enc.uncompile_layers()
+        elif id(enc) in self.compiled_fns:  # reuse the wrapper: its graphs stay cached
+            enc.run_layer, enc.compiled = self.compiled_fns[id(enc)], True
+        else:
+            enc.compile_layers(backend=self.backend)
+            self.compiled_fns[id(enc)] = enc.run_layer
+        model = self.engine.model
+        model.encoder_graphs = None
+        if name == "graphs":
+            if self.graphs is None:  # captures the eager bf16 encoder set up above
+                cfg = model.config
+                self.graphs = EncoderGraphs(
+                    enc, self.graph_max_bs, (cfg.num_mel_bins, 2 * cfg.max_source_positions),
+                    enc.layer_norm.weight.dtype, enc.layer_norm.weight.device)
+            model.encoder_graphs = self.graphs

@@ -1,0 +1,136 @@
+"""The Whisper encoder's residual stream stays contiguous (the layout fix of issue 19) and gives
+the same numbers as the previous, transposed-layout forward; ``compile_layers`` compiles one
+graph for all layers and batch sizes >= 2 and gives the eager outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from edserve.models.whisper_config import WhisperConfig
+from edserve.models.whisper_encoder import WhisperEncoder
+
+CFG = WhisperConfig(d_model=32, encoder_layers=3, encoder_attention_heads=2, encoder_ffn_dim=128,
+                    decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=128,
+                    num_mel_bins=8, max_source_positions=20, max_target_positions=16,
+                    vocab_size=50)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    torch.manual_seed(0)
+    enc = WhisperEncoder(CFG).eval()
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.normal_(0, 0.2)
+    return enc
+
+
+def _mel(n: int) -> torch.Tensor:
+    return torch.randn(n, CFG.num_mel_bins, 2 * CFG.max_source_positions,
+                       generator=torch.Generator().manual_seed(n))
+
+
+def _transposed_layout_forward(enc: WhisperEncoder, mel: torch.Tensor) -> torch.Tensor:
+    """The forward before the fix: the positions added to the conv output's transposed view,
+    so the residual stream kept the conv's [N, d, S] memory layout through every layer."""
+    x = F.gelu(enc.conv2(F.gelu(enc.conv1(mel)))).transpose(1, 2)
+    x = x + enc.embed_positions.weight[: x.shape[1]]
+    assert not x.is_contiguous()
+    for layer in enc.layers:
+        x = layer(x)
+    return enc.layer_norm(x)
+
+
+def test_residual_stream_is_contiguous_and_output_unchanged(encoder):
+    seen = []
+    hooks = [layer.register_forward_hook(
+        lambda _m, args, out: seen.append((args[0].is_contiguous(), out.is_contiguous())))
+        for layer in encoder.layers]
+    try:
+        with torch.inference_mode():
+            ours = encoder(_mel(3))
+    finally:
+        for h in hooks:
+            h.remove()
+    with torch.inference_mode():
+        ref = _transposed_layout_forward(encoder, _mel(3))
+    assert seen == [(True, True)] * CFG.encoder_layers
+    assert ours.shape == (3, CFG.max_source_positions, CFG.d_model) and ours.is_contiguous()
+    assert torch.equal(ours, ref)
+
+
+def test_compiled_layers_share_one_graph_and_match_eager(encoder):
+    with torch.inference_mode():
+        ref = {n: encoder(_mel(n)) for n in (2, 3, 5, 1)}
+    counter = CompileCounterWithBackend("aot_eager")
+    encoder.compile_layers(backend=counter)
+    try:
+        with torch.inference_mode():
+            got = {n: encoder(_mel(n)) for n in (2, 3, 5)}
+            assert counter.frame_count == 1  # every layer, every batch size >= 2: one graph
+            got[1] = encoder(_mel(1))
+    finally:
+        encoder.uncompile_layers()
+    assert counter.frame_count == 2  # batch 1 is specialised
+    for n, r in ref.items():
+        torch.testing.assert_close(got[n], r, rtol=1e-6, atol=1e-6)
+    assert not encoder.compiled
+
+
+def _greedy(engine, mels):
+    from edserve.engine.logits_filter import LogitsRecorder
+    from edserve.engine.request import GenerateRequest, SamplingParams
+
+    recs = [LogitsRecorder() for _ in mels]
+    outs = engine.generate([GenerateRequest([50257, 50362], m, SamplingParams(
+        max_new_tokens=4, ignore_eos=True), logits_processors=[r])
+        for m, r in zip(mels, recs, strict=True)])
+    return [o.token_ids for o in outs], [torch.stack(r.rows).float().cpu() for r in recs]
+
+
+def test_engine_with_compile_encoder_gives_the_eager_tokens(random_whisper):
+    """``--compile-encoder`` through build_engine; the graph is rebuilt with the aot_eager
+    backend (inductor's CPU C++ compile takes minutes on CI machines; the GPU test below runs
+    inductor): the same tokens and logits as the eager engine, one graph for both layers."""
+    from edserve.runtime import build_engine
+
+    gen = torch.Generator().manual_seed(2)
+    mels = [torch.randn(80, 3000, generator=gen) * 0.5 for _ in range(2)]
+    eager = build_engine(model=str(random_whisper), device="cpu", max_running_requests=2)
+    ref_tokens, ref_logits = _greedy(eager, mels)
+    engine = build_engine(model=str(random_whisper), device="cpu", max_running_requests=2,
+                          compile_encoder=True)
+    encoder = engine.model.model.encoder
+    assert encoder.compiled
+    counter = CompileCounterWithBackend("aot_eager")
+    encoder.compile_layers(backend=counter)
+    tokens, logits = _greedy(engine, mels)
+    assert counter.frame_count == 1
+    assert tokens == ref_tokens
+    for a, b in zip(logits, ref_logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_encoder_refuses_tensor_parallel():
+    from edserve.config import EngineConfig
+
+    with pytest.raises(ValueError, match="--compile-encoder"):
+        EngineConfig(compile_encoder=True, tensor_parallel_size=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_inductor_compiled_encoder_on_gpu(random_whisper):
+    from edserve.runtime import build_engine
+
+    gen = torch.Generator().manual_seed(2)
+    mels = [torch.randn(80, 3000, generator=gen) * 0.5 for _ in range(3)]
+    runs = [_greedy(build_engine(model=str(random_whisper), device="cuda", dtype="float32",
+                                 max_running_requests=3, compile_encoder=c), mels)
+            for c in (False, True)]
+    assert runs[1][0] == runs[0][0]
+    for a, b in zip(runs[1][1], runs[0][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
