@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from edserve.layers.elementwise import elementwise_ops
 from edserve.layers.forward_batch import ForwardBatch
 from edserve.models.mllama.config import MllamaConfig, MllamaTextConfig
 from edserve.models.mllama.rope import RotaryEmbedding
@@ -217,7 +218,7 @@ class MllamaModel(nn.Module):
                     x = layer(x, enc, cross_batch, attn_mask, mlp_mask)
             else:
                 x = layer(x, cos, sin, batch)
-        return lm.norm(x)
+        return lm.norm(x, elementwise_ops(batch))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, H] -> [N, vocab] float32 (lm_head is not tied to the embedding)
