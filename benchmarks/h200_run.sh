@@ -2,7 +2,8 @@
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
 #   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|tp|prefill|arrivals   (several allowed, in order;
 #   tp needs a host with >= 2 GPUs)
-#   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min), chat (~3 min)
+#   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min),
+#   mllama-kernels (~0.5 min), chat (~3 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -46,6 +47,8 @@ for part in "$@"; do
     mllama11b) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 570 python3 -W ignore benchmarks/mllama_gpu.py \
              --size 11b --profile --json "$OUT/mllama_11b.json" 2>&1 \
              | tee "$OUT/mllama_11b.log" ;;
+    mllama-kernels) timeout 120 python3 -W ignore benchmarks/mllama_kernels.py 2>&1 \
+             | tee "$OUT/mllama_kernels.log" ;;
     mllama-vision) timeout 240 python3 -W ignore benchmarks/mllama_vision.py --size 11b 2>&1 \
              | tee "$OUT/mllama_vision.log" ;;
     chat) timeout 120 python3 benchmarks/chat_load.py --save-random /tmp/mllama_small --size small 2>&1 | tail -2
