@@ -18,7 +18,6 @@ from edserve.layers.attention.base import Attention
 from edserve.layers.elementwise import TORCH_OPS, ElementwiseOps, elementwise_ops
 from edserve.layers.forward_batch import ForwardBatch
 from edserve.models.mllama.config import MllamaTextConfig
-from edserve.models.mllama.rope import apply_rope
 from edserve.models.weights.fused import FusedLinear
 
 
@@ -79,9 +78,10 @@ class SelfAttention(nn.Module):
                batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H] -> attention output before o_proj: [T, Hq * D]
         T, D = x.shape[0], self.head_dim
+        ops = elementwise_ops(batch)
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
-        q = apply_rope(q.view(T, self.num_heads, D), cos, sin)
-        k = apply_rope(k.view(T, self.num_kv_heads, D), cos, sin)
+        q = ops.rope(q.view(T, self.num_heads, D), cos, sin)
+        k = ops.rope(k.view(T, self.num_kv_heads, D), cos, sin)
         o = self.attn(q, k, v.view(T, self.num_kv_heads, D), batch)  # [T, Hq, D]
         return o.reshape(T, -1)
 

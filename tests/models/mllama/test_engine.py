@@ -69,12 +69,12 @@ def test_engine_parity_and_invariance(engine_folder, hf_tiny, cases, strategy, p
 
 
 def test_triton_ops_match_hf(engine_folder, hf_tiny, cases, monkeypatch, request):
-    """The triton op set (attention, RMSNorm, SiLU-and-multiply kernels; the CPU interpreter
-    here) gives HF's greedy tokens."""
-    from edserve.kernels import norm_act
+    """The triton op set (attention, RMSNorm, SiLU-and-multiply, RoPE kernels; the CPU
+    interpreter here) gives HF's greedy tokens."""
+    from edserve.kernels import norm_act, rope
     from edserve.layers import elementwise
 
-    calls = {"rms_norm": 0, "silu_mul": 0}
+    calls = {"rms_norm": 0, "silu_mul": 0, "rope": 0}
 
     def spy(name, fn):
         def counted(*args):
@@ -82,8 +82,8 @@ def test_triton_ops_match_hf(engine_folder, hf_tiny, cases, monkeypatch, request
             return fn(*args)
         return counted
 
-    for name in calls:
-        monkeypatch.setattr(norm_act, name, spy(name, getattr(norm_act, name)))
+    for mod, name in ((norm_act, "rms_norm"), (norm_act, "silu_mul"), (rope, "rope")):
+        monkeypatch.setattr(mod, name, spy(name, getattr(mod, name)))
     elementwise._triton_ops.cache_clear()  # the op set is rebuilt with the spies ...
     request.addfinalizer(elementwise._triton_ops.cache_clear)  # ... and dropped afterwards
     cfg = MllamaImageConfig(image_size=56)
@@ -94,7 +94,7 @@ def test_triton_ops_match_hf(engine_folder, hf_tiny, cases, monkeypatch, request
     outs = eng.generate([make_mllama_request(eng.model, p, imgs, sp) for p, imgs in picked])
     eng.check_integrity()
     assert [o.token_ids for o in outs] == refs
-    assert calls["rms_norm"] > 0 and calls["silu_mul"] > 0
+    assert min(calls.values()) > 0, calls
 
 
 def test_request_errors(engine_folder):
