@@ -5,8 +5,9 @@ Random weights (HF's init, gates U(0.5, 1.5), zero tensors N(0, in^-0.5)) in HF
 1..4, a batch of ``--images`` images of that many tiles, then a mixed batch (4, 1, 2, 3, ...
 tiles): median wall time of ``--runs`` runs after a warm-up, per image and per real tile, for
 edserve's "grouped" (mask-free) and "masked" (HF's mask) attention plans and for HF (which
-always runs and projects all 4 tile slots). On the mixed batch it also prints the largest
-difference of the kept tiles' projected states between the plans and against HF.
+always runs and projects all 4 tile slots). On the mixed batch it also times the grouped plan
+with each SDPA backend alone (CUDA) and prints the largest difference of the kept tiles'
+projected states between the plans and against HF.
 
   python benchmarks/mllama_vision.py                 # H200, 11B vision tower: ~1 minute
   python benchmarks/mllama_vision.py --dry-run       # toy sizes on CPU
@@ -104,6 +105,22 @@ def timed(fn, runs: int, device: str) -> float:
     return statistics.median(times)
 
 
+def sdpa_backends(fn, b, args) -> None:
+    """The grouped plan on the mixed batch with each SDPA backend alone (which one SDPA picks
+    by default, and whether it is the fastest)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    row = []
+    for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION"):
+        try:
+            with sdpa_kernel([getattr(SDPBackend, name)]):
+                s = timed(lambda: fn(b), args.runs, "cuda")
+            row.append(f"{name.split('_')[0].lower()} {1000 * s / args.images:7.2f} ms/img")
+        except (RuntimeError, AttributeError) as e:  # backend unavailable for these inputs
+            row.append(f"{name.split('_')[0].lower()} n/a ({str(e).splitlines()[0][:60]})")
+    print("# grouped plan, mixed batch, one SDPA backend each: " + " | ".join(row), flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="11b", choices=("small", "11b"))
@@ -139,6 +156,8 @@ def main(argv=None) -> int:
                        f"{1000 * s / n_tiles:6.2f} ms/tile")
         label = "mixed 4,1,2,3" if len(tiles) > 1 else f"{tiles[0]} tile{'s' * (tiles[0] > 1)}"
         print(f"{label:>14}: " + " | ".join(row), flush=True)
+    if device == "cuda":
+        sdpa_backends(runners["grouped"], b, args)
     outs = {name: fn(b).float() for name, fn in runners.items()}  # the mixed batch
     ref = outs["masked"]
     scale = ref.abs().max().item()
