@@ -123,6 +123,9 @@ class MllamaVisionModel(nn.Module):
     def __init__(self, cfg: MllamaVisionConfig, intermediate_semantics: str = "hf",
                  attention_plan: str = "grouped") -> None:
         super().__init__()
+        if attention_plan not in VISION_PLANS:
+            raise ValueError(f"unknown vision attention plan {attention_plan!r}; choose from "
+                             f"{sorted(VISION_PLANS)}")
         self.cfg = cfg
         self.intermediate_semantics = intermediate_semantics
         self.attention_plan = attention_plan
@@ -174,17 +177,17 @@ class MllamaVisionModel(nn.Module):
         out = x.new_empty(keep.numel(), D * (1 + K))  # channel = D + d * K + k: d-major
         inter = out[:, D:].view(-1, D, K)
 
-        def save(i: int) -> None:  # the kept tokens of x as intermediate feature(s) i
+        def save(i: int, h: torch.Tensor) -> None:  # kept tokens of h: intermediate(s) i
             for k, j in enumerate(cfg.intermediate_layers_indices):
                 if j == i:
-                    inter[:, :, k] = x.view(-1, D).index_select(0, keep)
+                    inter[:, :, k] = h.view(-1, D).index_select(0, keep)
 
         for i, layer in enumerate(self.transformer.layers):
             if self.intermediate_semantics == "meta":
-                save(i)  # input of layer i
+                save(i, x)  # input of layer i
             x = layer(x, plan)
             if self.intermediate_semantics == "hf":
-                save(i)  # output of layer i
+                save(i, x)  # output of layer i
 
         tile_emb = self.post_tile_positional_embedding.per_tile(ar_ids).reshape(N * T, D)
         x = self.layernorm_post(x) + tile_emb.index_select(0, plan.tile_index()).view_as(x)
