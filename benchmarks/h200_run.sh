@@ -42,7 +42,8 @@ for part in "$@"; do
              timeout 200 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --encoder-dtype fp8 --kv-cache-dtype fp8 2>&1 | tee "$OUT/prefill_fp8.log" ;;
     arrivals) timeout 500 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 262144 2>&1 | tee "$OUT/arrivals.log" ;;
     large256) python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 256 --configs flat:1:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large256.log" ;;
-    mllama-tests) timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
+    mllama-tests) timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
+             tests/models/mllama/test_vision_plan.py tests/kernels/test_norm_act.py tests/kernels/test_rope.py \
              -rs 2>&1 | tee "$OUT/mllama_tests.log" | tail -15 ;;
     mllama11b) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 570 python3 -W ignore benchmarks/mllama_gpu.py \
              --size 11b --profile --json "$OUT/mllama_11b.json" 2>&1 \

@@ -124,8 +124,8 @@ def sdpa_backends(fn, b, args) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="11b", choices=("small", "11b"))
-    ap.add_argument("--images", type=int, default=16, help="images per batch")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--images", type=int, default=8, help="images per batch")
+    ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true", help="skip HF's vision model")
     ap.add_argument("--dry-run", action="store_true", help="toy sizes on CPU (fp32)")
     args = ap.parse_args(argv)

@@ -103,3 +103,31 @@ def test_image_without_valid_tile_is_rejected(plan):
     with pytest.raises(ValueError, match="at least one valid tile"):
         VISION_PLANS[plan](torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0]]), P, PPAD,
                            torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_grouped_plan_runs_on_flash_and_matches_masked():
+    """bf16 on CUDA at the real sequence (560 px tiles: P = 1601, L = 6432) and head size 80:
+    the grouped plan runs with the flash SDPA kernel alone (the masked plan cannot) and agrees
+    with the masked plan within bf16 rounding."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cfg = MllamaVisionConfig(hidden_size=160, attention_heads=2, intermediate_size=320,
+                             num_hidden_layers=2, num_global_layers=1,
+                             intermediate_layers_indices=(0,), vision_output_dim=320)
+    torch.manual_seed(0)
+    m = MllamaVisionModel(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.05)
+    m = m.to("cuda", torch.bfloat16).eval()
+    pv, ids, mask = _inputs([4, 1, 2, 3], torch.float32)
+    pv = torch.nn.functional.interpolate(pv.flatten(0, 1), size=560).view(4, T, 3, 560, 560)
+    args = (pv.to("cuda", torch.bfloat16), ids.cuda(), mask)
+    want = _run(m, "masked", *args).float()
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        got = _run(m, "grouped", *args).float()
+        with pytest.raises(RuntimeError):
+            _run(m, "masked", *args)
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()
