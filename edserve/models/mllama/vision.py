@@ -170,10 +170,11 @@ class MllamaVisionModel(nn.Module):
         N, T = pixel_values.shape[:2]
         D, P, Ppad, K = cfg.hidden_size, cfg.num_patches, self.padded_len, \
             len(cfg.intermediate_layers_indices)
-        x = self.embed(pixel_values, ar_ids)  # [N, L, D] (HF order)
-        plan = VISION_PLANS[self.attention_plan](ar_mask, P, Ppad, x.device)
-        x = plan.to_plan(x)
+        # host-built indices first: their copies to the device wait on no queued work
+        plan = VISION_PLANS[self.attention_plan](ar_mask, P, Ppad,
+                                                 self.patch_embedding.weight.device)
         keep = plan.plan_positions(list(range(N * T)) if tiles is None else tiles, P)  # [M]
+        x = plan.to_plan(self.embed(pixel_values, ar_ids))  # [N, L, D] in plan order
         out = x.new_empty(keep.numel(), D * (1 + K))  # channel = D + d * K + k: d-major
         inter = out[:, D:].view(-1, D, K)
 
