@@ -5,8 +5,8 @@
    size 1, slots shuffled): achieved K/V read bandwidth for the automatic split-KV factor and
    for forced factors, at ``--batches`` image rows (+ 1/8 text rows). Every factor's output is
    checked against the unsplit one.
-2. RMSNorm ``[rows, 4096]`` and SiLU-and-multiply ``[rows, 14336]``: the Triton kernels vs the
-   torch ops they replace (microseconds per call).
+2. RMSNorm ``[rows, 4096]``, SiLU-and-multiply ``[rows, 14336]`` and RoPE ``[rows, 32, 128]``:
+   the Triton kernels (checked against) and the torch ops they replace, microseconds per call.
 
   python benchmarks/mllama_kernels.py             # H200: ~30 s
   python benchmarks/mllama_kernels.py --dry-run   # tiny shapes, Triton interpreter on CPU
@@ -86,18 +86,25 @@ def rowwise_row(rows: int, hidden: int, inter: int, device: str, dtype, reps: in
     import torch
 
     from edserve.kernels.norm_act import rms_norm, silu_mul
-    from edserve.layers.elementwise import rms_norm_torch, silu_mul_torch
+    from edserve.kernels.rope import rope
+    from edserve.layers.elementwise import rms_norm_torch, rope_torch, silu_mul_torch
 
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, hidden, generator=g).to(device, dtype)
     w = (torch.rand(hidden, generator=g) + 0.5).to(device, dtype)
     gu = torch.randn(rows, 2 * inter, generator=g).to(device, dtype)
     gate, up = gu[:, :inter], gu[:, inter:]
-    t = {name: bench_us(fn, device, reps) for name, fn in (
-        ("rms_norm", lambda: rms_norm(x, w, 1e-5)),
-        ("rms_norm torch", lambda: rms_norm_torch(x, w, 1e-5)),
-        ("silu_mul", lambda: silu_mul(gate, up)),
-        ("silu_mul torch", lambda: silu_mul_torch(gate, up)))}
+    hd = 128 if hidden >= 128 else 16
+    q = x.view(rows, hidden // hd, hd)  # the self-attention queries' shape
+    cos, sin = (torch.rand(rows, 1, hd, generator=g).to(device, dtype) for _ in range(2))
+    pairs = {"rms_norm": (lambda: rms_norm(x, w, 1e-5), lambda: rms_norm_torch(x, w, 1e-5)),
+             "silu_mul": (lambda: silu_mul(gate, up), lambda: silu_mul_torch(gate, up)),
+             "rope": (lambda: rope(q, cos, sin), lambda: rope_torch(q, cos, sin))}
+    t = {}
+    for name, (fused, ref) in pairs.items():
+        torch.testing.assert_close(fused(), ref(), atol=0, rtol=2 ** -6)  # <= 2 bf16 ulps
+        t[name] = bench_us(fused, device, reps)
+        t[f"{name} torch"] = bench_us(ref, device, reps)
     print(f"rows {rows:3d}: " + " | ".join(f"{k} {v:6.1f} us" for k, v in t.items()), flush=True)
 
 

@@ -68,16 +68,16 @@ def test_bad_inputs_raise():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_bf16_matches_torch_ops():
-    """Compiled on the GPU, at the 11B text widths: within one bf16 rounding of the torch ops
-    (they round at the same points; only fp32 rsqrt/exp may differ)."""
+    """Compiled on the GPU, at the 11B text widths: within a bf16 rounding or two of the torch
+    ops (they round at the same points; only fp32 rsqrt/exp may differ)."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(72, 4096, device="cuda", generator=g).bfloat16()
     w = (torch.rand(4096, device="cuda", generator=g) + 0.5).bfloat16()
     got, want = rms_norm(x, w, 1e-5), rms_norm_torch(x, w, 1e-5)
     assert (got != want).float().mean() < 0.01
-    torch.testing.assert_close(got, want, atol=0, rtol=2 ** -7)
+    torch.testing.assert_close(got, want, atol=0, rtol=2 ** -6)  # y's ulp, then w * y's
     gu = torch.randn(72, 2 * 14336, device="cuda", generator=g).bfloat16()
     got, want = silu_mul(gu[:, :14336], gu[:, 14336:]), silu_mul_torch(gu[:, :14336],
                                                                        gu[:, 14336:])
     assert (got != want).float().mean() < 0.01
-    torch.testing.assert_close(got, want, atol=0, rtol=2 ** -7)
+    torch.testing.assert_close(got, want, atol=0, rtol=2 ** -6)  # silu's ulp, then the product's
