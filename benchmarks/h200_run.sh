@@ -2,7 +2,8 @@
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
 #   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|tp|prefill|prefill-tests|arrivals   (several allowed, in order;
 #   tp needs a host with >= 2 GPUs)
-#   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), chat (~3 min)
+#   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min),
+#   mllama-kernels (~0.5 min), chat (~3 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -42,11 +43,16 @@ for part in "$@"; do
     prefill) timeout 480 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 2 16 32 2>&1 | tee "$OUT/prefill.log" ;;
     arrivals) timeout 500 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 262144 2>&1 | tee "$OUT/arrivals.log" ;;
     large256) python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 256 --configs flat:1:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large256.log" ;;
-    mllama-tests) timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
+    mllama-tests) timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
+             tests/models/mllama/test_vision_plan.py tests/kernels/test_norm_act.py tests/kernels/test_rope.py \
              -rs 2>&1 | tee "$OUT/mllama_tests.log" | tail -15 ;;
     mllama11b) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 570 python3 -W ignore benchmarks/mllama_gpu.py \
              --size 11b --profile --json "$OUT/mllama_11b.json" 2>&1 \
              | tee "$OUT/mllama_11b.log" ;;
+    mllama-kernels) timeout 120 python3 -W ignore benchmarks/mllama_kernels.py 2>&1 \
+             | tee "$OUT/mllama_kernels.log" ;;
+    mllama-vision) timeout 240 python3 -W ignore benchmarks/mllama_vision.py --size 11b 2>&1 \
+             | tee "$OUT/mllama_vision.log" ;;
     chat) timeout 120 python3 benchmarks/chat_load.py --save-random /tmp/mllama_small --size small 2>&1 | tail -2
           timeout 240 python3 -W ignore benchmarks/chat_load.py --serve /tmp/mllama_small --clients 32 --requests 256 \
              --max-tokens 64 --json "$OUT/chat_load.json" 2>&1 | tee "$OUT/chat_load.log" | tail -5 ;;

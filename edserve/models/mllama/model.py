@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from edserve.layers.elementwise import elementwise_ops
 from edserve.layers.forward_batch import ForwardBatch
 from edserve.models.mllama.config import MllamaConfig, MllamaTextConfig
 from edserve.models.mllama.rope import RotaryEmbedding
@@ -142,9 +143,9 @@ class MllamaModel(nn.Module):
     def encode(self, images: list[MllamaImageInput | None]) -> list[torch.Tensor]:
         """Projected vision states per request (see the module docstring for the layout).
 
-        One vision-encoder pass over every tile of every image of every request; the
-        projector then runs only on the tiles a request keeps (valid tiles, plus the padding
-        tiles in "hf" mode), gathered in output order by one index on the host's tile counts.
+        One vision-encoder pass over every tile of every image of every request; the encoder
+        returns, and the projector runs on, only the tiles a request keeps (valid tiles, plus
+        the padding tiles in "hf" mode), in output order (an index on the host's tile counts).
         """
         hidden = self.config.text.hidden_size
         p = self.multi_modal_projector.weight
@@ -153,9 +154,8 @@ class MllamaModel(nn.Module):
             return [torch.zeros(0, hidden, device=p.device, dtype=p.dtype) for _ in images]
         pv = torch.cat([x.pixel_values for x in present]).to(p.device, p.dtype)
         ids = torch.cat([x.aspect_ratio_ids for x in present]).to(p.device)
-        mask = torch.cat([x.aspect_ratio_mask for x in present]).to(p.device)
-        feats = self.vision_model(pv, ids, mask)  # [N, T, P, vision_output_dim]
-        T = feats.shape[1]
+        mask = torch.cat([x.aspect_ratio_mask for x in present])  # host: the vision plan's
+        T = pv.shape[1]
         keep: list[int] = []  # flat (image, tile) indices in output order
         counts: list[int] = []  # tiles kept per request (0: text-only)
         n = 0
@@ -170,8 +170,8 @@ class MllamaModel(nn.Module):
                          for k in range(t, T)]
             counts.append(len(keep) - before)
             n += x.num_images
-        sel = torch.tensor(keep, dtype=torch.int64).to(p.device)
-        tiles = self.multi_modal_projector(feats.flatten(0, 1).index_select(0, sel))  # [K,P,H]
+        feats = self.vision_model(pv, ids, mask, tiles=keep)  # [K, P, vision_output_dim]
+        tiles = self.multi_modal_projector(feats)  # [K, P, H]
         return [part.reshape(-1, hidden) for part in tiles.split(counts)]
 
     # ---- decoder -----------------------------------------------------------------------
@@ -218,7 +218,7 @@ class MllamaModel(nn.Module):
                     x = layer(x, enc, cross_batch, attn_mask, mlp_mask)
             else:
                 x = layer(x, cos, sin, batch)
-        return lm.norm(x)
+        return lm.norm(x, elementwise_ops(batch))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, H] -> [N, vocab] float32 (lm_head is not tied to the embedding)

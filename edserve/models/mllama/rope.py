@@ -1,4 +1,5 @@
-"""Llama-3 rotary position embedding (rotate-half layout)."""
+"""Llama-3 rotary position embedding (rotate-half layout): frequencies and cos/sin tables; the
+rotation itself is a row-wise op (``edserve.layers.elementwise``: ``ops.rope``)."""
 
 from __future__ import annotations
 
@@ -36,13 +37,3 @@ class RotaryEmbedding(nn.Module):
         freqs = positions[:, None].float() * self.inv_freq.float()[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [T, H, D]
-    return x * cos + rotate_half(x) * sin

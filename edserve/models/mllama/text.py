@@ -12,13 +12,12 @@ use the decoder region of a request's row, cross layers its encoder region.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from edserve.layers.attention.base import Attention
+from edserve.layers.elementwise import TORCH_OPS, ElementwiseOps, elementwise_ops
 from edserve.layers.forward_batch import ForwardBatch
 from edserve.models.mllama.config import MllamaTextConfig
-from edserve.models.mllama.rope import apply_rope
 from edserve.models.weights.fused import FusedLinear
 
 
@@ -28,11 +27,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, ops: ElementwiseOps = TORCH_OPS) -> torch.Tensor:
+        # x: [..., dim]; ops: the batch's row-wise ops (one fused kernel under triton)
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 def linear_residual(x: torch.Tensor, h: torch.Tensor, proj: nn.Module) -> torch.Tensor:
@@ -54,13 +51,13 @@ class MLP(nn.Module):
                                         bias=False)
         self.down_proj = nn.Linear(inter, H, bias=False)
 
-    def act(self, x: torch.Tensor) -> torch.Tensor:
+    def act(self, x: torch.Tensor, ops: ElementwiseOps = TORCH_OPS) -> torch.Tensor:
         # x: [T, H] -> silu(g) * u: [T, I]
         g, u = self.gate_up_proj.split(self.gate_up_proj(x))
-        return F.silu(g) * u
+        return ops.silu_mul(g, u)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(x))
+    def forward(self, x: torch.Tensor, ops: ElementwiseOps = TORCH_OPS) -> torch.Tensor:
+        return self.down_proj(self.act(x, ops))
 
 
 class SelfAttention(nn.Module):
@@ -81,9 +78,10 @@ class SelfAttention(nn.Module):
                batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H] -> attention output before o_proj: [T, Hq * D]
         T, D = x.shape[0], self.head_dim
+        ops = elementwise_ops(batch)
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))  # [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
-        q = apply_rope(q.view(T, self.num_heads, D), cos, sin)
-        k = apply_rope(k.view(T, self.num_kv_heads, D), cos, sin)
+        q = ops.rope(q.view(T, self.num_heads, D), cos, sin)
+        k = ops.rope(k.view(T, self.num_kv_heads, D), cos, sin)
         o = self.attn(q, k, v.view(T, self.num_kv_heads, D), batch)  # [T, Hq, D]
         return o.reshape(T, -1)
 
@@ -103,9 +101,10 @@ class SelfAttentionDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 batch: ForwardBatch) -> torch.Tensor:
         # x: [T, H]; the residual adds are folded into o_proj's and down_proj's GEMMs
-        o = self.self_attn.attend(self.input_layernorm(x), cos, sin, batch)  # [T, Hq * D]
+        ops = elementwise_ops(batch)
+        o = self.self_attn.attend(self.input_layernorm(x, ops), cos, sin, batch)  # [T, Hq*D]
         x = linear_residual(x, o, self.self_attn.o_proj)
-        h = self.mlp.act(self.post_attention_layernorm(x))  # [T, I]
+        h = self.mlp.act(self.post_attention_layernorm(x, ops), ops)  # [T, I]
         return linear_residual(x, h, self.mlp.down_proj)
 
 
@@ -136,7 +135,8 @@ class CrossAttention(nn.Module):
     def forward(self, x: torch.Tensor, enc: torch.Tensor | None,
                 batch: ForwardBatch) -> torch.Tensor:
         T = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(T, self.num_heads, self.head_dim))
+        q = self.q_norm(self.q_proj(x).view(T, self.num_heads, self.head_dim),
+                        elementwise_ops(batch))
         k, v = self.project_kv(enc) if enc is not None else (None, None)
         o = self.attn(q, k, v, batch)  # [T, Hq, D]
         return self.o_proj(o.reshape(T, -1))
@@ -157,7 +157,8 @@ class CrossAttentionDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, enc: torch.Tensor | None, batch: ForwardBatch,
                 attn_mask: torch.Tensor, mlp_mask: torch.Tensor) -> torch.Tensor:
-        h = self.cross_attn(self.input_layernorm(x), enc, batch) * attn_mask
+        ops = elementwise_ops(batch)
+        h = self.cross_attn(self.input_layernorm(x, ops), enc, batch) * attn_mask
         x = x + self.cross_attn_attn_gate.tanh() * h
-        h = self.mlp(self.post_attention_layernorm(x)) * mlp_mask
+        h = self.mlp(self.post_attention_layernorm(x, ops), ops) * mlp_mask
         return x + self.cross_attn_mlp_gate.tanh() * h

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edserve.models.mllama.config import MllamaVisionConfig
+from edserve.models.mllama.vision_plan import VISION_PLANS, VisionPlan
 from edserve.models.weights.fused import FusedLinear
 
 
@@ -25,13 +26,13 @@ class VisionAttention(nn.Module):
                                     bias=False)
         self.o_proj = nn.Linear(D, D, bias=False)
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        # x: [N, L, D]; allowed: [N, 1, L, L] bool (True = may attend)
+    def forward(self, x: torch.Tensor, plan: VisionPlan) -> torch.Tensor:
+        # x: [N, L, D] in the plan's token order
         N, L, _ = x.shape
         qkv = self.qkv_proj(x).view(N, L, 3, self.num_heads, self.head_dim)  # [N, L, 3, H, hd]
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # [N, H, L, hd]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # [N, H, L, hd]
-        return self.o_proj(o.transpose(1, 2).reshape(N, L, -1))  # [N, L, H * hd] -> [N, L, D]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # [N, H, L, hd] (views)
+        o = plan.attend(q, k, v)  # [N, L, H, hd]
+        return self.o_proj(o.reshape(N, L, -1))  # [N, L, H * hd] -> [N, L, D]
 
 
 class VisionMLP(nn.Module):
@@ -58,8 +59,8 @@ class VisionEncoderLayer(nn.Module):
             self.gate_attn = nn.Parameter(torch.full((1,), math.pi / 4))
             self.gate_ffn = nn.Parameter(torch.full((1,), math.pi / 4))
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x), allowed)
+    def forward(self, x: torch.Tensor, plan: VisionPlan) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), plan)
         x = x + (self.gate_attn.tanh() * h if self.is_gated else h)
         h = self.mlp(self.post_attention_layernorm(x))
         return x + (self.gate_ffn.tanh() * h if self.is_gated else h)
@@ -82,10 +83,14 @@ class AspectRatioEmbedding(nn.Module):
                                       cfg.max_num_tiles * cfg.hidden_size)
         self.gate = nn.Parameter(torch.zeros(1))
 
+    def per_tile(self, ar_ids: torch.Tensor) -> torch.Tensor:
+        # ar_ids: [N] -> the gated embedding of every tile: [N, T, D]
+        emb = self.embedding(ar_ids).view(-1, self.max_num_tiles, self.hidden_size)
+        return emb * self.gate.tanh()
+
     def forward(self, x: torch.Tensor, ar_ids: torch.Tensor) -> torch.Tensor:
         # x: [N, T, L, D]; ar_ids: [N]
-        emb = self.embedding(ar_ids).view(-1, self.max_num_tiles, 1, self.hidden_size)
-        return x + emb * self.gate.tanh()
+        return x + self.per_tile(ar_ids)[:, :, None]
 
 
 class PositionEmbedding(nn.Module):
@@ -111,12 +116,19 @@ class PositionEmbedding(nn.Module):
 
 
 class MllamaVisionModel(nn.Module):
-    """pixel_values ``[N, T, 3, S, S]`` -> features ``[N, T, P, vision_output_dim]``."""
+    """pixel_values ``[N, T, 3, S, S]`` -> features ``[N, T, P, vision_output_dim]``, or of the
+    chosen tiles only. ``attention_plan`` names the token order and attention scheme
+    (:data:`~edserve.models.mllama.vision_plan.VISION_PLANS`; "masked" is HF's as written)."""
 
-    def __init__(self, cfg: MllamaVisionConfig, intermediate_semantics: str = "hf") -> None:
+    def __init__(self, cfg: MllamaVisionConfig, intermediate_semantics: str = "hf",
+                 attention_plan: str = "grouped") -> None:
         super().__init__()
+        if attention_plan not in VISION_PLANS:
+            raise ValueError(f"unknown vision attention plan {attention_plan!r}; choose from "
+                             f"{sorted(VISION_PLANS)}")
         self.cfg = cfg
         self.intermediate_semantics = intermediate_semantics
+        self.attention_plan = attention_plan
         D = cfg.hidden_size
         self.patch_embedding = nn.Conv2d(cfg.num_channels, D, kernel_size=cfg.patch_size,
                                          stride=cfg.patch_size, bias=False)
@@ -129,17 +141,8 @@ class MllamaVisionModel(nn.Module):
         self.transformer = VisionEncoder(cfg, cfg.num_hidden_layers, is_gated=False)
         self.global_transformer = VisionEncoder(cfg, cfg.num_global_layers, is_gated=True)
 
-    def attention_allowed(self, ar_mask: torch.Tensor, padded_len: int) -> torch.Tensor:
-        """``[N, 1, T*Ppad, T*Ppad]`` bool: a query may not see a key only when both are padding
-        (a padding tile or a pad-to-8 token); real tokens do attend to padding."""
-        N, T = ar_mask.shape
-        tok = torch.arange(padded_len, device=ar_mask.device)
-        is_pad = (ar_mask[:, :, None] == 0) | (tok >= self.cfg.num_patches)[None, None, :]
-        is_pad = is_pad.reshape(N, T * padded_len)
-        return ~(is_pad[:, :, None] & is_pad[:, None, :])[:, None]
-
-    def forward(self, pixel_values: torch.Tensor, ar_ids: torch.Tensor,
-                ar_mask: torch.Tensor) -> torch.Tensor:
+    def embed(self, pixel_values: torch.Tensor, ar_ids: torch.Tensor) -> torch.Tensor:
+        """Patch, class and position embeddings, pre-LN, pad to 8: ``[N, T * Ppad, D]``."""
         cfg = self.cfg
         N, T = pixel_values.shape[:2]
         D, P = cfg.hidden_size, cfg.num_patches
@@ -151,24 +154,45 @@ class MllamaVisionModel(nn.Module):
         x = torch.cat([cls, x], dim=2)  # [N, T, P, D]
         x = self.gated_positional_embedding(x, ar_ids)
         x = self.layernorm_pre(x)
-        Ppad = P + (8 - P % 8) % 8
-        x = F.pad(x, (0, 0, 0, Ppad - P)).reshape(N, T * Ppad, D)  # pads after the LN
-        allowed = self.attention_allowed(ar_mask, Ppad)
+        return F.pad(x, (0, 0, 0, self.padded_len - P)).reshape(N, -1, D)  # pads after the LN
 
-        wanted = set(cfg.intermediate_layers_indices)
-        feats: dict[int, torch.Tensor] = {}
+    @property
+    def padded_len(self) -> int:
+        P = self.cfg.num_patches
+        return P + (8 - P % 8) % 8
+
+    def forward(self, pixel_values: torch.Tensor, ar_ids: torch.Tensor, ar_mask: torch.Tensor,
+                tiles: list[int] | None = None) -> torch.Tensor:
+        """Features of the flat (image, tile) indices ``tiles`` (``n * T + t``; None = all):
+        ``[len(tiles), P, vision_output_dim]``, or ``[N, T, P, vision_output_dim]`` when None.
+        ``ar_mask [N, T]`` is read on the host (keep it on the CPU to avoid a sync)."""
+        cfg = self.cfg
+        N, T = pixel_values.shape[:2]
+        D, P, Ppad, K = cfg.hidden_size, cfg.num_patches, self.padded_len, \
+            len(cfg.intermediate_layers_indices)
+        # host-built indices first: their copies to the device wait on no queued work
+        plan = VISION_PLANS[self.attention_plan](ar_mask, P, Ppad,
+                                                 self.patch_embedding.weight.device)
+        keep = plan.plan_positions(list(range(N * T)) if tiles is None else tiles, P)  # [M]
+        x = plan.to_plan(self.embed(pixel_values, ar_ids))  # [N, L, D] in plan order
+        out = x.new_empty(keep.numel(), D * (1 + K))  # channel = D + d * K + k: d-major
+        inter = out[:, D:].view(-1, D, K)
+
+        def save(i: int, h: torch.Tensor) -> None:  # kept tokens of h: intermediate(s) i
+            for k, j in enumerate(cfg.intermediate_layers_indices):
+                if j == i:
+                    inter[:, :, k] = h.view(-1, D).index_select(0, keep)
+
         for i, layer in enumerate(self.transformer.layers):
-            if self.intermediate_semantics == "meta" and i in wanted:
-                feats[i] = x  # input of layer i
-            x = layer(x, allowed)
-            if self.intermediate_semantics == "hf" and i in wanted:
-                feats[i] = x  # output of layer i
-        inter = torch.stack([feats[i] for i in cfg.intermediate_layers_indices], dim=-1)
+            if self.intermediate_semantics == "meta":
+                save(i, x)  # input of layer i
+            x = layer(x, plan)
+            if self.intermediate_semantics == "hf":
+                save(i, x)  # output of layer i
 
-        x = self.layernorm_post(x).view(N, T, Ppad, D)
-        x = self.post_tile_positional_embedding(x, ar_ids).reshape(N, T * Ppad, D)
+        tile_emb = self.post_tile_positional_embedding.per_tile(ar_ids).reshape(N * T, D)
+        x = self.layernorm_post(x) + tile_emb.index_select(0, plan.tile_index()).view_as(x)
         for layer in self.global_transformer.layers:
-            x = layer(x, allowed)
-        x = x.view(N, T, Ppad, D)[:, :, :P]
-        inter = inter.reshape(N, T, Ppad, -1)[:, :, :P]  # channel = D + d * K + k: d-major
-        return torch.cat([x, inter], dim=-1)  # [N, T, P, D * (1 + K)]
+            x = layer(x, plan)
+        out[:, :D] = x.view(-1, D).index_select(0, keep)
+        return out.view(N, T, P, -1) if tiles is None else out.view(len(tiles), P, -1)

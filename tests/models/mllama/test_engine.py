@@ -43,10 +43,10 @@ def cases():
     return out + [([1, 18, 19, 10, 11, 13], []), ([1, 20, 9], [])]
 
 
-def _engine(folder, strategy, page_size, mrr):
+def _engine(folder, strategy, page_size, mrr, ops="torch"):
     return build_engine(model=str(folder), device="cpu", dtype="float32", encoder_kv=strategy,
                   page_size=str(page_size), context_length=64, max_total_tokens=4096,
-                  max_running_requests=mrr)
+                  max_running_requests=mrr, attention_backend=ops)
 
 
 @pytest.mark.parametrize("strategy,page_size", [("aligned", 16), ("ragged", 1),
@@ -66,6 +66,36 @@ def test_engine_parity_and_invariance(engine_folder, hf_tiny, cases, strategy, p
         results[mrr] = [o.token_ids for o in outs]
     assert results[1] == results[4]
     assert results[4] == refs
+
+
+def test_triton_ops_match_hf(engine_folder, hf_tiny, cases, monkeypatch, request):
+    """The triton op set (attention, RMSNorm, SiLU-and-multiply, RoPE kernels; the CPU
+    interpreter here) gives HF's greedy tokens."""
+    from edserve.kernels import norm_act, rope
+    from edserve.layers import elementwise
+
+    calls = {"rms_norm": 0, "silu_mul": 0, "rope": 0}
+
+    def spy(name, fn):
+        def counted(*args):
+            calls[name] += 1
+            return fn(*args)
+        return counted
+
+    for mod, name in ((norm_act, "rms_norm"), (norm_act, "silu_mul"), (rope, "rope")):
+        monkeypatch.setattr(mod, name, spy(name, getattr(mod, name)))
+    elementwise._triton_ops.cache_clear()  # the op set is rebuilt with the spies ...
+    request.addfinalizer(elementwise._triton_ops.cache_clear)  # ... and dropped afterwards
+    cfg = MllamaImageConfig(image_size=56)
+    picked = [cases[0], cases[3], cases[-1]]  # 1 and 3 tiles, text-only
+    steps = 4  # the interpreter is slow
+    refs = [hf_greedy(hf_tiny, p, preprocess_images(imgs, cfg), steps)[0] for p, imgs in picked]
+    eng = _engine(engine_folder, "flat", 16, 4, ops="triton")
+    sp = SamplingParams(max_new_tokens=steps, ignore_eos=True)
+    outs = eng.generate([make_mllama_request(eng.model, p, imgs, sp) for p, imgs in picked])
+    eng.check_integrity()
+    assert [o.token_ids for o in outs] == refs
+    assert min(calls.values()) > 0, calls
 
 
 def test_request_errors(engine_folder):

@@ -1,0 +1,141 @@
+"""Mllama 11B decode-step kernels alone: cross-attention split-KV factors, fused row-wise ops.
+
+1. ``flat_attention`` at the 11B cross-attention decode shape (32 q / 8 kv heads of 128; one
+   query per row; image rows of 4, 1, 2, 3, ... tiles of 1601 keys, text rows with none; page
+   size 1, slots shuffled): achieved K/V read bandwidth for the automatic split-KV factor and
+   for forced factors, at ``--batches`` image rows (+ 1/8 text rows). Every factor's output is
+   checked against the unsplit one.
+2. RMSNorm ``[rows, 4096]``, SiLU-and-multiply ``[rows, 14336]`` and RoPE ``[rows, 32, 128]``:
+   the Triton kernels (checked against) and the torch ops they replace, microseconds per call.
+
+  python benchmarks/mllama_kernels.py             # H200: ~30 s
+  python benchmarks/mllama_kernels.py --dry-run   # tiny shapes, Triton interpreter on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def bench_us(fn, device: str, reps: int) -> float:
+    """Median microseconds of ``fn()`` (CUDA: triton's do_bench; CPU: wall clock)."""
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        return 1000 * do_bench(fn, return_mode="median")
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return 1e6 * (time.perf_counter() - t0) / reps
+
+
+def cross_case(n_img: int, P: int, hkv: int, hq: int, d: int, device: str, dtype):
+    import torch
+
+    n_txt = max(1, round(n_img / 8))
+    B = n_img + n_txt
+    lens = [((i + 3) % 4 + 1) * P for i in range(n_img)] + [0] * n_txt
+    cols = 4 * P + 128
+    total = sum(lens) + 1
+    g = torch.Generator().manual_seed(n_img)
+    perm = torch.randperm(total - 1, generator=g) + 1  # slot 0 = padding
+    r2t = torch.zeros(B, cols, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(lens):
+        r2t[b, :n] = perm[at:at + n].to(torch.int32)
+        at += n
+    k = torch.randn(total, hkv, d, generator=g).to(device, dtype)
+    v = torch.randn(total, hkv, d, generator=g).to(device, dtype)
+    q = torch.randn(B, hq, d, generator=g).to(device, dtype)
+    kv_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    ranges = torch.stack([torch.zeros_like(kv_lens), kv_lens], 1).contiguous()
+    args = (q, k, v, r2t.to(device), torch.arange(B, device=device),
+            torch.zeros(B, dtype=torch.int32, device=device), kv_lens,
+            torch.arange(B + 1, dtype=torch.int32, device=device), 1, False, d ** -0.5)
+    return args, ranges, sum(lens) * hkv * d * 2 * q.element_size(), B
+
+
+def cross_row(n: int, P: int, hkv: int, hq: int, d: int, device: str, dtype, splits: list,
+              reps: int) -> None:
+    import torch
+
+    from edserve.kernels.flat_attention import flat_attention
+
+    a, rng, nbytes, B = cross_case(n, P, hkv, hq, d, device, dtype)
+    ref = flat_attention(*a, kv_ranges=rng, num_splits=1)
+    row = []
+    for s in [None, *splits]:
+        out = flat_attention(*a, kv_ranges=rng, num_splits=s)
+        err = (out.float() - ref.float()).abs().max().item()
+        if err > (1e-5 if dtype == torch.float32 else 2e-2):
+            raise AssertionError(f"num_splits={s}: max |out - unsplit| = {err}")
+        us = bench_us(lambda s=s: flat_attention(*a, kv_ranges=rng, num_splits=s), device, reps)
+        row.append(f"{'auto' if s is None else s}: {us:7.1f} us {nbytes / us / 1e6:5.2f} TB/s")
+    print(f"{n:3d} img + {B - n:2d} txt ({nbytes / 1e6:6.1f} MB): " + " | ".join(row),
+          flush=True)
+
+
+def rowwise_row(rows: int, hidden: int, inter: int, device: str, dtype, reps: int) -> None:
+    import torch
+
+    from edserve.kernels.norm_act import rms_norm, silu_mul
+    from edserve.kernels.rope import rope
+    from edserve.layers.elementwise import rms_norm_torch, rope_torch, silu_mul_torch
+
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, hidden, generator=g).to(device, dtype)
+    w = (torch.rand(hidden, generator=g) + 0.5).to(device, dtype)
+    gu = torch.randn(rows, 2 * inter, generator=g).to(device, dtype)
+    gate, up = gu[:, :inter], gu[:, inter:]
+    hd = 128 if hidden >= 128 else 16
+    q = x.view(rows, hidden // hd, hd)  # the self-attention queries' shape
+    cos, sin = (torch.rand(rows, 1, hd, generator=g).to(device, dtype) for _ in range(2))
+    pairs = {"rms_norm": (lambda: rms_norm(x, w, 1e-5), lambda: rms_norm_torch(x, w, 1e-5)),
+             "silu_mul": (lambda: silu_mul(gate, up), lambda: silu_mul_torch(gate, up)),
+             "rope": (lambda: rope(q, cos, sin), lambda: rope_torch(q, cos, sin))}
+    t = {}
+    for name, (fused, ref) in pairs.items():
+        torch.testing.assert_close(fused(), ref(), atol=0, rtol=2 ** -6)  # <= 2 bf16 ulps
+        t[name] = bench_us(fused, device, reps)
+        t[f"{name} torch"] = bench_us(ref, device, reps)
+    print(f"rows {rows:3d}: " + " | ".join(f"{k} {v:6.1f} us" for k, v in t.items()), flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,16,64", help="image rows per batch")
+    ap.add_argument("--splits", default="1,2,4,8,16")
+    ap.add_argument("--dry-run", action="store_true", help="tiny shapes, Triton interpreter")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print("no CUDA device; use --dry-run")
+        return 2
+    device = "cpu" if args.dry_run else "cuda"
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    P, hkv, hq, d, hidden, inter = (17, 2, 4, 16, 64, 96) if args.dry_run else \
+        (1601, 8, 32, 128, 4096, 14336)
+    batches = [2] if args.dry_run else [int(x) for x in args.batches.split(",")]
+    splits = [1, 2] if args.dry_run else [int(x) for x in args.splits.split(",")]
+    reps = 1 if args.dry_run else 20
+    print(f"# cross-attention decode on {device} {dtype}: {hq} q / {hkv} kv heads of {d}, "
+          f"P={P}", flush=True)
+    for n in batches:
+        cross_row(n, P, hkv, hq, d, device, dtype, splits, reps)
+    for rows in ([3] if args.dry_run else [1, 18, 72]):
+        rowwise_row(rows, hidden, inter, device, dtype, reps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
