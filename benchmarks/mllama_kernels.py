@@ -102,7 +102,9 @@ def rowwise_row(rows: int, hidden: int, inter: int, device: str, dtype, reps: in
              "rope": (lambda: rope(q, cos, sin), lambda: rope_torch(q, cos, sin))}
     t = {}
     for name, (fused, ref) in pairs.items():
-        torch.testing.assert_close(fused(), ref(), atol=0, rtol=2 ** -6)  # <= 2 bf16 ulps
+        # <= 2 bf16 ulps; fused multiply-adds round once, so sums that cancel to 0 in torch
+        # (two rounded products) may keep a last-ulp residue
+        torch.testing.assert_close(fused(), ref(), atol=2 ** -7, rtol=2 ** -6)
         t[name] = bench_us(fused, device, reps)
         t[f"{name} torch"] = bench_us(ref, device, reps)
     print(f"rows {rows:3d}: " + " | ".join(f"{k} {v:6.1f} us" for k, v in t.items()), flush=True)

@@ -34,8 +34,10 @@ def test_rope_matches_reference(dtype, T, H, D):
     assert got.shape == (T, H, D) and got.dtype == dtype
     torch.testing.assert_close(got.double(), ref, atol=2 * TOL[dtype], rtol=2 * TOL[dtype])
     torch.testing.assert_close(got, rope_torch(x, cos, sin), atol=TOL[dtype], rtol=TOL[dtype])
-    if dtype != torch.bfloat16:  # the same rounding points: bitwise (the interpreter's bf16
-        assert torch.equal(got, rope_torch(x, cos, sin))  # casts are not round-to-nearest)
+    if dtype != torch.bfloat16 and DEVICE == "cpu":  # interpreter: the same rounding points,
+        # bitwise (its bf16 casts are not round-to-nearest; compiled GPU code contracts
+        # x * cos + rot * sin into fused multiply-adds, within TOL of the torch op above)
+        assert torch.equal(got, rope_torch(x, cos, sin))
 
 
 def test_rope_bad_inputs():
