@@ -41,8 +41,12 @@ def main(argv: list[str] | None = None) -> dict:
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
+        # random weights never say EOS and would trip the temperature fallback (sampled text
+        # differs per run): windows capped at 17 tokens, thresholds off, as in serve_gpu.py
         flags = (f"--model {work / 'model'} --device {device} --dtype float32 "
-                 f"--max-running-requests {args.rows}" + (" --threads 1" if args.dry_run else ""))
+                 f"--max-running-requests {args.rows} --context-length 34 "
+                 "--compression-ratio-threshold inf --logprob-threshold=-inf "
+                 "--no-speech-threshold inf" + (" --threads 1" if args.dry_run else ""))
         return soak.main(["--server-flags", flags, *rest])
     finally:
         shutil.rmtree(work, ignore_errors=True)
