@@ -1,0 +1,149 @@
+"""Device-side beam choice (:mod:`edserve.engine.beam_device`) against the host's
+:class:`~edserve.engine.beam_search.BeamGroup` (itself checked against openai-whisper's rules in
+tests/whisper/test_beam_reference.py): random steps replayed through both, many groups at once,
+beam sizes 1..5, ties, patience, length penalties, several stop tokens, filtered candidates and
+length limits; the live beams, their sums, the finished lists, the done flags and the chosen
+sequence must be equal after every step."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from cuda_syncs import count_syncs
+
+from edserve.engine.beam_device import BeamBatch
+from edserve.engine.beam_search import BeamGroup
+from edserve.engine.row_group import StepResult, best
+
+
+class _Ops:
+    """Row operations of the host groups: forks get fresh serials."""
+
+    def __init__(self) -> None:
+        self.serial = 0
+
+    def advance(self, req, token):
+        pass
+
+    def fork(self, source, token, generator=None):
+        self.serial += 1
+        return SimpleNamespace(serial=self.serial)
+
+    def drop(self, req):
+        pass
+
+
+def _candidates(gen: torch.Generator, G: int, B: int, T: int, vocab: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[G, B, T] distinct tokens per slot and log-probs best first: quarter steps (ties within
+    and across beams) or continuous, a few trailing ``-inf`` (a filter left fewer choices),
+    a few slots offering only token 0 (a stop token: nothing may be kept)."""
+    toks = torch.stack([torch.randperm(vocab, generator=gen)[:T] for _ in range(G * B)])
+    only_stop = torch.rand(G * B, 1, generator=gen) < 0.2
+    toks[:, :1] = torch.where(only_stop, 0, toks[:, :1])
+    toks[:, 1:] = torch.where(only_stop & (toks[:, 1:] == 0), vocab - 1, toks[:, 1:])
+    steps = -0.25 * torch.randint(0, 12, (G * B, T), generator=gen).float()
+    smooth = -3 * torch.rand(G * B, T, generator=gen)
+    quant = torch.rand(G * B, 1, generator=gen) < 0.6
+    lps = torch.where(quant, steps, smooth).sort(dim=1, descending=True).values
+    cut = torch.randint(1, T + 1, (G * B, 1), generator=gen)
+    cut = torch.where(torch.rand(G * B, 1, generator=gen) < 0.15, cut, T)
+    cut = torch.where(only_stop, 1, cut)
+    lps = lps.masked_fill(torch.arange(T)[None, :] >= cut, float("-inf"))
+    return toks.reshape(G, B, T), lps.reshape(G, B, T)
+
+
+def _replay(seed: int, G: int, device: str = "cpu") -> int:
+    """Replay random steps through both; returns the steps taken (all asserts inside)."""
+    gen = torch.Generator().manual_seed(seed)
+    beams = torch.randint(1, 6, (G,), generator=gen).tolist()
+    patience = [None if torch.rand(1, generator=gen) < 0.5 else
+                [0.5, 1.0, 1.5, 2.0][int(torch.randint(0, 4, (1,), generator=gen))]
+                for _ in range(G)]
+    patience = [p if p is None or round(b * p) >= 1 else None
+                for b, p in zip(beams, patience, strict=True)]
+    vocab = 10
+    stops = [[frozenset({0}), frozenset({0, 3}), frozenset()][g % 3] for g in range(G)]
+    limits = torch.randint(1, 14, (G,), generator=gen).tolist()
+    hosts = [BeamGroup(SimpleNamespace(serial=-1 - g), b, s, None, p)
+             for g, (b, s, p) in enumerate(zip(beams, stops, patience, strict=True))]
+    ops = _Ops()
+    dev = BeamBatch(beams, patience, stops, max_tokens=max(limits) + 1, device=device)
+    B, T = max(beams), max(beams) + 1
+    done = [False] * G
+    step = 0
+    while not all(done):
+        step += 1
+        toks, lps = _candidates(gen, G, B, T, vocab)
+        at_limit = [step >= n for n in limits]
+        for g, h in enumerate(hosts):
+            if done[g]:
+                continue
+            res = {m.serial: StepResult(0, 0.0, list(zip(toks[g, b].tolist(),
+                                                         lps[g, b].tolist(), strict=True)))
+                   for b, m in enumerate(h.members)}
+            done[g] = h.update(res, at_limit[g], ops)
+        choice = dev.step(toks.to(device), lps.to(device),
+                          torch.tensor(at_limit, device=device))
+        assert choice.done.tolist() == done, f"step {step}"
+        for g, h in enumerate(hosts):
+            live = dev.live[g].nonzero().flatten().tolist()
+            if done[g]:
+                assert live == []
+                fin = dev.finished(g)
+                assert fin == h.finished, f"group {g}"
+                for penalty in (None, 0.0, 0.6, 1.0):
+                    assert best(fin, penalty) == best(h.finished, penalty)
+                continue
+            n = int(dev.length[g])
+            assert live == list(range(len(h.members))), f"group {g} step {step}"
+            assert [dev.tokens[g, b, :n].tolist() for b in live] == \
+                [h.hyps[m.serial].tokens for m in h.members]
+            assert [dev.logprobs[g, b, :n].tolist() for b in live] == \
+                [h.hyps[m.serial].logprobs for m in h.members]
+            assert dev.sums[g, live].tolist() == [h.hyps[m.serial].sum_logprob
+                                                  for m in h.members]
+            assert dev.finished(g) == h.finished
+    return step
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_device_ranking_matches_host_beam_search(seed):
+    assert _replay(seed, G=6) >= 1
+
+
+def test_parents_and_tokens_describe_the_rearrangement():
+    """Slot b's new beam is its parent's beam plus its token: the engine's gather plan."""
+    dev = BeamBatch([2], [None], [frozenset({0})], max_tokens=4)
+    toks = torch.tensor([[[5, 6, 0], [1, 2, 3]]])
+    c1 = dev.step(toks, torch.tensor([[[-0.1, -0.2, -0.3], [-1.0, -1.0, -1.0]]]),
+                  torch.tensor([False]))
+    assert c1.parents.tolist() == [[0, 0]] and c1.tokens.tolist() == [[5, 6]]
+    # both new beams continue slot 1 (slot 0's candidates rank lower); EOT from slot 1 ranks
+    # between them and is collected
+    c2 = dev.step(torch.tensor([[[7, 8, 9], [4, 0, 2]]]),
+                  torch.tensor([[[-5.0, -5.0, -5.0], [-0.1, -0.2, -0.3]]]),
+                  torch.tensor([False]))
+    assert c2.parents.tolist() == [[1, 1]] and c2.tokens.tolist() == [[4, 2]]
+    assert dev.tokens[0, :, :2].tolist() == [[6, 4], [6, 2]]
+    assert [f.tokens for f in dev.finished(0)] == [[6]] and not c2.done.item()
+
+
+def test_bad_patience_is_refused():
+    with pytest.raises(ValueError, match="must round to >= 1"):
+        BeamBatch([1], [0.4], [frozenset({0})], max_tokens=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_step_matches_and_never_syncs():
+    assert _replay(0, G=8, device="cuda") >= 1
+    dev = BeamBatch([5] * 64, [None] * 64, [frozenset({0})] * 64, max_tokens=448,
+                    device="cuda")
+    gen = torch.Generator().manual_seed(1)
+    toks, lps = (x.cuda() for x in _candidates(gen, 64, 5, 6, 51865))
+    at_limit = torch.zeros(64, dtype=torch.bool, device="cuda")
+    dev.step(toks, lps, at_limit)  # warm-up
+    assert count_syncs(lambda: dev.step(toks, lps, at_limit)) == 0
