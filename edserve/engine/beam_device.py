@@ -38,11 +38,11 @@ finished buffer's capacity ``max(beam, round(beam * patience))`` over the groups
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from edserve.engine.host_copy import to_device
 from edserve.engine.row_group import Finished
 
 
@@ -56,29 +56,24 @@ class BeamChoice:
 
 
 class BeamBatch:
-    """The beam state of ``G`` groups (see the module doc); ``step`` is sync-free."""
+    """The beam state of up to ``capacity`` groups (see the module doc), one *group slot*
+    each: :meth:`admit` starts a group in a slot, :meth:`step` advances every admitted group
+    that is not done, :meth:`release` frees the slot. Nothing here waits for the device except
+    :meth:`finished`."""
 
-    def __init__(self, beam_sizes: Sequence[int], patience: Sequence[float | None],
-                 stop_ids: Sequence[frozenset[int]], max_tokens: int,
+    def __init__(self, capacity: int, max_beam: int, max_tokens: int,
                  device: torch.device | str = "cpu") -> None:
-        if not len(beam_sizes) == len(patience) == len(stop_ids):
-            raise ValueError("BeamBatch: beam_sizes, patience and stop_ids differ in length")
-        max_cand = [round(b * (p or 1.0)) for b, p in zip(beam_sizes, patience, strict=True)]
-        for b, p, m in zip(beam_sizes, patience, max_cand, strict=True):
-            if b < 1 or m < 1:
-                raise ValueError(f"beam_size * patience must round to >= 1, got {b} * {p}")
-        dev = torch.device(device)
-        G, B, L = len(beam_sizes), max(beam_sizes, default=1), max_tokens
-        F = max((max(b, m) for b, m in zip(beam_sizes, max_cand, strict=True)), default=1)
-        S = max((len(s) for s in stop_ids), default=0) or 1
+        if capacity < 1 or max_beam < 1 or max_tokens < 1:
+            raise ValueError(f"BeamBatch: capacity, max_beam and max_tokens must be >= 1, got "
+                             f"{capacity}, {max_beam}, {max_tokens}")
+        dev = self.device = torch.device(device)
+        G, B, L = self.G, self.B, self.L = capacity, max_beam, max_tokens
+        F = self.F = B  # finished buffer; admit() widens it to round(beam * patience)
         i64, f64 = torch.int64, torch.float64
-        self.G, self.B, self.L, self.F = G, B, L, F
-        self.beam = torch.tensor(list(beam_sizes), dtype=i64, device=dev)  # [G]
-        self.max_cand = torch.tensor(max_cand, dtype=i64, device=dev)  # [G]
-        self.stop = torch.tensor([sorted(s) + [-1] * (S - len(s)) for s in stop_ids],
-                                 dtype=i64, device=dev).reshape(G, S)  # [G, S] -1 padded
+        self.beam = torch.ones(G, dtype=i64, device=dev)  # [G]
+        self.max_cand = torch.ones(G, dtype=i64, device=dev)  # [G]
+        self.stop = torch.full((G, 1), -1, dtype=i64, device=dev)  # [G, S] -1 padded
         self.live = torch.zeros(G, B, dtype=torch.bool, device=dev)
-        self.live[:, 0] = True  # the prefilled row: one beam
         self.sums = torch.zeros(G, B, dtype=f64, device=dev)
         self.tokens = torch.zeros(G, B, L, dtype=i64, device=dev)
         self.logprobs = torch.zeros(G, B, L, dtype=f64, device=dev)
@@ -89,7 +84,51 @@ class BeamBatch:
         self.fin_sum = torch.zeros(G, F, dtype=f64, device=dev)
         self.fin_stop = torch.full((G, F), float("nan"), dtype=f64, device=dev)  # NaN: length
         self.fin_n = torch.zeros(G, dtype=i64, device=dev)
-        self.done = torch.zeros(G, dtype=torch.bool, device=dev)
+        self.done = torch.ones(G, dtype=torch.bool, device=dev)  # free slots count as done
+
+    def admit(self, slot: int, beam: int, patience: float | None,
+              stop_ids: frozenset[int]) -> None:
+        """Start a group in ``slot``: one live beam (the prefilled row), nothing finished."""
+        max_cand = round(beam * (patience or 1.0))
+        if not 1 <= beam <= self.B or max_cand < 1:
+            raise ValueError(f"beam_size must be 1..{self.B} and beam_size * patience round to "
+                             f">= 1, got {beam} * {patience}")
+        if max_cand > self.F:
+            self._widen(max_cand)
+        if len(stop_ids) > self.stop.shape[1]:  # widen the stop table (host-known shape)
+            pad = torch.full((self.G, len(stop_ids) - self.stop.shape[1]), -1,
+                             dtype=torch.int64, device=self.device)
+            self.stop = torch.cat([self.stop, pad], 1)
+        S = self.stop.shape[1]
+        vals = to_device([beam, max_cand] + sorted(stop_ids) + [-1] * (S - len(stop_ids)),
+                         torch.int64, self.device)
+        self.beam[slot], self.max_cand[slot] = vals[0], vals[1]
+        self.stop[slot] = vals[2:]
+        self.live[slot] = False
+        self.live[slot, 0] = True
+        self.sums[slot] = 0.0
+        self.length[slot] = 0
+        self.fin_n[slot] = 0
+        self.done[slot] = False
+
+    def _widen(self, F: int) -> None:
+        """Room for ``F`` finished sequences per group (host-known shapes: no sync)."""
+        more = F - self.F
+
+        def grow(buf: torch.Tensor, fill: float) -> torch.Tensor:
+            pad = torch.full((self.G, more, *buf.shape[2:]), fill, dtype=buf.dtype,
+                             device=self.device)
+            return torch.cat([buf, pad], 1)
+
+        self.fin_tokens, self.fin_logprobs = grow(self.fin_tokens, 0), grow(self.fin_logprobs, 0)
+        self.fin_len, self.fin_sum = grow(self.fin_len, 0), grow(self.fin_sum, 0)
+        self.fin_stop = grow(self.fin_stop, float("nan"))
+        self.F = F
+
+    def release(self, slot: int) -> None:
+        """The group in ``slot`` is over (finished and read, or aborted)."""
+        self.done[slot] = True
+        self.live[slot] = False
 
     def step(self, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor,
              at_limit: torch.Tensor) -> BeamChoice:
@@ -131,18 +170,11 @@ class BeamBatch:
 
         # finished buffer: a stop candidate ends its source beam (tokens as they are, the stop
         # token's log-prob counts); a filling one is the source beam plus its token
-        src_tok = self.tokens.gather(1, s_src[:, :, None].expand(G, -1, L))  # [G, N, L]
-        src_lp = self.logprobs.gather(1, s_src[:, :, None].expand(G, -1, L))
         col = torch.arange(L, device=dev)[None, None, :]
-        at_len = col == self.length[:, None, None]  # [1|G, 1, L] the next column
-        ext_tok = torch.where(at_len, s_tok[:, :, None], src_tok)
-        ext_lp = torch.where(at_len, s_lp[:, :, None], src_lp)
+        at_len = col == self.length[:, None, None]  # [G, 1, L] the next column
         dest = torch.where(accept, fin_n + ncount - 1,
                            torch.where(fill, fin_after[:, None] + kcount - 1, self.F))  # [G, N]
-        self._write_finished(dest, torch.where(fill[:, :, None], ext_tok, src_tok),
-                             torch.where(fill[:, :, None], ext_lp, src_lp),
-                             self.length[:, None] + fill.long(), s_score,
-                             torch.where(accept, s_lp, float("nan")))
+        self._write_finished(dest, s_src, s_tok, s_lp, s_score, fill, at_len)
         self.fin_n = fin_after + fill.long().sum(1)
 
         # next beams: slot b takes the (b+1)-th kept candidate (groups going on only)
@@ -171,22 +203,30 @@ class BeamBatch:
         self.done = self.done | done
         return BeamChoice(parents, new_tok, self.done)
 
-    def _write_finished(self, dest: torch.Tensor, tok: torch.Tensor, lp: torch.Tensor,
-                        length: torch.Tensor, score: torch.Tensor, stop_lp: torch.Tensor
-                        ) -> None:
-        """Scatter candidates into the finished buffer at ``dest`` [G, N] (``F``: none)."""
-        G, F, L = self.G, self.F, self.L
-        d3 = dest[:, :, None].expand(G, -1, L)
-
-        def put(buf: torch.Tensor, val: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-            pad = torch.cat([buf, buf[:, :1]], 1)  # [G, F + 1, ...] last: a sink
-            return pad.scatter(1, idx, val)[:, :F]
-
-        self.fin_tokens = put(self.fin_tokens, tok, d3)
-        self.fin_logprobs = put(self.fin_logprobs, lp, d3)
-        self.fin_len = put(self.fin_len, length, dest)
-        self.fin_sum = put(self.fin_sum, score, dest)
-        self.fin_stop = put(self.fin_stop, stop_lp, dest)
+    def _write_finished(self, dest: torch.Tensor, src: torch.Tensor, tok: torch.Tensor,
+                        lp: torch.Tensor, score: torch.Tensor, fill: torch.Tensor,
+                        at_len: torch.Tensor) -> None:
+        """Candidates (sorted, [G, N] each) join the finished buffer at ``dest`` (``F``:
+        none): a stop candidate as its source beam, a filling one (``fill``) as its source
+        beam plus its token (at the ``at_len`` column)."""
+        G, F, L, N = self.G, self.F, self.L, dest.shape[1]
+        dev = dest.device
+        writer = torch.full((G, F + 1), -1, dtype=torch.int64, device=dev).scatter_(
+            1, dest, torch.arange(N, device=dev).expand(G, N))[:, :F]  # [G, F] candidate
+        w = writer >= 0
+        wn = writer.clamp(min=0)
+        w_src, w_tok, w_lp = src.gather(1, wn), tok.gather(1, wn), lp.gather(1, wn)
+        w_fill = fill.gather(1, wn)
+        idx = w_src[:, :, None].expand(G, F, L)
+        ext = w_fill[:, :, None] & at_len  # [G, F, L]
+        seq_tok = torch.where(ext, w_tok[:, :, None], self.tokens.gather(1, idx))
+        seq_lp = torch.where(ext, w_lp[:, :, None], self.logprobs.gather(1, idx))
+        w3 = w[:, :, None]
+        self.fin_tokens = torch.where(w3, seq_tok, self.fin_tokens)
+        self.fin_logprobs = torch.where(w3, seq_lp, self.fin_logprobs)
+        self.fin_len = torch.where(w, self.length[:, None] + w_fill.long(), self.fin_len)
+        self.fin_sum = torch.where(w, score.gather(1, wn), self.fin_sum)
+        self.fin_stop = torch.where(w, torch.where(w_fill, float("nan"), w_lp), self.fin_stop)
 
     def finished(self, g: int) -> list[Finished]:
         """Group ``g``'s finished sequences, in the host's order (reads the host once)."""

@@ -70,13 +70,15 @@ def _replay(seed: int, G: int, device: str = "cpu") -> int:
     hosts = [BeamGroup(SimpleNamespace(serial=-1 - g), b, s, None, p)
              for g, (b, s, p) in enumerate(zip(beams, stops, patience, strict=True))]
     ops = _Ops()
-    dev = BeamBatch(beams, patience, stops, max_tokens=max(limits) + 1, device=device)
     B, T = max(beams), max(beams) + 1
+    dev = BeamBatch(G + 1, B, max(limits) + 1, device=device)  # one slot stays free
+    for g in range(G):
+        dev.admit(g, beams[g], patience[g], stops[g])
     done = [False] * G
     step = 0
     while not all(done):
         step += 1
-        toks, lps = _candidates(gen, G, B, T, vocab)
+        toks, lps = _candidates(gen, G + 1, B, T, vocab)
         at_limit = [step >= n for n in limits]
         for g, h in enumerate(hosts):
             if done[g]:
@@ -86,8 +88,9 @@ def _replay(seed: int, G: int, device: str = "cpu") -> int:
                    for b, m in enumerate(h.members)}
             done[g] = h.update(res, at_limit[g], ops)
         choice = dev.step(toks.to(device), lps.to(device),
-                          torch.tensor(at_limit, device=device))
-        assert choice.done.tolist() == done, f"step {step}"
+                          torch.tensor(at_limit + [False], device=device))
+        assert choice.done.tolist() == done + [True], f"step {step}"
+        assert not dev.live[G].any() and int(dev.fin_n[G]) == 0  # the free slot
         for g, h in enumerate(hosts):
             live = dev.live[g].nonzero().flatten().tolist()
             if done[g]:
@@ -116,7 +119,8 @@ def test_device_ranking_matches_host_beam_search(seed):
 
 def test_parents_and_tokens_describe_the_rearrangement():
     """Slot b's new beam is its parent's beam plus its token: the engine's gather plan."""
-    dev = BeamBatch([2], [None], [frozenset({0})], max_tokens=4)
+    dev = BeamBatch(1, 2, 4)
+    dev.admit(0, 2, None, frozenset({0}))
     toks = torch.tensor([[[5, 6, 0], [1, 2, 3]]])
     c1 = dev.step(toks, torch.tensor([[[-0.1, -0.2, -0.3], [-1.0, -1.0, -1.0]]]),
                   torch.tensor([False]))
@@ -131,17 +135,32 @@ def test_parents_and_tokens_describe_the_rearrangement():
     assert [f.tokens for f in dev.finished(0)] == [[6]] and not c2.done.item()
 
 
-def test_bad_patience_is_refused():
-    with pytest.raises(ValueError, match="must round to >= 1"):
-        BeamBatch([1], [0.4], [frozenset({0})], max_tokens=4)
+def test_bad_settings_are_refused_and_slots_are_reused():
+    dev = BeamBatch(2, 3, 4)
+    with pytest.raises(ValueError, match="round to >= 1"):
+        dev.admit(0, 1, 0.4, frozenset({0}))
+    with pytest.raises(ValueError, match="beam_size must be 1..3"):
+        dev.admit(0, 4, None, frozenset({0}))
+    dev.admit(1, 2, 3.0, frozenset({0, 1, 2}))  # widens the finished buffer and stop table
+    assert dev.F == 6 and dev.stop.shape[1] == 3
+    toks = torch.tensor([[[0, 1, 2, 3]] * 3] * 2)
+    lps = torch.tensor([[[-0.1, -0.2, -0.3, -0.4]] * 3] * 2)
+    dev.step(toks, lps, torch.tensor([False, True]))
+    assert dev.done.tolist() == [True, True] and len(dev.finished(1)) == 3
+    dev.release(1)
+    dev.admit(1, 3, None, frozenset({9}))  # a new group starts clean in the same slot
+    assert dev.finished(1) == [] and dev.live[1].tolist() == [True, False, False]
+    dev.step(toks, lps, torch.tensor([False, False]))
+    assert dev.tokens[1, :, 0].tolist() == [0, 1, 2] and not dev.done[1]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_device_step_matches_and_never_syncs():
     assert _replay(0, G=8, device="cuda") >= 1
-    dev = BeamBatch([5] * 64, [None] * 64, [frozenset({0})] * 64, max_tokens=448,
-                    device="cuda")
+    dev = BeamBatch(64, 5, 448, device="cuda")
+    for g in range(64):
+        dev.admit(g, 5, None, frozenset({0}))
     gen = torch.Generator().manual_seed(1)
     toks, lps = (x.cuda() for x in _candidates(gen, 64, 5, 6, 51865))
     at_limit = torch.zeros(64, dtype=torch.bool, device="cuda")
