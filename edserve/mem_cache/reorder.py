@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from edserve.mem_cache.allocator import BaseAllocator
 from edserve.mem_cache.kv_pool import KVPool
 
 
@@ -60,3 +61,32 @@ def reorder_rows(req_to_token: torch.Tensor, kv_pool: KVPool, rows: torch.Tensor
         dst = torch.where(copy, old.gather(1, tail), 0).reshape(-1).long()
         kv_pool.copy_slots(src.to(kv_pool.device), dst.to(kv_pool.device))
     req_to_token.index_copy_(0, rows, new)
+
+
+def private_tails(req_to_token: torch.Tensor, allocator: BaseAllocator, rows: list[int],
+                  lengths: list[int]) -> None:
+    """Rows that share every page of ``lengths[i]`` columns (``fork_rows``) each take a fresh
+    page for the partial last page: its columns ``full .. length - 1`` point at the same
+    offsets of the new page, and the shared page loses this row's hold. No K/V is copied:
+    the page is filled by :func:`reorder_rows` after the forward that writes the shared one
+    (call it with ``dec_start = full`` then). Counts are host-known: sync-free. The caller has
+    reserved the pages (admission), so a shortage raises."""
+    ps = allocator.page_size
+    need = [(r, n) for r, n in zip(rows, lengths, strict=True) if n % ps]
+    if not need:
+        return
+    if len(need) > allocator.book.free_pages.numel():
+        raise RuntimeError("private_tails: no free page (reservation violated)")
+    dev = req_to_token.device
+    new = allocator._take_pages(len(need)).to(dev)  # [K] count 1 each
+    r = torch.tensor([x for x, _ in need], dtype=torch.int64).to(dev)  # [K]
+    n = torch.tensor([x for _, x in need], dtype=torch.int64).to(dev)
+    full = n - n % ps
+    old_page = torch.div(req_to_token[r, full].long(), ps, rounding_mode="floor")
+    allocator._add_refs(old_page.to(allocator.device), -1)  # the forker keeps its hold
+    off = torch.arange(ps, device=dev)[None, :]  # [1, ps]
+    cols = (full[:, None] + off).clamp(max=req_to_token.shape[1] - 1)  # [K, ps]
+    inside = full[:, None] + off < n[:, None]
+    cur = req_to_token[r[:, None], cols]
+    req_to_token[r[:, None], cols] = torch.where(inside, (new[:, None] * ps + off).to(cur.dtype),
+                                                 cur)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from cuda_syncs import count_syncs
 
-from edserve.mem_cache import KVPool, PagedTokenToKVPoolAllocator, ReqToTokenPool
-from edserve.mem_cache.reorder import reorder_rows
+from edserve.mem_cache import KVPool, PagedTokenToKVPoolAllocator, ReqToTokenPool, fork_rows
+from edserve.mem_cache.reorder import private_tails, reorder_rows
 
 from ._helpers import Req, t
 
@@ -21,7 +21,7 @@ class Groups:
     others share its whole encoder pages (one reference each) and own a copy of the rest."""
 
     def __init__(self, ps: int, G: int, B: int, enc: int, prompt: int, steps: int,
-                 device: str = "cpu"):
+                 device: str = "cpu", fork: bool = False):
         width = enc + prompt + steps
         pages = G * B * (-(-width // ps) + 1)
         self.ps, self.G, self.B, self.enc, self.dev = ps, G, B, enc, torch.device(device)
@@ -40,6 +40,15 @@ class Groups:
             vals = self._put(lead)
             self.model.append([list(vals)])
             self.own.append([lead])
+            if fork:  # the engine's way: share every page, a private partial last page
+                fork_rows(self.rtp, self.alloc, [rows[0]] * (B - 1), self.reqs[g][1:],
+                          [enc + prompt] * (B - 1))
+                private_tails(self.rtp.req_to_token, self.alloc, rows[1:],
+                              [enc + prompt] * (B - 1))
+                for b in range(1, B):
+                    self.model[g].append(list(vals))
+                    self.own[g].append(self.rtp.req_to_token[rows[b], :enc + prompt].long())
+                continue
             for b in range(1, B):
                 self.alloc.share(lead[:full:ps])
                 last = t([int(lead[full - 1])]) if full else t([-1])
@@ -62,13 +71,14 @@ class Groups:
     def row(self, g: int, b: int) -> int:
         return self.reqs[g][b].req_pool_idx
 
-    def step(self, parents: list[list[int]]) -> None:
+    def step(self, parents: list[list[int]], dec_start: int | None = None) -> None:
         """Reorder every group by ``parents[g][b]`` (slots), then one new token per row."""
         rows = [self.row(g, b) for g in range(self.G) for b in range(self.B)]
         prow = [self.row(g, parents[g][b]) for g in range(self.G) for b in range(self.B)]
         n = len(rows)
         reorder_rows(self.rtp.req_to_token, self.kv, t(rows).to(self.dev), t(prow).to(self.dev),
-                     t([self.length] * n).to(self.dev), t([self.enc] * n).to(self.dev))
+                     t([self.length] * n).to(self.dev),
+                     t([self.enc if dec_start is None else dec_start] * n).to(self.dev))
         self.model = [[list(self.model[g][p]) for p in parents[g]] for g in range(self.G)]
         L = self.length
         for g in range(self.G):
@@ -111,6 +121,24 @@ def test_reordered_rows_read_their_parents_sequence(ps, enc):
         s.step(parents)
         s.check()
     for grp in s.own:  # the group ends: each row frees what it holds
+        for o in grp:
+            s.alloc.free_page_starts(o[::ps], shared=True)
+    assert s.alloc.num_used() == 0
+
+
+@pytest.mark.parametrize("ps,enc,prompt", [(1, 7, 3), (4, 6, 3), (4, 8, 5), (16, 37, 20),
+                                          (128, 92, 3)])
+def test_forked_rows_get_private_tails_filled_by_the_first_reorder(ps, enc, prompt):
+    """Followers forked from the prefilled row share its whole pages and own a fresh partial
+    page, filled (encoder tail included) by the first reorder (``dec_start = 0``)."""
+    gen = torch.Generator().manual_seed(ps)
+    s = Groups(ps, G=2, B=3, enc=enc, prompt=prompt, steps=ps + 2, fork=True)
+    s.step([[0, 0, 0], [0, 0, 0]], dec_start=0)
+    s.check()
+    for _ in range(ps + 1):
+        s.step(torch.randint(0, 3, (2, 3), generator=gen).tolist())
+        s.check()
+    for grp in s.own:
         for o in grp:
             s.alloc.free_page_starts(o[::ps], shared=True)
     assert s.alloc.num_used() == 0
