@@ -175,7 +175,7 @@ class BeamBatch:
         dest = torch.where(accept, fin_n + ncount - 1,
                            torch.where(fill, fin_after[:, None] + kcount - 1, self.F))  # [G, N]
         self._write_finished(dest, s_src, s_tok, s_lp, s_score, fill, at_len)
-        self.fin_n = fin_after + fill.long().sum(1)
+        self.fin_n.copy_(fin_after + fill.long().sum(1))
 
         # next beams: slot b takes the (b+1)-th kept candidate (groups going on only)
         go = kept & ~done[:, None]
@@ -195,12 +195,12 @@ class BeamBatch:
         moved_tok = torch.where(at_len, new_tok[:, :, None], self.tokens.gather(1, src))
         moved_lp = torch.where(at_len, new_lp[:, :, None], self.logprobs.gather(1, src))
         g3 = going[:, None, None]
-        self.tokens = torch.where(g3, moved_tok, self.tokens)
-        self.logprobs = torch.where(g3, moved_lp, self.logprobs)
-        self.sums = torch.where(going[:, None], new_sum, self.sums)
-        self.live = torch.where(going[:, None], parents >= 0, self.live & ~done[:, None])
-        self.length = self.length + going.long()
-        self.done = self.done | done
+        self.tokens.copy_(torch.where(g3, moved_tok, self.tokens))
+        self.logprobs.copy_(torch.where(g3, moved_lp, self.logprobs))
+        self.sums.copy_(torch.where(going[:, None], new_sum, self.sums))
+        self.live.copy_(torch.where(going[:, None], parents >= 0, self.live & ~done[:, None]))
+        self.length.copy_(self.length + going.long())
+        self.done.copy_(self.done | done)
         return BeamChoice(parents, new_tok, self.done)
 
     def _write_finished(self, dest: torch.Tensor, src: torch.Tensor, tok: torch.Tensor,
@@ -222,11 +222,11 @@ class BeamBatch:
         seq_tok = torch.where(ext, w_tok[:, :, None], self.tokens.gather(1, idx))
         seq_lp = torch.where(ext, w_lp[:, :, None], self.logprobs.gather(1, idx))
         w3 = w[:, :, None]
-        self.fin_tokens = torch.where(w3, seq_tok, self.fin_tokens)
-        self.fin_logprobs = torch.where(w3, seq_lp, self.fin_logprobs)
-        self.fin_len = torch.where(w, self.length[:, None] + w_fill.long(), self.fin_len)
-        self.fin_sum = torch.where(w, score.gather(1, wn), self.fin_sum)
-        self.fin_stop = torch.where(w, torch.where(w_fill, float("nan"), w_lp), self.fin_stop)
+        self.fin_tokens.copy_(torch.where(w3, seq_tok, self.fin_tokens))
+        self.fin_logprobs.copy_(torch.where(w3, seq_lp, self.fin_logprobs))
+        self.fin_len.copy_(torch.where(w, self.length[:, None] + w_fill.long(), self.fin_len))
+        self.fin_sum.copy_(torch.where(w, score.gather(1, wn), self.fin_sum))
+        self.fin_stop.copy_(torch.where(w, torch.where(w_fill, float("nan"), w_lp), self.fin_stop))
 
     def finished(self, g: int) -> list[Finished]:
         """Group ``g``'s finished sequences, in the host's order (reads the host once)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from edserve.mem_cache.allocator import BaseAllocator
+from edserve.mem_cache.fork import _host_list
 from edserve.mem_cache.kv_pool import KVPool
 
 
@@ -79,8 +80,8 @@ def private_tails(req_to_token: torch.Tensor, allocator: BaseAllocator, rows: li
         raise RuntimeError("private_tails: no free page (reservation violated)")
     dev = req_to_token.device
     new = allocator._take_pages(len(need)).to(dev)  # [K] count 1 each
-    r = torch.tensor([x for x, _ in need], dtype=torch.int64).to(dev)  # [K]
-    n = torch.tensor([x for _, x in need], dtype=torch.int64).to(dev)
+    rn = _host_list([x for x, _ in need] + [x for _, x in need], dev)
+    r, n = rn[:len(need)], rn[len(need):]  # [K] rows, lengths
     full = n - n % ps
     old_page = torch.div(req_to_token[r, full].long(), ps, rounding_mode="floor")
     allocator._add_refs(old_page.to(allocator.device), -1)  # the forker keeps its hold
