@@ -228,11 +228,20 @@ class BeamBatch:
         self.fin_sum.copy_(torch.where(w, score.gather(1, wn), self.fin_sum))
         self.fin_stop.copy_(torch.where(w, torch.where(w_fill, float("nan"), w_lp), self.fin_stop))
 
-    def finished(self, g: int) -> list[Finished]:
-        """Group ``g``'s finished sequences, in the host's order (reads the host once)."""
-        n = int(self.fin_n[g])
-        lens = self.fin_len[g, :n].tolist()
-        toks, lps = self.fin_tokens[g, :n].tolist(), self.fin_logprobs[g, :n].tolist()
-        sums, stops = self.fin_sum[g, :n].tolist(), self.fin_stop[g, :n].tolist()
-        return [Finished(t[:k], p[:k], s, None if st != st else st)
-                for t, p, k, s, st in zip(toks, lps, lens, sums, stops, strict=True)]
+    def finished(self, slots: list[int]) -> list[list[Finished]]:
+        """The finished sequences of the groups in ``slots``, in the host's order (one read
+        of the host for all)."""
+        idx = to_device(slots, torch.int64, self.device)
+        ints = torch.cat([self.fin_n[idx][:, None], self.fin_len[idx],
+                          self.fin_tokens[idx].reshape(len(slots), -1)], 1).tolist()
+        floats = torch.cat([self.fin_sum[idx], self.fin_stop[idx],
+                            self.fin_logprobs[idx].reshape(len(slots), -1)], 1).tolist()
+        F, L = self.F, self.L
+        out = []
+        for row, frow in zip(ints, floats, strict=True):
+            n, lens, toks = row[0], row[1:1 + F], row[1 + F:]
+            sums, stops, lps = frow[:F], frow[F:2 * F], frow[2 * F:]
+            out.append([Finished(toks[f * L:f * L + lens[f]], lps[f * L:f * L + lens[f]],
+                                 sums[f], None if stops[f] != stops[f] else stops[f])
+                        for f in range(n)])
+        return out

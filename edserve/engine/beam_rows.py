@@ -126,16 +126,18 @@ class DeviceBeams:
             rtp.free(r)
             r.kv_len = 0
 
-    def close(self, group: DeviceBeamGroup, read: bool) -> None:
-        """The group is over: read its finished sequences (``read``: one host sync) and free
-        its slot."""
-        if group.slot is None:
-            return
-        if read:
-            group.finished_rows = self.state.finished(group.slot)
-        self.state.release(group.slot)
-        self._free.append(group.slot)
-        group.slot = None
+    def close(self, groups: list[DeviceBeamGroup], read: bool = True) -> None:
+        """The groups are over: read their finished sequences (``read``: one host read for
+        all) and free their slots."""
+        groups = [g for g in groups if g.slot is not None]
+        if read and groups:
+            for g, fin in zip(groups, self.state.finished([g.slot for g in groups]),
+                              strict=True):
+                g.finished_rows = fin
+        for g in groups:
+            self.state.release(g.slot)
+            self._free.append(g.slot)
+            g.slot = None
 
     def holder(self, req: Req) -> torch.Tensor:
         """The slots ``req``'s row holds a reference on (for the integrity check)."""

@@ -37,7 +37,7 @@ class RowGroupSteps:
             self.running.remove(r)
         if getattr(group, "on_device", False):
             self.beams.release(rows)
-            self.beams.close(group, read=False)
+            self.beams.close([group], read=False)
         else:
             release(self.pools, rows)
         self._finish_group(group, reason, error)
@@ -72,9 +72,11 @@ class RowGroupSteps:
 
     def _update_device_groups(self, sched: ScheduledBatch, output: StepOutput,
                               no_speech: list[float | None]) -> None:
-        """Device beam groups: only their done flags come to the host; a done group reads
-        its finished sequences once and frees its rows."""
+        """Device beam groups: only their done flags come to the host; the groups done at this
+        step read their finished sequences (one host read for all) and free their rows (one
+        free group: one sync)."""
         done = output.fetch_beam_done()
+        ended = []
         for i, req in enumerate(sched.reqs):
             group = req.group
             if not is_device_row(req) or group.slot is None or req is not group.leader:
@@ -83,13 +85,23 @@ class RowGroupSteps:
                 req.no_speech_prob = no_speech[i]
             self.num_generated_tokens += 1
             if done[group.slot]:
+                ended.append(group)
+        if not ended:
+            return
+        self.beams.close(ended)
+        alloc = self.pools.allocator
+        alloc.free_group_begin()
+        try:
+            for group in ended:
                 rows = [r for r in self.running if r.group is group]
                 for r in rows:
                     self.running.remove(r)
                     r.finish_reason = FinishReason.STOP
-                self.beams.close(group, read=True)
                 self.beams.release(rows)
-                self._finish_group(group, FinishReason.STOP)
+        finally:
+            alloc.free_group_end()
+        for group in ended:
+            self._finish_group(group, FinishReason.STOP)
 
     def _finish_group(self, group: RowGroup, reason: FinishReason,
                       error: str | None = None) -> None:

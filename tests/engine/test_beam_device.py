@@ -95,7 +95,7 @@ def _replay(seed: int, G: int, device: str = "cpu") -> int:
             live = dev.live[g].nonzero().flatten().tolist()
             if done[g]:
                 assert live == []
-                fin = dev.finished(g)
+                fin = dev.finished([g])[0]
                 assert fin == h.finished, f"group {g}"
                 for penalty in (None, 0.0, 0.6, 1.0):
                     assert best(fin, penalty) == best(h.finished, penalty)
@@ -108,7 +108,7 @@ def _replay(seed: int, G: int, device: str = "cpu") -> int:
                 [h.hyps[m.serial].logprobs for m in h.members]
             assert dev.sums[g, live].tolist() == [h.hyps[m.serial].sum_logprob
                                                   for m in h.members]
-            assert dev.finished(g) == h.finished
+            assert dev.finished([g])[0] == h.finished
     return step
 
 
@@ -132,7 +132,7 @@ def test_parents_and_tokens_describe_the_rearrangement():
                   torch.tensor([False]))
     assert c2.parents.tolist() == [[1, 1]] and c2.tokens.tolist() == [[4, 2]]
     assert dev.tokens[0, :, :2].tolist() == [[6, 4], [6, 2]]
-    assert [f.tokens for f in dev.finished(0)] == [[6]] and not c2.done.item()
+    assert [f.tokens for f in dev.finished([0])[0]] == [[6]] and not c2.done.item()
 
 
 def test_bad_settings_are_refused_and_slots_are_reused():
@@ -146,10 +146,10 @@ def test_bad_settings_are_refused_and_slots_are_reused():
     toks = torch.tensor([[[0, 1, 2, 3]] * 3] * 2)
     lps = torch.tensor([[[-0.1, -0.2, -0.3, -0.4]] * 3] * 2)
     dev.step(toks, lps, torch.tensor([False, True]))
-    assert dev.done.tolist() == [True, True] and len(dev.finished(1)) == 3
+    assert dev.done.tolist() == [True, True] and len(dev.finished([1])[0]) == 3
     dev.release(1)
     dev.admit(1, 3, None, frozenset({9}))  # a new group starts clean in the same slot
-    assert dev.finished(1) == [] and dev.live[1].tolist() == [True, False, False]
+    assert dev.finished([1])[0] == [] and dev.live[1].tolist() == [True, False, False]
     dev.step(toks, lps, torch.tensor([False, False]))
     assert dev.tokens[1, :, 0].tolist() == [0, 1, 2] and not dev.done[1]
 

@@ -131,3 +131,33 @@ def test_abort_device_group_midway_frees_everything(random_whisper):
     again = engine.generate([GenerateRequest(PROMPT, _mels(1)[0], SamplingParams(
         beam_size=4, max_new_tokens=5))])[0]  # the group slot is reused
     assert again.error is None and len(again.token_ids) == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("strategy", ["flat", "aligned"])
+def test_beam_decode_steps_sync_once_on_cuda(tmp_path, strategy):
+    """On CUDA with graphs: a steady step of beam groups beside greedy rows waits on the
+    device once (its results' copy, with overlap one step late); a step where groups end
+    reads their sequences and frees their pages (at most 3)."""
+    from cuda_syncs import count_syncs
+    from whisper_fixtures import make_random_whisper
+
+    folder = make_random_whisper(tmp_path)
+    engine = build_engine(model=str(folder), device="cuda", page_size="128",
+                          encoder_kv=strategy, max_running_requests=32, debug_checks=False,
+                          beam_on_device=True, overlap_schedule="on")
+    gen = torch.Generator().manual_seed(0)
+    for i in range(6):
+        mel = (torch.randn(80, 3000, generator=gen) * 0.5).cuda()
+        sp = SamplingParams(max_new_tokens=20 + 3 * i, ignore_eos=True,
+                            beam_size=4 if i % 2 else 1)
+        engine.add_request(GenerateRequest(PROMPT, mel, sp))
+    for _ in range(4):
+        engine.step()
+    steps = 10
+    syncs = count_syncs(lambda: [engine.step() for _ in range(steps)])
+    assert syncs <= steps, f"{syncs} syncs in {steps} steps"
+    while engine.has_work():
+        assert count_syncs(engine.step) <= 3
+    engine.check_integrity()
