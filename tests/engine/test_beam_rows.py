@@ -161,3 +161,28 @@ def test_beam_decode_steps_sync_once_on_cuda(tmp_path, strategy):
     while engine.has_work():
         assert count_syncs(engine.step) <= 3
     engine.check_integrity()
+
+
+def test_device_beams_reuse_and_keep_encoder_regions(random_whisper):
+    """A device beam group on a held encoder region (the fallback's reuse), and one that
+    keeps its region: the host beams' tokens, and every page back once the handles go."""
+    mel = _mels(1, seed=1)[0]
+    tokens = []
+    for on in (False, True):
+        e = build_engine(model=str(random_whisper), page_size="128", encoder_kv="flat",
+                         max_running_requests=8, debug_checks=True, beam_on_device=on)
+        held = e.generate([GenerateRequest(PROMPT, mel, SamplingParams(max_new_tokens=4),
+                                           keep_encoder=True)])[0].encoder_kv
+        outs = e.generate([
+            GenerateRequest(PROMPT, mel, SamplingParams(beam_size=3, max_new_tokens=8),
+                            encoder_kv=held),
+            GenerateRequest(PROMPT, mel, SamplingParams(beam_size=4, max_new_tokens=6),
+                            keep_encoder=True)])
+        e.check_integrity()
+        e.release_encoder(held)
+        e.release_encoder(outs[1].encoder_kv)
+        e.step()
+        e.check_integrity()
+        assert e.pools.allocator.num_used() == 0
+        tokens.append([o.token_ids for o in outs])
+    assert tokens[0] == tokens[1]
