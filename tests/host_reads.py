@@ -24,7 +24,7 @@ def host_reads_raise(monkeypatch, backend):
     def guard(name, original):
         def wrapper(self, *args, **kwargs):
             if not state["allowed"]:
-                raise HostRead(f"Tensor.{name} in a prefill step")
+                raise HostRead(f"Tensor.{name} in a step that must not read the device")
             return original(self, *args, **kwargs)
         return wrapper
 
