@@ -29,7 +29,7 @@ from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
 from edserve.engine.row_group import Finished, best
 from edserve.engine.token_history import TokenHistory
-from edserve.mem_cache import fork_rows, private_tails, reorder_rows, row_page_starts
+from edserve.mem_cache import fork_rows, private_tails, reorder_rows
 
 
 class DeviceBeamGroup(BeamGroup):
@@ -115,13 +115,36 @@ class DeviceBeams:
         self.own[rows, cols] = self.pools.req_to_token_pool.req_to_token[rows, cols]
 
     def release(self, rows: list[Req]) -> None:
-        """Free rows of device groups: every page they own loses their hold."""
+        """Free whole device groups' rows (every row of each group at once) without a host
+        read: which pages reach count 0 is known from columns. With ``ps`` the page size,
+        ``H`` the leader's leading pages held elsewhere (the group's encoder hold: the
+        encoder region's pages; a reused region: its whole pages) and ``Pf`` the prefill's
+        whole pages (the followers forked them), a follower drops its hold on pages
+        ``< Pf`` and frees the rest (its own), the leader drops pages ``< H`` and frees the
+        rest after the followers' drops, so each freed page goes from count 1 to 0."""
         rtp, alloc = self.pools.req_to_token_pool, self.pools.allocator
+        ps = alloc.page_size
+        drop: list[tuple[int, int, int]] = []  # (row, first page, end page) to drop / free
+        free: list[tuple[int, int, int]] = []
         holding = [r for r in rows if r.req_pool_idx is not None]
-        if holding:
-            alloc.free_page_starts(row_page_starts(
-                rtp, [r.req_pool_idx for r in holding], [r.row_len for r in holding],
-                alloc.page_size, table=self.own), shared=True)
+        for r in holding:
+            g, n = r.group, -(-r.row_len // ps)
+            enc = r.enc_region
+            held = -(-enc // ps) if g.hold is not None else enc // ps  # H
+            pf = min((enc + len(r.prompt_ids)) // ps, n)
+            cut = min(held, n) if r is g.leader else pf
+            drop.append((r.req_pool_idx, 0, cut))
+            free.append((r.req_pool_idx, cut, n))
+        for spans, fn in ((drop, alloc.drop_holds),
+                          (free, lambda s: alloc.free_page_starts(s, shared=False))):
+            flat = [c * ps for _, a, b in spans for c in range(a, b)]
+            which = [i for i, (_, a, b) in enumerate(spans) for _ in range(a, b)]
+            if not flat:
+                continue
+            idx = to_device([spans[i][0] for i in which] + flat, torch.int64,
+                            self.pools.device)
+            k = len(flat)
+            fn(self.own[idx[:k], idx[k:]].long())
         for r in holding:
             rtp.free(r)
             r.kv_len = 0
