@@ -10,7 +10,13 @@ import pytest
 import torch
 from cuda_syncs import count_syncs
 
-from edserve.mem_cache import KVPool, PagedTokenToKVPoolAllocator, ReqToTokenPool, fork_rows
+from edserve.mem_cache import (
+    KVPool,
+    PagedTokenToKVPoolAllocator,
+    RefcountError,
+    ReqToTokenPool,
+    fork_rows,
+)
 from edserve.mem_cache.reorder import private_tails, reorder_rows
 
 from ._helpers import Req, t
@@ -156,3 +162,17 @@ def test_reorder_is_sync_free_on_cuda():
     enc = torch.full((n,), 37, device="cuda")
     assert count_syncs(lambda: reorder_rows(s.rtp.req_to_token, s.kv, rows, par, lens,
                                             enc)) == 0
+
+
+def test_drop_holds_keeps_pages_and_refuses_a_last_holder():
+    alloc = PagedTokenToKVPoolAllocator(8 * 4, 4, debug=True)
+    slots = alloc.alloc_extend(t([0]), t([8]), t([-1]), 8)  # two pages, count 1
+    alloc.share(slots[::4])  # count 2
+    free_before = alloc.available_size()
+    alloc.drop_holds(slots[::4])
+    assert alloc.refcounts()[(slots[::4] // 4).tolist()].tolist() == [1, 1]
+    assert alloc.available_size() == free_before  # nothing released
+    with pytest.raises(RefcountError, match="last holder"):
+        alloc.drop_holds(slots[:1])
+    alloc.free_page_starts(slots[::4])
+    assert alloc.num_used() == 0
