@@ -12,8 +12,11 @@ done flag in the step's host copy. Dead slots mirror slot 0's beam (their result
 
 Pages: a row *owns* the pages it allocated or forked (``own``: its page table without the
 reorders; reference counts count owners), while its page table may name any whole page of its
-group; the group's rows free their own pages when it ends. Admission's reservation covers
-this: each row allocates at most what a one-row request of the group's length would.
+group; the group's rows free their own pages when it ends, without a host read
+(:meth:`DeviceBeams.release`). Admission's reservation covers this: each row allocates at most
+what a one-row request of the group's length would. A step in which groups end reads their
+finished sequences once (one host read for all of them); other steps read nothing but the
+step's results copy.
 """
 
 from __future__ import annotations
