@@ -1,11 +1,12 @@
 """Beam choice on the device: :class:`~edserve.engine.beam_search.BeamGroup`'s step as tensor
 ops over every beam group of a batch, so the host need only learn which groups are done.
 
-Each group has ``B`` fixed *slots* (its beam size, padded to the batch's largest): slot ``b``
-holds the group's ``b``-th best live beam (the host version's member order), so a step's
-result is a parent index per slot (the slot it continues) plus its new token, which the engine
-can apply to rows, page tables and token histories as gathers. Nothing here reads a value on
-the host except :meth:`BeamBatch.finished`, called once per group when it is done.
+Each group has ``B`` fixed *slots* (rows; the largest beam size): ``rank_slot[g, k]`` is the
+slot of the group's ``k``-th beam in the host version's member order (which breaks ties). A
+step's result is a parent slot per slot plus its new token, which the engine applies to rows,
+page tables and token histories as gathers; a beam's first continuation stays in its slot and
+only the others move (a moved row copies its partial last page). Nothing here reads a value on
+the host except :meth:`BeamBatch.finished`, called once for the groups done at a step.
 
 Semantics are openai-whisper's, exactly as ``BeamGroup.update`` implements them (its tests are
 the oracle; ``tests/engine/test_beam_device.py`` replays random steps through both):
@@ -53,6 +54,7 @@ class BeamChoice:
     parents: torch.Tensor  # [G, B] int64 slot each new beam continues (-1: no beam there)
     tokens: torch.Tensor  # [G, B] int64 its new token (0 where no beam)
     done: torch.Tensor  # [G] bool the group finished at this step (or before)
+    lead: torch.Tensor  # [G] int64 the best new beam's parent slot (-1: the group is done)
 
 
 class BeamBatch:
@@ -78,6 +80,7 @@ class BeamBatch:
         self.tokens = torch.zeros(G, B, L, dtype=i64, device=dev)
         self.logprobs = torch.zeros(G, B, L, dtype=f64, device=dev)
         self.length = torch.zeros(G, dtype=i64, device=dev)
+        self.rank_slot = torch.arange(B, device=dev).repeat(G, 1)  # [G, B] member k's slot
         self.fin_tokens = torch.zeros(G, F, L, dtype=i64, device=dev)
         self.fin_logprobs = torch.zeros(G, F, L, dtype=f64, device=dev)
         self.fin_len = torch.zeros(G, F, dtype=i64, device=dev)
@@ -108,6 +111,7 @@ class BeamBatch:
         self.live[slot, 0] = True
         self.sums[slot] = 0.0
         self.length[slot] = 0
+        self.rank_slot[slot] = torch.arange(self.B, device=self.device)
         self.fin_n[slot] = 0
         self.done[slot] = False
 
@@ -142,17 +146,21 @@ class BeamBatch:
         T = cand_tokens.shape[2]
         dev = self.live.device
         active = ~self.done  # [G]
-        lp = cand_logprobs.to(torch.float64)
+        o = self.rank_slot  # [G, B] the slot of each beam, in member order (ties)
+        o3 = o[:, :, None].expand(G, B, T)
+        lp = cand_logprobs.to(torch.float64).gather(1, o3)  # [G, B, T] member order
+        ct = cand_tokens.gather(1, o3)
         t_idx = torch.arange(T, device=dev)
-        valid = (self.live & active[:, None])[:, :, None] \
+        valid = (self.live.gather(1, o) & active[:, None])[:, :, None] \
             & (t_idx[None, None, :] <= self.beam[:, None, None]) & (lp > float("-inf"))
-        score = torch.where(valid, self.sums[:, :, None] + lp, float("-inf")).reshape(G, B * T)
+        score = torch.where(valid, self.sums.gather(1, o)[:, :, None] + lp,
+                            float("-inf")).reshape(G, B * T)
         order = torch.sort(score, dim=1, descending=True, stable=True).indices  # [G, N]
         s_score = score.gather(1, order)
-        s_tok = cand_tokens.reshape(G, B * T).gather(1, order)
+        s_tok = ct.reshape(G, B * T).gather(1, order)
         s_lp = lp.reshape(G, B * T).gather(1, order)
         s_valid = valid.reshape(G, B * T).gather(1, order)
-        s_src = order // T  # [G, N] source slot
+        s_src = o.gather(1, order // T)  # [G, N] source slot
         is_stop = (s_tok[:, :, None] == self.stop[:, None, :]).any(-1)  # [G, N]
         nonstop = s_valid & ~is_stop
         kcount = torch.cumsum(nonstop.long(), 1)  # [G, N] kept so far, this one included
@@ -177,19 +185,22 @@ class BeamBatch:
         self._write_finished(dest, s_src, s_tok, s_lp, s_score, fill, at_len)
         self.fin_n.copy_(fin_after + fill.long().sum(1))
 
-        # next beams: slot b takes the (b+1)-th kept candidate (groups going on only)
+        # next beams, in member order: the (k+1)-th kept candidate is beam k; a source's
+        # first continuation stays in its slot, the others take free slots (fewest moves)
         go = kept & ~done[:, None]
-        slot = torch.where(go, kcount - 1, B)  # [G, N] B: nowhere
-        parents = torch.full((G, B + 1), -1, dtype=torch.int64, device=dev)
-        parents.scatter_(1, slot, torch.where(go, s_src, -1))
-        new_tok = torch.zeros(G, B + 1, dtype=torch.int64, device=dev).scatter_(
-            1, slot, torch.where(go, s_tok, 0))
-        new_sum = torch.zeros(G, B + 1, dtype=torch.float64, device=dev).scatter_(
-            1, slot, torch.where(go, s_score, 0.0))
-        new_lp = torch.zeros(G, B + 1, dtype=torch.float64, device=dev).scatter_(
-            1, slot, torch.where(go, s_lp, 0.0))
-        parents, new_tok, new_sum, new_lp = (x[:, :B] for x in (parents, new_tok, new_sum,
-                                                                 new_lp))
+        rank = torch.where(go, kcount - 1, B)  # [G, N] B: nowhere
+
+        def by_rank(v: torch.Tensor, fill) -> torch.Tensor:  # [G, N] -> [G, B] per new beam
+            out = torch.full((G, B + 1), fill, dtype=v.dtype, device=dev)
+            return out.scatter_(1, rank, torch.where(go, v, fill))[:, :B]
+
+        src_r, tok_r = by_rank(s_src, -1), by_rank(s_tok, 0)
+        sum_r, lp_r = by_rank(s_score, 0.0), by_rank(s_lp, 0.0)
+        slot = self._assign_slots(src_r)  # [G, B] slot of each new beam (a permutation)
+        parents = torch.full((G, B), -1, dtype=torch.int64, device=dev).scatter_(1, slot, src_r)
+        new_tok = torch.zeros(G, B, dtype=torch.int64, device=dev).scatter_(1, slot, tok_r)
+        new_sum = torch.zeros(G, B, dtype=torch.float64, device=dev).scatter_(1, slot, sum_r)
+        new_lp = torch.zeros(G, B, dtype=torch.float64, device=dev).scatter_(1, slot, lp_r)
         going = active & ~done  # [G]
         src = parents.clamp(min=0)[:, :, None].expand(G, B, L)
         moved_tok = torch.where(at_len, new_tok[:, :, None], self.tokens.gather(1, src))
@@ -200,8 +211,30 @@ class BeamBatch:
         self.sums.copy_(torch.where(going[:, None], new_sum, self.sums))
         self.live.copy_(torch.where(going[:, None], parents >= 0, self.live & ~done[:, None]))
         self.length.copy_(self.length + going.long())
+        self.rank_slot.copy_(torch.where(going[:, None], slot, self.rank_slot))
         self.done.copy_(self.done | done)
-        return BeamChoice(parents, new_tok, self.done)
+        return BeamChoice(parents, new_tok, self.done, torch.where(going, src_r[:, 0], -1))
+
+    def _assign_slots(self, src: torch.Tensor) -> torch.Tensor:
+        """[G, B] new beams' source slots (member order, -1: none) -> the slot each takes: a
+        source's first continuation keeps the source's slot, the others take the free slots
+        in order, beams that do not exist the rest (a permutation of the slots)."""
+        G, B = src.shape
+        dev = src.device
+        ok = src >= 0
+        same = (src[:, :, None] == src[:, None, :]) & ok[:, None, :]  # [G, k, k']
+        earlier = torch.ones(B, B, dtype=torch.bool, device=dev).tril(-1)  # k' < k
+        first = ok & ~(same & earlier).any(-1)  # [G, B]
+        used = torch.zeros(G, B + 1, dtype=torch.bool, device=dev).scatter_(
+            1, torch.where(first, src, B), True)[:, :B]  # slots kept by a first continuation
+        free_at = torch.cumsum((~used).long(), 1) - 1  # [G, B] position among free slots
+        free = torch.full((G, B + 1), B, dtype=torch.int64, device=dev).scatter_(
+            1, torch.where(used, B, free_at), torch.arange(B, device=dev).expand(G, B))[:, :B]
+        fork = ok & ~first
+        nth = torch.where(fork, torch.cumsum(fork.long(), 1) - 1,
+                          fork.long().sum(1, keepdim=True)
+                          + torch.arange(B, device=dev) - ok.long().sum(1, keepdim=True))
+        return torch.where(first, src, free.gather(1, nth.clamp(0, B - 1)))
 
     def _write_finished(self, dest: torch.Tensor, src: torch.Tensor, tok: torch.Tensor,
                         lp: torch.Tensor, score: torch.Tensor, fill: torch.Tensor,

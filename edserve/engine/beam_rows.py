@@ -8,7 +8,7 @@ leader prefills and the followers fork it (every page shared, a private partial 
 (:class:`~edserve.engine.beam_device.BeamBatch`, slot ``b`` = row ``b`` of the group), makes
 each row take its new beam's sequence (page tables and the partial page's K/V:
 :func:`~edserve.mem_cache.reorder.reorder_rows`; token history) and leaves a ``[capacity]``
-done flag in the step's host copy. Dead slots mirror slot 0's beam (their results are ignored).
+done flag in the step's host copy. Dead slots mirror the best beam (their results are ignored).
 
 Pages: a row *owns* the pages it allocated or forked (``own``: its page table without the
 reorders; reference counts count owners), while its page table may name any whole page of its
@@ -217,7 +217,7 @@ class DeviceBeams:
         cl[plan.cand_g, plan.cand_b, :kk] = lps.float()
         choice = st.step(ct, cl, plan.at_limit)
         par = choice.parents[plan.g, plan.b]  # [P] slot, -1: dead or done
-        first = choice.parents[plan.g, 0]
+        first = choice.lead[plan.g]  # dead rows mirror the best beam
         par = torch.where(par >= 0, par, torch.where(first >= 0, first, plan.b))
         parent_rows = plan.row_of[plan.g, par]
         kv = self.pools.kv_pool

@@ -87,6 +87,9 @@ def _replay(seed: int, G: int, device: str = "cpu") -> int:
                                                          lps[g, b].tolist(), strict=True)))
                    for b, m in enumerate(h.members)}
             done[g] = h.update(res, at_limit[g], ops)
+        slots = dev.rank_slot.cpu()  # the device reads candidates per slot (row)
+        toks = torch.zeros_like(toks).scatter_(1, slots[:, :, None].expand_as(toks), toks)
+        lps = torch.zeros_like(lps).scatter_(1, slots[:, :, None].expand_as(lps), lps)
         choice = dev.step(toks.to(device), lps.to(device),
                           torch.tensor(at_limit + [False], device=device))
         assert choice.done.tolist() == done + [True], f"step {step}"
@@ -101,13 +104,15 @@ def _replay(seed: int, G: int, device: str = "cpu") -> int:
                     assert best(fin, penalty) == best(h.finished, penalty)
                 continue
             n = int(dev.length[g])
-            assert live == list(range(len(h.members))), f"group {g} step {step}"
-            assert [dev.tokens[g, b, :n].tolist() for b in live] == \
+            ranks = dev.rank_slot[g, :len(h.members)].tolist()  # member order
+            assert sorted(ranks) == live, f"group {g} step {step}"
+            assert sorted(dev.rank_slot[g].tolist()) == list(range(B))  # a permutation
+            assert [dev.tokens[g, b, :n].tolist() for b in ranks] == \
                 [h.hyps[m.serial].tokens for m in h.members]
-            assert [dev.logprobs[g, b, :n].tolist() for b in live] == \
+            assert [dev.logprobs[g, b, :n].tolist() for b in ranks] == \
                 [h.hyps[m.serial].logprobs for m in h.members]
-            assert dev.sums[g, live].tolist() == [h.hyps[m.serial].sum_logprob
-                                                  for m in h.members]
+            assert dev.sums[g, ranks].tolist() == [h.hyps[m.serial].sum_logprob
+                                                   for m in h.members]
             assert dev.finished([g])[0] == h.finished
     return step
 
@@ -118,7 +123,8 @@ def test_device_ranking_matches_host_beam_search(seed):
 
 
 def test_parents_and_tokens_describe_the_rearrangement():
-    """Slot b's new beam is its parent's beam plus its token: the engine's gather plan."""
+    """Slot b's new beam is its parent's beam plus its token (the engine's gather plan); a
+    beam's first continuation keeps its slot."""
     dev = BeamBatch(1, 2, 4)
     dev.admit(0, 2, None, frozenset({0}))
     toks = torch.tensor([[[5, 6, 0], [1, 2, 3]]])
@@ -130,8 +136,10 @@ def test_parents_and_tokens_describe_the_rearrangement():
     c2 = dev.step(torch.tensor([[[7, 8, 9], [4, 0, 2]]]),
                   torch.tensor([[[-5.0, -5.0, -5.0], [-0.1, -0.2, -0.3]]]),
                   torch.tensor([False]))
-    assert c2.parents.tolist() == [[1, 1]] and c2.tokens.tolist() == [[4, 2]]
-    assert dev.tokens[0, :, :2].tolist() == [[6, 4], [6, 2]]
+    # slot 1's first continuation stays in slot 1, the second takes the free slot 0
+    assert c2.parents.tolist() == [[1, 1]] and c2.tokens.tolist() == [[2, 4]]
+    assert dev.rank_slot[0].tolist() == [1, 0] and c2.lead.tolist() == [1]
+    assert dev.tokens[0, :, :2].tolist() == [[6, 2], [6, 4]]
     assert [f.tokens for f in dev.finished([0])[0]] == [[6]] and not c2.done.item()
 
 
