@@ -99,11 +99,9 @@ def fork_row(rtp: ReqToTokenPool, allocator: BaseAllocator, parent_row: int, chi
 
 
 def row_page_starts(rtp: ReqToTokenPool, rows: Sequence[int], lengths: Sequence[int],
-                    page_size: int, table: torch.Tensor | None = None) -> torch.Tensor:
+                    page_size: int) -> torch.Tensor:
     """int64 [sum ceil(len / ps)]: the first slot of every page of each row's first
-    ``lengths[i]`` columns (columns 0, ps, 2 ps, ...), row after row; one gather, no sync.
-    ``table``: read this [rows + 1, C] table instead of ``req_to_token`` (beam rows' own
-    pages, :mod:`edserve.engine.beam_rows`)."""
+    ``lengths[i]`` columns (columns 0, ps, 2 ps, ...), row after row; one gather, no sync."""
     dev = rtp.device
     npages = [-(-n // page_size) for n in lengths]
     width = max(npages, default=0)
@@ -111,8 +109,7 @@ def row_page_starts(rtp: ReqToTokenPool, rows: Sequence[int], lengths: Sequence[
         return torch.zeros(0, dtype=torch.int64, device=dev)
     flat = [i * width + j for i, n in enumerate(npages) for j in range(n)]
     idx = _host_list(list(rows) + flat, dev)
-    src = rtp.req_to_token if table is None else table
-    firsts = src.index_select(0, idx[:len(rows)])[:, :width * page_size:page_size]
+    firsts = rtp.req_to_token.index_select(0, idx[:len(rows)])[:, :width * page_size:page_size]
     return firsts.reshape(-1).index_select(0, idx[len(rows):]).to(torch.int64)
 
 
