@@ -20,6 +20,7 @@ Per config (strategy:page_size) and concurrency (requests; beam rows = concurren
 
   python benchmarks/beam_gpu.py --concurrency 16 64 --configs flat:128 aligned:128
   python benchmarks/beam_gpu.py ... --per-row-cross   # A/B: no grouped cross-attention
+  python benchmarks/beam_gpu.py ... --beam-on-device  # A/B: beams chosen on the device
   python benchmarks/beam_gpu.py --dry-run      # toy model on CPU: the script runs
 """
 
@@ -55,7 +56,7 @@ def make_requests(engine, feats, n_new: int, beam: int) -> list[GenerateRequest]
 
 
 def make_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, ps: str,
-                 dev: str, grouped_cross: bool = True):
+                 dev: str, grouped_cross: bool = True, beam_on_device: bool = False):
     from edserve.engine.groups import reserved_slots
     from edserve.models.weights import Checkpoint
     from edserve.runtime import build_engine
@@ -70,7 +71,7 @@ def make_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, 
                   encoder_kv=strategy, page_size=ps, max_running_requests=conc * beam,
                   cuda_graph_max_bs=conc * beam, max_total_tokens=conc * per_req + 4096,
                   max_new_tokens=n_max, debug_checks=False,
-                  grouped_cross_attention=grouped_cross)
+                  grouped_cross_attention=grouped_cross, beam_on_device=beam_on_device)
 
 
 def run_ours(engine, feats, n_new: int, beam: int) -> tuple[float, int]:
@@ -180,7 +181,8 @@ def measure(args, hf, procs, arch, conc, spec, dev, dtype, with_hf: bool) -> lis
     if dev == "cuda":
         torch.cuda.empty_cache()
     engine = make_engine(hf, arch, conc, beam, n_new, strategy, ps, dev,
-                          grouped_cross=not args.per_row_cross)
+                          grouped_cross=not args.per_row_cross,
+                          beam_on_device=args.beam_on_device)
     m = engine.model
     dbytes = torch.empty((), dtype=engine.dtype).element_size()
     slot_bytes = 2 * m.num_kv_layers * m.num_kv_heads * m.head_dim * dbytes
@@ -256,6 +258,8 @@ def main() -> None:
     ap.add_argument("--per-row-cross", action="store_true",
                     help="read a beam group's encoder K/V once per row (no grouped "
                          "cross-attention kernel), for A/B against the default")
+    ap.add_argument("--beam-on-device", action="store_true",
+                    help="beams chosen on the device (fixed rows; the host reads done flags)")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"

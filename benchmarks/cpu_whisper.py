@@ -77,7 +77,8 @@ def word_errors(ref: str, hyp: str) -> tuple[int, int]:
     return d[len(h)], len(r)
 
 
-def make_system(name: str, threads: int, model_dir: str, beam_size: int = 1):
+def make_system(name: str, threads: int, model_dir: str, beam_size: int = 1,
+                beam_on_device: bool = False):
     """-> transcribe(audio float32 16 kHz) -> text, or None when the package is missing."""
     if name.startswith("edserve"):
         from edserve.runtime import build_engine
@@ -87,7 +88,8 @@ def make_system(name: str, threads: int, model_dir: str, beam_size: int = 1):
         mode = name.split("-")[1]
         engine = build_engine(device="cpu", threads=threads, max_running_requests=beam_size,
                         dtype={"bf16": "bfloat16"}.get(mode, "float32"),
-                        quantization="int8" if mode == "int8" else "none")
+                        quantization="int8" if mode == "int8" else "none",
+                        beam_on_device=beam_on_device)
         opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
                                  beam_size=beam_size)
         return lambda audio: transcribe(engine, [audio], options=opts)[0].text
@@ -154,7 +156,8 @@ def run_systems(args, paths: list[Path]) -> None:
     systems, startup = {}, {}
     for name in args.systems:
         t0 = time.perf_counter()
-        fn = make_system(name, args.threads, str(default_model_folder()), args.beam_size)
+        fn = make_system(name, args.threads, str(default_model_folder()), args.beam_size,
+                         args.beam_on_device)
         if fn is None:
             print(f"# {name}: package missing, skipped")
             continue
@@ -266,6 +269,8 @@ def main() -> None:
     ap.add_argument("--texts", action="store_true", help="print every system's text")
     ap.add_argument("--beam-size", type=int, default=1,
                     help="beam search width for every system (1: greedy, today's default)")
+    ap.add_argument("--beam-on-device", action="store_true",
+                    help="edserve chooses beams on the device (fixed rows per beam group)")
     ap.add_argument("--clips", type=int, default=None, help="only the first N clips")
     args = ap.parse_args()
     if args.threads is None:

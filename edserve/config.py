@@ -173,6 +173,12 @@ class EngineConfig:
         "grouped Triton kernel, CUDA graphs included; flat and aligned); "
         "--no-grouped-cross-attention reads it once per row (for measurement).",
     )
+    beam_on_device: bool = _f(
+        False,
+        "Beam search on fixed rows with the beams chosen on the device (the host reads only "
+        "which requests finished), so batches with beam requests keep overlap scheduling; "
+        "off: beams are chosen on the host after every step (each such step synchronous).",
+    )
     overlap_schedule: str = _f(
         "auto",
         "Prepare step N+1 on the host while step N runs on the device (SGLang's overlap "

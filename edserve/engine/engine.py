@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edserve.engine import readout
+from edserve.engine.beam_rows import is_device_row
 from edserve.engine.groups import make_group, reserved_slots
 from edserve.engine.parts import EngineParts
 from edserve.engine.req import Req
@@ -49,7 +50,8 @@ class Engine:
             max_prefill_tokens=parts.max_prefill_tokens,
             eos_token_id=self.model.config.eos_token_id,
             max_decoder_len=self.max_decoder_len,
-            mixed_steps=self.config.mixed_steps)
+            mixed_steps=self.config.mixed_steps,
+            beam_on_device=self.config.beam_on_device)
         history = TokenHistory(self.pools.req_to_token_pool.size, self.max_decoder_len,
                                self.device)
         self.runner = ModelRunner(self.model, self.device, history, parts.graphs)
@@ -100,7 +102,8 @@ class Engine:
         req = Req(request, enc_len, enc_region, max_new, reserved, on_delta, stream,
                   generator=make_generator(sp.seed, self.device),
                   encoder_input=None if held is not None else request.encoder_input)
-        req.group = make_group(req, self.model.config.eos_token_id, self.device)
+        req.group = make_group(req, self.model.config.eos_token_id, self.device,
+                               self.config.beam_on_device)
         return req
 
     def release_encoder(self, handle: EncoderKV) -> None:
@@ -185,7 +188,8 @@ class Engine:
         """Every KV slot is free or owned by a running request; every row free or held."""
         sched, pools = self.scheduler, self.pools
         rtp = pools.req_to_token_pool
-        holders = [rtp.req_to_token[r.req_pool_idx, :r.row_len].long() for r in sched.running]
+        holders = [sched.beams.holder(r) if is_device_row(r) else
+                   rtp.req_to_token[r.req_pool_idx, :r.row_len].long() for r in sched.running]
         holders += [h.slots for h in sched.held_regions()]
         pools.allocator.check_integrity(holders=holders)
         rtp.check_integrity(len(sched.running))

@@ -107,3 +107,25 @@ def hold_encoder(pools: Pools, req: Req) -> EncoderKV | None:
 def release_encoder(pools: Pools, handle: EncoderKV) -> None:
     """Drop the reference :func:`hold_encoder` took."""
     pools.allocator.free_page_starts(handle.slots[::pools.allocator.page_size], shared=True)
+
+
+def _ceil(n: int, page_size: int) -> int:
+    return (n + page_size - 1) // page_size * page_size
+
+
+def held_at_least(req: Req, row_len: int, ps: int) -> int:
+    """Slots a row of ``row_len`` columns surely holds for its request's reservation (a row
+    that reuses a held encoder region does not own that region's whole pages)."""
+    shared = req.enc_region // ps * ps if req.request.encoder_kv is not None else 0
+    return _ceil(row_len, ps) - shared
+
+
+def groups_side_by_side(reqs: list[Req]) -> list[Req]:
+    """Stable reorder putting each row group's rows next to each other (at its first row), so
+    the batch's cross-attention reads a group's shared encoder K/V once (``cross_view``)."""
+    first: dict[tuple[str, int], int] = {}
+    keyed = []
+    for i, r in enumerate(reqs):
+        key = ("group", r.group.id) if r.group is not None else ("row", i)
+        keyed.append((first.setdefault(key, i), i, r))
+    return [r for _, _, r in sorted(keyed, key=lambda k: (k[0], k[1]))]

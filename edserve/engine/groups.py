@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from edserve.engine.beam_rows import DeviceBeamGroup
 from edserve.engine.beam_search import BeamGroup
 from edserve.engine.best_of import BestOfGroup
 from edserve.engine.req import Req
@@ -12,14 +13,17 @@ from edserve.engine.row_group import RowGroup
 from edserve.engine.sampler import make_generator
 
 
-def make_group(req: Req, eos_token_id: int, device: torch.device) -> RowGroup | None:
-    """The request's row group (beam search at temperature 0 with ``beam_size > 1``, best_of
-    at temperature > 0 with ``best_of > 1``), or None for one-row decoding."""
+def make_group(req: Req, eos_token_id: int, device: torch.device,
+               beam_on_device: bool = False) -> RowGroup | None:
+    """The request's row group (beam search at temperature 0 with ``beam_size > 1``: on the
+    device's fixed rows with ``beam_on_device``; best_of at temperature > 0 with
+    ``best_of > 1``), or None for one-row decoding."""
     sp = req.request.sampling
     stop = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos
                                            else frozenset({eos_token_id}))
     if sp.beam_size > 1:
-        return BeamGroup(req, sp.beam_size, stop, sp.length_penalty, sp.patience)
+        kind = DeviceBeamGroup if beam_on_device else BeamGroup
+        return kind(req, sp.beam_size, stop, sp.length_penalty, sp.patience)
     if sp.best_of > 1:
         group = BestOfGroup(req, sp.best_of, stop, sp.length_penalty)
         group.generators = [req.generator] + [

@@ -56,7 +56,11 @@ class ModelRunner:
             if sched.mode == ForwardMode.EXTEND:
                 no_speech = self._no_speech(hidden, sched)
         tokens, logprobs, cands = sample(logits, sched.sampling, self.history, rows)
-        return StepOutput(tokens, logprobs, no_speech, cands).start_copy()
+        done = None
+        if sched.beams is not None:  # device beam groups choose and move their rows
+            done = sched.beams.beams.run(sched.beams, *cands, sched.sampling.candidates.topk,
+                                         self.history)
+        return StepOutput(tokens, logprobs, no_speech, cands, done).start_copy()
 
     def _encode(self, reqs: list[Req]) -> torch.Tensor | None:
         with_enc = [r for r in reqs if r.encoder_len > 0 and r.request.encoder_kv is None]

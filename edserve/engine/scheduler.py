@@ -34,13 +34,20 @@ from dataclasses import dataclass
 
 import torch
 
-from edserve.engine.batch_builder import Pools, build_decode, build_prefill, release
+from edserve.config import MAX_GROUP_ROWS
+from edserve.engine.batch_builder import Pools, build_decode, build_prefill
+from edserve.engine.beam_rows import DeviceBeams, is_device_row
 from edserve.engine.finisher import Finisher
-from edserve.engine.group_ops import RowOps, group_results, hold_encoder, release_encoder
+from edserve.engine.group_ops import (
+    groups_side_by_side,
+    held_at_least,
+    hold_encoder,
+    release_encoder,
+)
+from edserve.engine.group_update import RowGroupSteps
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
 from edserve.engine.request import EncoderKV, FinishReason, TokenDelta
-from edserve.engine.row_group import RowGroup
 from edserve.engine.sampler import SamplingPlan, plan_sampling
 from edserve.engine.step import ScheduledBatch, StepOutput
 from edserve.engine.token_history import HistoryEdits
@@ -56,9 +63,10 @@ class SchedulerLimits:
     eos_token_id: int
     max_decoder_len: int  # model's decoder position limit
     mixed_steps: bool = False  # running rows decode in every prefill step (see schedule)
+    beam_on_device: bool = False  # beam groups on fixed rows, chosen on the device
 
 
-class Scheduler:
+class Scheduler(RowGroupSteps):
     def __init__(self, pools: Pools, limits: SchedulerLimits) -> None:
         self.pools = pools
         self.limits = limits
@@ -69,6 +77,9 @@ class Scheduler:
         self._plan: SamplingPlan | None = None
         self.finisher = Finisher(pools)
         self._edits = HistoryEdits()  # row groups' history edits for the next step
+        rows = pools.req_to_token_pool.size
+        self.beams = DeviceBeams(pools, rows // 2 + 1, min(MAX_GROUP_ROWS, rows),
+                                 limits.max_decoder_len) if limits.beam_on_device else None
 
     # ---- queue management -------------------------------------------------------------
     def add(self, req: Req) -> None:
@@ -95,15 +106,6 @@ class Scheduler:
         else:
             self._end_group(req.group, FinishReason.ABORT)
         return True
-
-    def _end_group(self, group: RowGroup, reason: FinishReason,
-                   error: str | None = None) -> None:
-        """Stop a row group early (abort, failed step): drop every row it holds, report."""
-        rows = [r for r in self.running if r.group is group]
-        for r in rows:
-            self.running.remove(r)
-        release(self.pools, rows)
-        self._finish_group(group, reason, error)
 
     def release_encoder(self, handle: EncoderKV) -> None:
         """Drop a ``keep_encoder`` handle's reference (its pages free once unused)."""
@@ -132,7 +134,7 @@ class Scheduler:
         """The next step's batch (rows and slots allocated), or None when nothing can run."""
         reqs = [r for r in self.running if not self._length_reached(r, r.steps)]
         if reqs and any(r.group is not None for r in reqs):
-            reqs = _groups_side_by_side(reqs)
+            reqs = groups_side_by_side(reqs)
         new = self._admit()
         if new:
             return self._prefill(new, reqs if self.limits.mixed_steps else [])
@@ -144,15 +146,25 @@ class Scheduler:
             return None
         for r in reqs:
             r.steps += 1
+        if self.beams is not None:
+            self.beams.record(reqs)
         return self._scheduled(ForwardMode.DECODE, reqs, batch, self._decode_plan(reqs))
 
     def _scheduled(self, mode: ForwardMode, reqs: list[Req], batch, plan: SamplingPlan,
-                   prompt: torch.Tensor | None = None) -> ScheduledBatch:
+                   prompt: torch.Tensor | None = None, new_rows: int = 0) -> ScheduledBatch:
         """The step's hand-off, carrying the row groups' pending history edits."""
         edits, self._edits = self._edits, HistoryEdits()
-        return ScheduledBatch(mode, reqs, batch, plan, prompt,
-                              history_edits=edits if edits else None,
-                              sync_update=any(r.group is not None for r in reqs))
+        sched = ScheduledBatch(mode, reqs, batch, plan, prompt,
+                               history_edits=edits if edits else None,
+                               sync_update=any(r.group is not None and not is_device_row(r)
+                                               for r in reqs))
+        if self.beams is not None:
+            new = [mode == ForwardMode.EXTEND and i >= len(reqs) - new_rows
+                   for i in range(len(reqs))]
+            limits = {r.group.slot: self._length_reached(r, r.steps) for r in reqs
+                      if is_device_row(r) and r.group.slot is not None}
+            sched.beams = self.beams.plan(reqs, new, limits)
+        return sched
 
     def _prefill(self, reqs: list[Req], decoding: list[Req]) -> ScheduledBatch | None:
         """A prefill step for the admitted ``reqs``; with ``decoding`` (mixed steps) the
@@ -165,18 +177,22 @@ class Scheduler:
         self.running.extend(reqs)
         for r in decoding:
             r.steps += 1
+        if self.beams is not None:
+            self.beams.record(decoding)
         now = time.perf_counter()
         for r in reqs:
             r.steps = 1
             r.admitted_at = now
             if r.group is not None and r.request.encoder_kv is None:
                 r.group.hold = hold_encoder(self.pools, r)  # for the group's lifetime
+            if is_device_row(r):  # its followers: rows of their own, from the next step
+                self.running.extend(self.beams.admit(r.group))
         dev = self.pools.device
         prompt = to_device([t for r in reqs for t in r.prompt_ids], torch.int64, dev)
         rows = decoding + reqs
         first = [False] * len(decoding) + [True] * len(reqs)
         sched = self._scheduled(ForwardMode.EXTEND, rows, batch,
-                                plan_sampling(rows, dev, first_step=first), prompt)
+                                plan_sampling(rows, dev, first_step=first), prompt, len(reqs))
         sched.num_decode = len(decoding)
         return sched
 
@@ -201,12 +217,12 @@ class Scheduler:
         seen: set[int] = set()
         for r in self.running:
             if r.group is None:
-                slots += r.reserved_slots - _held_at_least(r, r.row_len, ps)
+                slots += r.reserved_slots - held_at_least(r, r.row_len, ps)
             elif r.group.id not in seen:
                 seen.add(r.group.id)
                 g = r.group
                 longest = max(m.row_len for m in g.members)
-                slots += max(0, g.leader.reserved_slots - _held_at_least(g.leader, longest, ps))
+                slots += max(0, g.leader.reserved_slots - held_at_least(g.leader, longest, ps))
                 rows += g.size - len(g.members)
         return slots, rows
 
@@ -255,6 +271,8 @@ class Scheduler:
                 req.first_token_at = now
         if sched.sync_update:
             self._update_groups(sched, output, tokens, logprobs, no_speech)
+        if sched.beams is not None:
+            self._update_device_groups(sched, output, no_speech)
         for i, (req, tok, lp, ns) in enumerate(zip(sched.reqs, tokens, logprobs, no_speech,
                                                    strict=True)):
             if req.finish_reason is not None or req.group is not None:
@@ -275,36 +293,6 @@ class Scheduler:
             elif req.stream and req.on_delta is not None:
                 req.on_delta(TokenDelta(req.rid, [tok]))
 
-    def _update_groups(self, sched: ScheduledBatch, output: StepOutput, tokens: list[int],
-                       logprobs: list[float], no_speech: list[float | None]) -> None:
-        """Hand each row group its rows' results; finish the groups that are done."""
-        cands = output.fetch_candidates() if sched.sampling.candidates is not None else None
-        per_group = group_results(sched, tokens, logprobs, cands)
-        groups = {r.group.id: r.group for r in sched.reqs if r.group is not None}
-        ops = RowOps(self.pools, self.running, self._edits)
-        alloc = self.pools.allocator
-        alloc.free_group_begin()  # the step's drops release their pages at once (one sync)
-        try:
-            self._decide(sched, per_group, groups, ops, no_speech)
-            ops.flush()
-        finally:
-            alloc.free_group_end()
-
-    def _decide(self, sched: ScheduledBatch, per_group: dict, groups: dict, ops: RowOps,
-                no_speech: list[float | None]) -> None:
-        for gid, results in per_group.items():
-            group = groups[gid]
-            if group.leader in sched.reqs and sched.is_new(sched.reqs.index(group.leader)):
-                group.leader.no_speech_prob = no_speech[sched.reqs.index(group.leader)]
-            self.num_generated_tokens += len(results)
-            steps = max(m.steps for m in group.members)
-            if group.update(results, self._length_reached(group.leader, steps), ops):
-                self._finish_group(group, FinishReason.STOP)
-
-    def _finish_group(self, group: RowGroup, reason: FinishReason,
-                      error: str | None = None) -> None:
-        self.finisher.finish_group(group, reason, error)
-
     def _finish_running(self, req: Req, reason: FinishReason, last: list[int]) -> None:
         self.running.remove(req)
         self._finish(req, reason, None, last)
@@ -312,25 +300,3 @@ class Scheduler:
     def _finish(self, req: Req, reason: FinishReason, error: str | None = None,
                 last: list[int] | None = None) -> None:
         self.finisher.finish(req, reason, error, last or [])
-
-
-def _ceil(n: int, page_size: int) -> int:
-    return (n + page_size - 1) // page_size * page_size
-
-
-def _held_at_least(req: Req, row_len: int, ps: int) -> int:
-    """Slots a row of ``row_len`` columns surely holds for its request's reservation (a row
-    that reuses a held encoder region does not own that region's whole pages)."""
-    shared = req.enc_region // ps * ps if req.request.encoder_kv is not None else 0
-    return _ceil(row_len, ps) - shared
-
-
-def _groups_side_by_side(reqs: list[Req]) -> list[Req]:
-    """Stable reorder putting each row group's rows next to each other (at its first row), so
-    the batch's cross-attention reads a group's shared encoder K/V once (``cross_view``)."""
-    first: dict[tuple[str, int], int] = {}
-    keyed = []
-    for i, r in enumerate(reqs):
-        key = ("group", r.group.id) if r.group is not None else ("row", i)
-        keyed.append((first.setdefault(key, i), i, r))
-    return [r for _, _, r in sorted(keyed, key=lambda k: (k[0], k[1]))]

@@ -10,10 +10,14 @@ host work of the next step with the device work of this one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from edserve.engine.req import Req
+
+if TYPE_CHECKING:
+    from edserve.engine.beam_rows import BeamStepPlan
 from edserve.engine.sampler import SamplingPlan
 from edserve.engine.token_history import HistoryEdits
 from edserve.layers.forward_batch import ForwardBatch, ForwardMode
@@ -35,6 +39,7 @@ class ScheduledBatch:
     # True when ``update`` must run before the next ``schedule`` (row groups decide on the
     # host which rows continue), so the engine does not overlap this step
     sync_update: bool = False
+    beams: BeamStepPlan | None = None  # device beam groups' work after sampling
 
     def is_new(self, i: int) -> bool:
         """Row ``i`` was admitted by this step (it prefills; EXTEND only)."""
@@ -50,6 +55,7 @@ class StepOutput:
     no_speech: torch.Tensor | None  # [B] float32 (device; NaN where not asked), EXTEND only
     # Row groups' candidates (see SamplingPlan.candidates): ([C] int64, [C] float32) or None
     candidates: tuple[torch.Tensor, torch.Tensor] | None = None
+    beam_done: torch.Tensor | None = None  # [capacity] bool device beam groups done
     _host: torch.Tensor | None = None  # [3 * B + 2 * C] float64 copy (pinned on CUDA)
     _ready: torch.cuda.Event | None = None
     _flat: list[float] | None = None  # _host as a list, once fetched
@@ -61,6 +67,8 @@ class StepOutput:
         parts = [self.tokens, self.logprobs, ns]
         if self.candidates is not None:
             parts += list(self.candidates)
+        if self.beam_done is not None:
+            parts.append(self.beam_done)
         packed = torch.cat([p.double().reshape(-1) for p in parts])
         if packed.device.type == "cuda":
             self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
@@ -85,5 +93,11 @@ class StepOutput:
     def fetch_candidates(self) -> tuple[list[int], list[float]]:
         """The candidates' ([C] tokens, [C] log-probs) on the host (after :meth:`fetch`)."""
         flat, B = self._flat, self.tokens.shape[0]
-        C = (len(flat) - 3 * B) // 2
+        D = 0 if self.beam_done is None else self.beam_done.numel()
+        C = (len(flat) - 3 * B - D) // 2
         return [int(t) for t in flat[3 * B:3 * B + C]], flat[3 * B + C:]
+
+    def fetch_beam_done(self) -> list[bool]:
+        """The device beam groups' done flags (by group slot; after :meth:`fetch`)."""
+        D = self.beam_done.numel()
+        return [x != 0 for x in self._flat[len(self._flat) - D:]]

@@ -73,6 +73,15 @@ class TokenHistory:
             col = (self.lengths[rows] - 1).clamp(min=0)
             self.tokens[rows, col] = toks
 
+    def reorder(self, rows: torch.Tensor, parents: torch.Tensor, last: torch.Tensor) -> None:
+        """Row ``rows[i]`` takes row ``parents[i]``'s history with its last token replaced by
+        ``last[i]`` ([P] int64 each; every read before any write; device ops only)."""
+        toks = self.tokens.index_select(0, parents)  # [P, max_tokens]
+        lens = self.lengths.index_select(0, parents)
+        toks.scatter_(1, (lens - 1).clamp(min=0)[:, None], last[:, None])
+        self.tokens.index_copy_(0, rows, toks)
+        self.lengths.index_copy_(0, rows, lens)
+
     def view(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(history [B, max_tokens], lengths [B]) of ``rows``."""
         return self.tokens[rows], self.lengths[rows]

@@ -38,6 +38,7 @@ from edserve.mem_cache.fork import (
 from edserve.mem_cache.kv_pool import KVPool
 from edserve.mem_cache.page_table import page_table_from_req_to_token
 from edserve.mem_cache.paged_allocator import PagedTokenToKVPoolAllocator
+from edserve.mem_cache.reorder import private_tails, reorder_rows
 from edserve.mem_cache.req_to_token import ReqToTokenPool
 from edserve.mem_cache.sizing import KVCacheConfig, KVCachePlan, plan_kv_cache
 from edserve.mem_cache.token_allocator import TokenToKVPoolAllocator
@@ -62,6 +63,8 @@ __all__ = [
     "alloc_for_extend",
     "attach_shared",
     "cow_last_pages",
+    "private_tails",
+    "reorder_rows",
     "fork_row",
     "fork_rows",
     "row_page_starts",

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from edserve.mem_cache.errors import AlignmentError, IntegrityError, KVCacheError
+from edserve.mem_cache.errors import AlignmentError, IntegrityError, KVCacheError, RefcountError
 from edserve.mem_cache.index_args import as_index
 from edserve.mem_cache.integrity import check_allocator_integrity
 from edserve.mem_cache.page_book import PageBook
@@ -194,6 +194,24 @@ class BaseAllocator(ABC):
             self._queue_or_release(pages_at_zero(self.book.refcount, pages))  # the one sync
         else:
             self._queue_or_release(pages)
+
+    def drop_holds(self, first_slots: torch.Tensor) -> None:
+        """Drop one holder from each page named by its first slot where the caller knows
+        another holder stays (a page listed k times has count > k): nothing is released, so
+        nothing is read (sync-free with ``debug`` off; with it on, raises ``RefcountError``
+        before changing anything unless every page keeps a holder)."""
+        idx = as_index(first_slots, "drop_holds: first_slots", self.device)
+        if idx.numel() == 0:
+            return
+        pages = torch.div(idx, self.page_size, rounding_mode="floor")
+        if self.debug:
+            check_page_refs(self.book, idx, "drop_holds", exclusive=False)
+            left = self.book.refcount.clone().index_add_(
+                0, pages, torch.full(pages.shape, -1, dtype=torch.int32, device=self.device))
+            if bool((left[pages] < 1).any()):
+                raise RefcountError(f"drop_holds: pages {pages[left[pages] < 1].tolist()} would "
+                                    "lose their last holder")
+        self._add_refs(pages, -1)
 
     def _add_refs(self, pages: torch.Tensor, delta: int) -> None:
         """``count[pages] += delta`` (repeated pages accumulate); sync-free."""

@@ -180,14 +180,16 @@ def test_oracle_logprobs_are_forced_decoding_scores(tiny_hf, clip_encs, clip_ora
 
 
 # ---- engine vs oracle: real speech (tiny.en) -------------------------------------------------
-@pytest.mark.parametrize("strategy,page_size", [("flat", "1"), ("aligned", "128"),
-                                                 ("flat", "128")])
+@pytest.mark.parametrize("strategy,page_size,on_device", [
+    ("flat", "1", False), ("aligned", "128", False), ("flat", "128", False),
+    ("flat", "128", True)])
 def test_clips_match_oracle(tiny_hf, clip_mels, clip_encs, clip_oracle, oracle_filters,
-                            engine_filter_chain, tok, strategy, page_size):
+                            engine_filter_chain, tok, strategy, page_size, on_device):
     """Beam 5 on every bundled clip, submitted together: the engine's tokens equal the
     oracle's token for token, with the same logprobs and ranked sum (flat 128: the 1500-token
-    encoder region ends mid-page)."""
-    engine = build_engine(encoder_kv=strategy, page_size=page_size, max_running_requests=16)
+    encoder region ends mid-page), beams chosen on the host or on the device."""
+    engine = build_engine(encoder_kv=strategy, page_size=page_size, max_running_requests=16,
+                          beam_on_device=on_device)
     outs = engine.generate([beam_request(m, engine_filter_chain, REAL_STEPS)
                             for m in clip_mels])
     for out, ref, enc in zip(outs, clip_oracle, clip_encs, strict=True):
@@ -195,8 +197,10 @@ def test_clips_match_oracle(tiny_hf, clip_mels, clip_encs, clip_oracle, oracle_f
     engine.check_integrity()
 
 
+@pytest.mark.parametrize("on_device", [False, True])
 def test_patience_and_length_penalty_match_oracle(tiny_hf, clip_mels, clip_encs,
-                                                  oracle_filters, engine_filter_chain, tok):
+                                                  oracle_filters, engine_filter_chain, tok,
+                                                  on_device):
     """patience 2 (collect 10 finished candidates) with the GNMT length penalty 1.0: same
     sequence as the oracle (on espeak_es, where patience changes the chosen text)."""
     i = ALL_CLIPS.index("espeak_es")
@@ -205,7 +209,8 @@ def test_patience_and_length_penalty_match_oracle(tiny_hf, clip_mels, clip_encs,
                          max_new_tokens=REAL_STEPS, processors=oracle_filters,
                          enc=clip_encs[i], **kw)
     assert len(ref.finished) == 2 * BEAM
-    engine = build_engine(encoder_kv="aligned", page_size="16", max_running_requests=8)
+    engine = build_engine(encoder_kv="aligned", page_size="16", max_running_requests=8,
+                          beam_on_device=on_device)
     [out] = engine.generate([beam_request(clip_mels[i], engine_filter_chain, REAL_STEPS,
                                           **kw)])
     assert_matches(out, ref, tiny_hf, clip_encs[i], oracle_filters, tok)
@@ -224,15 +229,20 @@ def test_transcribe_with_beam_search():
 
 
 # ---- engine vs oracle: random weights, every page size x strategy ----------------------------
+@pytest.mark.parametrize("on_device", [False, True])
 @pytest.mark.parametrize("strategy", ["aligned", "flat", "ragged"])
 @pytest.mark.parametrize("page_size", ["1", "16", "64", "128"])
 def test_random_weights_match_oracle(rand_folder, rand_hf, rand_mels, rand_oracle,
-                                     oracle_filters, engine_filter_chain, strategy, page_size):
+                                     oracle_filters, engine_filter_chain, strategy, page_size,
+                                     on_device):
     """Random weights (logits far from uniform) and random mels: six beam-5 requests (two
     with an end-of-text bias, so they stop by end-of-text) decoded together equal the oracle at
-    every page size x encoder-KV strategy."""
+    every page size x encoder-KV strategy, beams chosen on the host or on the device (there
+    with overlap scheduling on: the host reads only done flags)."""
     engine = build_engine(model=str(rand_folder), device="cpu", page_size=page_size,
-                    encoder_kv=strategy, max_running_requests=16)
+                          encoder_kv=strategy, max_running_requests=16,
+                          beam_on_device=on_device, overlap_schedule="on" if on_device
+                          else "auto")
     cases = rand_cases(rand_mels, engine_filter_chain, False)
     outs = engine.generate([beam_request(m, f, RAND_STEPS) for m, f in cases])
     oracle_cases = rand_cases(rand_mels, oracle_filters, True)
@@ -241,11 +251,12 @@ def test_random_weights_match_oracle(rand_folder, rand_hf, rand_mels, rand_oracl
     engine.check_integrity()
 
 
-def test_batch_invariance(rand_folder, rand_mels, engine_filter_chain):
+@pytest.mark.parametrize("on_device", [False, True])
+def test_batch_invariance(rand_folder, rand_mels, engine_filter_chain, on_device):
     """Each of four beam requests submitted together (one ``generate``) decodes exactly as
     when it runs alone."""
     engine = build_engine(model=str(rand_folder), device="cpu", page_size="16", encoder_kv="flat",
-                    max_running_requests=16)
+                          max_running_requests=16, beam_on_device=on_device)
     together = engine.generate([beam_request(m, engine_filter_chain, RAND_STEPS)
                                 for m in rand_mels])
     for mel, out in zip(rand_mels, together, strict=True):

@@ -1,0 +1,229 @@
+"""Beam search on fixed rows with the choice on the device: the host learns only which groups
+are done, so beam steps overlap like greedy ones (``EngineConfig.beam_on_device``).
+
+A :class:`DeviceBeamGroup` holds ``beam_size`` rows for its whole life: at admission the
+leader prefills and the followers fork it (every page shared, a private partial last page:
+:func:`~edserve.mem_cache.reorder.private_tails`); every step runs every row. After sampling,
+:meth:`DeviceBeams.run` (device ops only) ranks the groups' top-(beam + 1) candidates
+(:class:`~edserve.engine.beam_device.BeamBatch`, slot ``b`` = row ``b`` of the group), makes
+each row take its new beam's sequence (page tables and the partial page's K/V:
+:func:`~edserve.mem_cache.reorder.reorder_rows`; token history) and leaves a ``[capacity]``
+done flag in the step's host copy. Dead slots mirror the best beam (their results are ignored).
+
+Pages: a row *owns* the pages it allocated or forked (``own``: its page table without the
+reorders; reference counts count owners), while its page table may name any whole page of its
+group; the group's rows free their own pages when it ends, without a host read
+(:meth:`DeviceBeams.release`). Admission's reservation covers this: each row allocates at most
+what a one-row request of the group's length would. A step in which groups end reads their
+finished sequences once (one host read for all of them); other steps read nothing but the
+step's results copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edserve.engine.batch_builder import Pools
+from edserve.engine.beam_device import BeamBatch
+from edserve.engine.beam_search import BeamGroup
+from edserve.engine.host_copy import to_device
+from edserve.engine.req import Req
+from edserve.engine.row_group import Finished, best
+from edserve.engine.token_history import TokenHistory
+from edserve.mem_cache import fork_rows, private_tails, reorder_rows
+
+
+class DeviceBeamGroup(BeamGroup):
+    """A beam group whose rows are fixed and whose choice is made by :class:`DeviceBeams`
+    (``members``: its rows, slot order; ``update`` is never called)."""
+
+    on_device = True
+
+    def __init__(self, leader, beam_size: int, stop_ids: frozenset[int],
+                 length_penalty: float | None, patience: float | None) -> None:
+        super().__init__(leader, beam_size, stop_ids, length_penalty, patience)
+        self.patience = patience
+        self.slot: int | None = None  # its group slot in DeviceBeams.state (None once over)
+        self.finished_rows: list[Finished] | None = None
+
+    def update(self, results, at_limit, ops) -> bool:
+        raise RuntimeError("a device beam group is updated on the device (DeviceBeams.run)")
+
+    def result(self) -> Finished:
+        return best(self.finished_rows or [], self.length_penalty)
+
+
+def is_device_row(req: Req) -> bool:
+    return getattr(req.group, "on_device", False)
+
+
+@dataclass
+class BeamStepPlan:
+    """One step's device-beam work (index tensors on the device, built by the scheduler)."""
+
+    beams: DeviceBeams
+    cand_g: torch.Tensor  # [R] group slot of each top-k row of the sampler's candidates
+    cand_b: torch.Tensor  # [R] its slot in the group
+    at_limit: torch.Tensor  # [capacity] bool: the group's length limit is reached
+    rows: torch.Tensor  # [P] int64 every row of the batch's groups (followers not in it too)
+    g: torch.Tensor  # [P] group slot
+    b: torch.Tensor  # [P] slot in the group
+    row_of: torch.Tensor  # [capacity, B] int64 row of each (group, slot) of these groups
+    lengths: torch.Tensor  # [P] filled columns after this step's write
+    dec_start: torch.Tensor  # [P] first column whose K/V a reorder copies (0: the prefill)
+
+
+class DeviceBeams:
+    """The scheduler's side: group slots, own pages, admission and release of rows."""
+
+    def __init__(self, pools: Pools, capacity: int, max_beam: int, max_tokens: int) -> None:
+        self.pools = pools
+        self.state = BeamBatch(capacity, max_beam, max_tokens, pools.device)
+        self.own = torch.zeros_like(pools.req_to_token_pool.req_to_token)  # [rows + 1, C]
+        self._free = list(range(capacity - 1, -1, -1))
+
+    # ---- rows -------------------------------------------------------------------------
+    def admit(self, group: DeviceBeamGroup) -> list[Req]:
+        """After the leader's prefill batch is built: a group slot, and the followers' rows
+        (forked from the leader; returned, to run from the next step on)."""
+        leader = group.leader
+        group.slot = self._free.pop()
+        self.state.admit(group.slot, group.size, group.patience, group.stop_ids)
+        followers = [leader.fork(None) for _ in range(group.size - 1)]
+        rtp = self.pools.req_to_token_pool
+        n = leader.row_len
+        if fork_rows(rtp, self.pools.allocator, [leader.req_pool_idx] * len(followers),
+                     followers, [n] * len(followers)) is None:
+            raise RuntimeError("no free row for a beam group (row reservation violated)")
+        private_tails(rtp.req_to_token, self.pools.allocator,
+                      [f.req_pool_idx for f in followers], [n] * len(followers))
+        for f in followers:
+            f.cow_pending = False
+        rows = to_device([leader.req_pool_idx] + [f.req_pool_idx for f in followers],
+                         torch.int64, self.pools.device)
+        self.own[rows] = rtp.req_to_token.index_select(0, rows)
+        group.members = [leader] + followers
+        group.hyps = {}
+        return followers
+
+    def record(self, reqs: list[Req]) -> None:
+        """Own-table entries of the column each of ``reqs``' device rows just took."""
+        picked = [(r.req_pool_idx, r.row_len - 1) for r in reqs if is_device_row(r)]
+        if not picked:
+            return
+        idx = to_device([x for p in picked for x in p], torch.int64, self.pools.device)
+        rows, cols = idx[0::2], idx[1::2]
+        self.own[rows, cols] = self.pools.req_to_token_pool.req_to_token[rows, cols]
+
+    def release(self, rows: list[Req]) -> None:
+        """Free whole device groups' rows (every row of each group at once) without a host
+        read: which pages reach count 0 is known from columns. With ``ps`` the page size,
+        ``H`` the leader's leading pages held elsewhere (the group's encoder hold: the
+        encoder region's pages; a reused region: its whole pages) and ``Pf`` the prefill's
+        whole pages (the followers forked them), a follower drops its hold on pages
+        ``< Pf`` and frees the rest (its own), the leader drops pages ``< H`` and frees the
+        rest after the followers' drops, so each freed page goes from count 1 to 0."""
+        rtp, alloc = self.pools.req_to_token_pool, self.pools.allocator
+        ps = alloc.page_size
+        drop: list[tuple[int, int, int]] = []  # (row, first page, end page) to drop / free
+        free: list[tuple[int, int, int]] = []
+        holding = [r for r in rows if r.req_pool_idx is not None]
+        for r in holding:
+            g, n = r.group, -(-r.row_len // ps)
+            enc = r.enc_region
+            held = -(-enc // ps) if g.hold is not None else enc // ps  # H
+            pf = min((enc + len(r.prompt_ids)) // ps, n)
+            cut = min(held, n) if r is g.leader else pf
+            drop.append((r.req_pool_idx, 0, cut))
+            free.append((r.req_pool_idx, cut, n))
+        for spans, fn in ((drop, alloc.drop_holds),
+                          (free, lambda s: alloc.free_page_starts(s, shared=False))):
+            flat = [c * ps for _, a, b in spans for c in range(a, b)]
+            which = [i for i, (_, a, b) in enumerate(spans) for _ in range(a, b)]
+            if not flat:
+                continue
+            idx = to_device([spans[i][0] for i in which] + flat, torch.int64,
+                            self.pools.device)
+            k = len(flat)
+            fn(self.own[idx[:k], idx[k:]].long())
+        for r in holding:
+            rtp.free(r)
+            r.kv_len = 0
+
+    def close(self, groups: list[DeviceBeamGroup], read: bool = True) -> None:
+        """The groups are over: read their finished sequences (``read``: one host read for
+        all) and free their slots."""
+        groups = [g for g in groups if g.slot is not None]
+        if read and groups:
+            for g, fin in zip(groups, self.state.finished([g.slot for g in groups]),
+                              strict=True):
+                g.finished_rows = fin
+        for g in groups:
+            self.state.release(g.slot)
+            self._free.append(g.slot)
+            g.slot = None
+
+    def holder(self, req: Req) -> torch.Tensor:
+        """The slots ``req``'s row holds a reference on (for the integrity check)."""
+        return self.own[req.req_pool_idx, :req.row_len].long()
+
+    # ---- steps ------------------------------------------------------------------------
+    def plan(self, reqs: list[Req], new: list[bool], at_limit: dict[int, bool]
+             ) -> BeamStepPlan | None:
+        """The step's plan for the device groups among ``reqs`` (batch order; ``new``: the
+        row prefills in this step); ``at_limit`` per group slot."""
+        groups: dict[int, DeviceBeamGroup] = {}
+        cand: list[int] = []
+        for r in reqs:
+            if is_device_row(r) and r.group.slot is not None:
+                g = r.group
+                groups.setdefault(g.slot, g)
+                cand += [g.slot, g.members.index(r)]
+        if not groups:
+            return None
+        fresh = {r.group.slot for r, n in zip(reqs, new, strict=True) if n and is_device_row(r)}
+        per_row: list[int] = []
+        row_of = [0] * (self.state.G * self.state.B)
+        for s, g in groups.items():
+            for b, m in enumerate(g.members):
+                per_row += [m.req_pool_idx, s, b, m.row_len, 0 if s in fresh else m.enc_region]
+                row_of[s * self.state.B + b] = m.req_pool_idx
+        limit = [at_limit.get(s, False) for s in range(self.state.G)]
+        host = cand + per_row + row_of + limit
+        dev = to_device(host, torch.int64, self.pools.device)
+        R, P = len(cand) // 2, len(per_row) // 5
+        c = dev[:2 * R].view(R, 2).t()
+        p = dev[2 * R:2 * R + 5 * P].view(P, 5).t()
+        o = 2 * R + 5 * P
+        row_of_t = dev[o:o + len(row_of)].view(self.state.G, self.state.B)
+        return BeamStepPlan(self, c[0], c[1], dev[o + len(row_of):].bool(), p[0], p[1], p[2],
+                            row_of_t, p[3], p[4])
+
+    def run(self, plan: BeamStepPlan, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor,
+            k: int, history: TokenHistory) -> torch.Tensor:
+        """After sampling (device ops only): choose the beams, move the rows; returns the
+        ``[capacity]`` done flags. ``cand_*``: the sampler's flat top-k candidates, the
+        device rows' first (``k`` per row, in batch order)."""
+        st = self.state
+        R, T = plan.cand_g.numel(), st.B + 1
+        kk = min(k, T)
+        toks = cand_tokens[:R * k].view(R, k)[:, :kk]
+        lps = cand_logprobs[:R * k].view(R, k)[:, :kk]
+        ct = torch.zeros(st.G, st.B, T, dtype=torch.int64, device=toks.device)
+        cl = torch.full((st.G, st.B, T), float("-inf"), dtype=torch.float32, device=toks.device)
+        ct[plan.cand_g, plan.cand_b, :kk] = toks
+        cl[plan.cand_g, plan.cand_b, :kk] = lps.float()
+        choice = st.step(ct, cl, plan.at_limit)
+        par = choice.parents[plan.g, plan.b]  # [P] slot, -1: dead or done
+        first = choice.lead[plan.g]  # dead rows mirror the best beam
+        par = torch.where(par >= 0, par, torch.where(first >= 0, first, plan.b))
+        parent_rows = plan.row_of[plan.g, par]
+        kv = self.pools.kv_pool
+        reorder_rows(self.pools.req_to_token_pool.req_to_token, kv, plan.rows, parent_rows,
+                     plan.lengths, plan.dec_start)
+        going = first >= 0  # [P] the group goes on
+        last = torch.where(going, choice.tokens[plan.g, plan.b], history.last(plan.rows))
+        history.reorder(plan.rows, torch.where(going, parent_rows, plan.rows), last)
+        return choice.done

@@ -1,0 +1,176 @@
+"""Device-side beam choice (:mod:`edserve.engine.beam_device`) against the host's
+:class:`~edserve.engine.beam_search.BeamGroup` (itself checked against openai-whisper's rules in
+tests/whisper/test_beam_reference.py): random steps replayed through both, many groups at once,
+beam sizes 1..5, ties, patience, length penalties, several stop tokens, filtered candidates and
+length limits; the live beams, their sums, the finished lists, the done flags and the chosen
+sequence must be equal after every step."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from cuda_syncs import count_syncs
+
+from edserve.engine.beam_device import BeamBatch
+from edserve.engine.beam_search import BeamGroup
+from edserve.engine.row_group import StepResult, best
+
+
+class _Ops:
+    """Row operations of the host groups: forks get fresh serials."""
+
+    def __init__(self) -> None:
+        self.serial = 0
+
+    def advance(self, req, token):
+        pass
+
+    def fork(self, source, token, generator=None):
+        self.serial += 1
+        return SimpleNamespace(serial=self.serial)
+
+    def drop(self, req):
+        pass
+
+
+def _candidates(gen: torch.Generator, G: int, B: int, T: int, vocab: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[G, B, T] distinct tokens per slot and log-probs best first: quarter steps (ties within
+    and across beams) or continuous, a few trailing ``-inf`` (a filter left fewer choices),
+    a few slots offering only token 0 (a stop token: nothing may be kept)."""
+    toks = torch.stack([torch.randperm(vocab, generator=gen)[:T] for _ in range(G * B)])
+    only_stop = torch.rand(G * B, 1, generator=gen) < 0.2
+    toks[:, :1] = torch.where(only_stop, 0, toks[:, :1])
+    toks[:, 1:] = torch.where(only_stop & (toks[:, 1:] == 0), vocab - 1, toks[:, 1:])
+    steps = -0.25 * torch.randint(0, 12, (G * B, T), generator=gen).float()
+    smooth = -3 * torch.rand(G * B, T, generator=gen)
+    quant = torch.rand(G * B, 1, generator=gen) < 0.6
+    lps = torch.where(quant, steps, smooth).sort(dim=1, descending=True).values
+    cut = torch.randint(1, T + 1, (G * B, 1), generator=gen)
+    cut = torch.where(torch.rand(G * B, 1, generator=gen) < 0.15, cut, T)
+    cut = torch.where(only_stop, 1, cut)
+    lps = lps.masked_fill(torch.arange(T)[None, :] >= cut, float("-inf"))
+    return toks.reshape(G, B, T), lps.reshape(G, B, T)
+
+
+def _replay(seed: int, G: int, device: str = "cpu") -> int:
+    """Replay random steps through both; returns the steps taken (all asserts inside)."""
+    gen = torch.Generator().manual_seed(seed)
+    beams = torch.randint(1, 6, (G,), generator=gen).tolist()
+    patience = [None if torch.rand(1, generator=gen) < 0.5 else
+                [0.5, 1.0, 1.5, 2.0][int(torch.randint(0, 4, (1,), generator=gen))]
+                for _ in range(G)]
+    patience = [p if p is None or round(b * p) >= 1 else None
+                for b, p in zip(beams, patience, strict=True)]
+    vocab = 10
+    stops = [[frozenset({0}), frozenset({0, 3}), frozenset()][g % 3] for g in range(G)]
+    limits = torch.randint(1, 14, (G,), generator=gen).tolist()
+    hosts = [BeamGroup(SimpleNamespace(serial=-1 - g), b, s, None, p)
+             for g, (b, s, p) in enumerate(zip(beams, stops, patience, strict=True))]
+    ops = _Ops()
+    B, T = max(beams), max(beams) + 1
+    dev = BeamBatch(G + 1, B, max(limits) + 1, device=device)  # one slot stays free
+    for g in range(G):
+        dev.admit(g, beams[g], patience[g], stops[g])
+    done = [False] * G
+    step = 0
+    while not all(done):
+        step += 1
+        toks, lps = _candidates(gen, G + 1, B, T, vocab)
+        at_limit = [step >= n for n in limits]
+        for g, h in enumerate(hosts):
+            if done[g]:
+                continue
+            res = {m.serial: StepResult(0, 0.0, list(zip(toks[g, b].tolist(),
+                                                         lps[g, b].tolist(), strict=True)))
+                   for b, m in enumerate(h.members)}
+            done[g] = h.update(res, at_limit[g], ops)
+        slots = dev.rank_slot.cpu()  # the device reads candidates per slot (row)
+        toks = torch.zeros_like(toks).scatter_(1, slots[:, :, None].expand_as(toks), toks)
+        lps = torch.zeros_like(lps).scatter_(1, slots[:, :, None].expand_as(lps), lps)
+        choice = dev.step(toks.to(device), lps.to(device),
+                          torch.tensor(at_limit + [False], device=device))
+        assert choice.done.tolist() == done + [True], f"step {step}"
+        assert not dev.live[G].any() and int(dev.fin_n[G]) == 0  # the free slot
+        for g, h in enumerate(hosts):
+            live = dev.live[g].nonzero().flatten().tolist()
+            if done[g]:
+                assert live == []
+                fin = dev.finished([g])[0]
+                assert fin == h.finished, f"group {g}"
+                for penalty in (None, 0.0, 0.6, 1.0):
+                    assert best(fin, penalty) == best(h.finished, penalty)
+                continue
+            n = int(dev.length[g])
+            ranks = dev.rank_slot[g, :len(h.members)].tolist()  # member order
+            assert sorted(ranks) == live, f"group {g} step {step}"
+            assert sorted(dev.rank_slot[g].tolist()) == list(range(B))  # a permutation
+            assert [dev.tokens[g, b, :n].tolist() for b in ranks] == \
+                [h.hyps[m.serial].tokens for m in h.members]
+            assert [dev.logprobs[g, b, :n].tolist() for b in ranks] == \
+                [h.hyps[m.serial].logprobs for m in h.members]
+            assert dev.sums[g, ranks].tolist() == [h.hyps[m.serial].sum_logprob
+                                                   for m in h.members]
+            assert dev.finished([g])[0] == h.finished
+    return step
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_device_ranking_matches_host_beam_search(seed):
+    assert _replay(seed, G=6) >= 1
+
+
+def test_parents_and_tokens_describe_the_rearrangement():
+    """Slot b's new beam is its parent's beam plus its token (the engine's gather plan); a
+    beam's first continuation keeps its slot."""
+    dev = BeamBatch(1, 2, 4)
+    dev.admit(0, 2, None, frozenset({0}))
+    toks = torch.tensor([[[5, 6, 0], [1, 2, 3]]])
+    c1 = dev.step(toks, torch.tensor([[[-0.1, -0.2, -0.3], [-1.0, -1.0, -1.0]]]),
+                  torch.tensor([False]))
+    assert c1.parents.tolist() == [[0, 0]] and c1.tokens.tolist() == [[5, 6]]
+    # both new beams continue slot 1 (slot 0's candidates rank lower); EOT from slot 1 ranks
+    # between them and is collected
+    c2 = dev.step(torch.tensor([[[7, 8, 9], [4, 0, 2]]]),
+                  torch.tensor([[[-5.0, -5.0, -5.0], [-0.1, -0.2, -0.3]]]),
+                  torch.tensor([False]))
+    # slot 1's first continuation stays in slot 1, the second takes the free slot 0
+    assert c2.parents.tolist() == [[1, 1]] and c2.tokens.tolist() == [[2, 4]]
+    assert dev.rank_slot[0].tolist() == [1, 0] and c2.lead.tolist() == [1]
+    assert dev.tokens[0, :, :2].tolist() == [[6, 2], [6, 4]]
+    assert [f.tokens for f in dev.finished([0])[0]] == [[6]] and not c2.done.item()
+
+
+def test_bad_settings_are_refused_and_slots_are_reused():
+    dev = BeamBatch(2, 3, 4)
+    with pytest.raises(ValueError, match="round to >= 1"):
+        dev.admit(0, 1, 0.4, frozenset({0}))
+    with pytest.raises(ValueError, match="beam_size must be 1..3"):
+        dev.admit(0, 4, None, frozenset({0}))
+    dev.admit(1, 2, 3.0, frozenset({0, 1, 2}))  # widens the finished buffer and stop table
+    assert dev.F == 6 and dev.stop.shape[1] == 3
+    toks = torch.tensor([[[0, 1, 2, 3]] * 3] * 2)
+    lps = torch.tensor([[[-0.1, -0.2, -0.3, -0.4]] * 3] * 2)
+    dev.step(toks, lps, torch.tensor([False, True]))
+    assert dev.done.tolist() == [True, True] and len(dev.finished([1])[0]) == 3
+    dev.release(1)
+    dev.admit(1, 3, None, frozenset({9}))  # a new group starts clean in the same slot
+    assert dev.finished([1])[0] == [] and dev.live[1].tolist() == [True, False, False]
+    dev.step(toks, lps, torch.tensor([False, False]))
+    assert dev.tokens[1, :, 0].tolist() == [0, 1, 2] and not dev.done[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_step_matches_and_never_syncs():
+    assert _replay(0, G=8, device="cuda") >= 1
+    dev = BeamBatch(64, 5, 448, device="cuda")
+    for g in range(64):
+        dev.admit(g, 5, None, frozenset({0}))
+    gen = torch.Generator().manual_seed(1)
+    toks, lps = (x.cuda() for x in _candidates(gen, 64, 5, 6, 51865))
+    at_limit = torch.zeros(64, dtype=torch.bool, device="cuda")
+    dev.step(toks, lps, at_limit)  # warm-up
+    assert count_syncs(lambda: dev.step(toks, lps, at_limit)) == 0

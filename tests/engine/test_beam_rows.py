@@ -1,0 +1,188 @@
+"""Beam search on fixed rows with the choice on the device (``beam_on_device``): the same
+tokens as the host's beam search next to greedy and best_of requests, steps that never read a
+device value on the host (so beam batches overlap), abort, and KV integrity after every step.
+The openai-whisper oracle runs both ways in tests/whisper/test_beam_reference.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from host_reads import host_reads_raise
+
+from edserve.engine.logits_filter import FilterContext, LogitsFilter
+from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.runtime import build_engine
+
+PROMPT = [50257, 50362]
+EOT = 50256
+
+
+@dataclass(frozen=True)
+class EotBias(LogitsFilter):
+    """Random weights hardly end: a bias on end-of-text makes beams finish at varied steps."""
+
+    bias: float
+
+    def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
+        logits[:, EOT] += self.bias
+
+
+def _mels(n: int, seed: int = 5) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(80, 3000, generator=gen) * 0.5 for _ in range(n)]
+
+
+def _requests() -> list[GenerateRequest]:
+    m = _mels(4)
+    beam = [GenerateRequest(PROMPT, m[i], SamplingParams(beam_size=b, max_new_tokens=n,
+                                                         patience=p),
+                            logits_processors=[EotBias(e)] if e else [])
+            for i, (b, n, p, e) in enumerate([(3, 10, None, 0.0), (2, 14, 2.0, 5.5),
+                                              (5, 9, None, 6.0)])]
+    return beam + [GenerateRequest(PROMPT, m[3], SamplingParams(max_new_tokens=8)),
+                   GenerateRequest(PROMPT, m[0], SamplingParams(temperature=0.7, best_of=2,
+                                                                seed=3, max_new_tokens=6))]
+
+
+def _run(engine, reqs, check=None):
+    outs = {}
+    for r in reqs:
+        engine.add_request(r, lambda d: outs.__setitem__(d.rid, d.output) if d.finished else None)
+    while engine.has_work():
+        engine.step()
+        engine.check_integrity()
+        if check is not None:
+            check(engine)
+    assert engine.pools.allocator.num_used() == 0
+    return [outs[r.rid] for r in reqs]
+
+
+@pytest.mark.parametrize("strategy,page_size", [("flat", "128"), ("aligned", "16"),
+                                                 ("ragged", "1"), ("flat", "64")])
+def test_device_beams_equal_host_beams(random_whisper, strategy, page_size):
+    def engine(on):
+        return build_engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
+                            max_running_requests=16, debug_checks=True, beam_on_device=on,
+                            overlap_schedule="on" if on else "off")
+
+    host = _run(engine(False), _requests())
+    device = _run(engine(True), _requests())
+    assert {o.finish_reason.value for o in host[:3]} == {"stop", "length"}  # both endings
+    for h, d in zip(host, device, strict=True):
+        assert d.error is None
+        assert d.token_ids == h.token_ids and d.finish_reason == h.finish_reason
+        assert d.logprobs == pytest.approx(h.logprobs, abs=1e-4)
+        assert (d.stop_logprob is None) == (h.stop_logprob is None)
+
+
+def test_beam_steps_overlap_and_read_nothing_from_the_device(random_whisper, monkeypatch):
+    """With device beams no step asks for a synchronous update, and scheduling + launching a
+    step (prefill, mixed, decode) reads no device value on the host: the host learns the done
+    flags from the step's one copy."""
+    engine = build_engine(model=str(random_whisper), page_size="16", encoder_kv="flat",
+                          max_running_requests=16, debug_checks=False, beam_on_device=True,
+                          overlap_schedule="on")
+    engine.pools.kv_pool.check_indices = False  # as on CUDA (a CPU-only bounds check)
+    reqs = _requests()[:4]  # beams and greedy (best_of still chooses on the host)
+    outs = {}
+    for r in reqs[:2]:
+        engine.add_request(r, lambda d: outs.__setitem__(d.rid, d.output) if d.finished else None)
+    engine._drain_inbox()
+    steps = 0
+    while engine.scheduler.has_work() or engine._in_flight is not None:
+        if steps == 3:  # arrivals while beams decode: a mixed step
+            for r in reqs[2:]:
+                engine.add_request(r, lambda d: outs.__setitem__(d.rid, d.output)
+                                   if d.finished else None)
+            engine._drain_inbox()
+        previous, engine._in_flight = engine._in_flight, None
+        with host_reads_raise(monkeypatch, engine.pools.backend):
+            sched = engine.scheduler.schedule()
+            output = engine.runner.run(sched) if sched is not None else None
+        if sched is not None:
+            assert not sched.sync_update
+            engine._in_flight = (sched, output)
+        if previous is not None:
+            engine.scheduler.update(*previous)
+        steps += 1
+    assert len(outs) == len(reqs) and all(o.error is None for o in outs.values())
+    engine.check_integrity()
+
+
+def test_abort_device_group_midway_frees_everything(random_whisper):
+    engine = build_engine(model=str(random_whisper), page_size="16", max_running_requests=16,
+                          debug_checks=True, beam_on_device=True, overlap_schedule="on")
+    req = GenerateRequest(PROMPT, _mels(1)[0], SamplingParams(beam_size=4, max_new_tokens=40,
+                                                              ignore_eos=True))
+    got = []
+    engine.add_request(req, lambda d: got.append(d) if d.finished else None)
+    for _ in range(4):
+        engine.step()
+        engine.check_integrity()
+    assert len(engine.scheduler.running) == 4  # the group's fixed rows
+    engine.abort(req.rid)
+    while engine.has_work():
+        engine.step()
+    engine.check_integrity()
+    assert engine.pools.allocator.num_used() == 0 and not engine.scheduler.running
+    assert len(got) == 1 and got[0].output.finish_reason.value == "abort"
+    again = engine.generate([GenerateRequest(PROMPT, _mels(1)[0], SamplingParams(
+        beam_size=4, max_new_tokens=5))])[0]  # the group slot is reused
+    assert again.error is None and len(again.token_ids) == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("strategy", ["flat", "aligned"])
+def test_beam_decode_steps_sync_once_on_cuda(tmp_path, strategy):
+    """On CUDA with graphs: a steady step of beam groups beside greedy rows waits on the
+    device once (its results' copy, with overlap one step late); a step where groups end
+    reads their sequences and frees their pages (at most 3)."""
+    from cuda_syncs import count_syncs
+    from whisper_fixtures import make_random_whisper
+
+    folder = make_random_whisper(tmp_path)
+    engine = build_engine(model=str(folder), device="cuda", page_size="128",
+                          encoder_kv=strategy, max_running_requests=32, debug_checks=False,
+                          beam_on_device=True, overlap_schedule="on")
+    gen = torch.Generator().manual_seed(0)
+    for i in range(6):
+        mel = (torch.randn(80, 3000, generator=gen) * 0.5).cuda()
+        sp = SamplingParams(max_new_tokens=20 + 3 * i, ignore_eos=True,
+                            beam_size=4 if i % 2 else 1)
+        engine.add_request(GenerateRequest(PROMPT, mel, sp))
+    for _ in range(4):
+        engine.step()
+    steps = 10
+    syncs = count_syncs(lambda: [engine.step() for _ in range(steps)])
+    assert syncs <= steps, f"{syncs} syncs in {steps} steps"
+    while engine.has_work():
+        assert count_syncs(engine.step) <= 3
+    engine.check_integrity()
+
+
+def test_device_beams_reuse_and_keep_encoder_regions(random_whisper):
+    """A device beam group on a held encoder region (the fallback's reuse), and one that
+    keeps its region: the host beams' tokens, and every page back once the handles go."""
+    mel = _mels(1, seed=1)[0]
+    tokens = []
+    for on in (False, True):
+        e = build_engine(model=str(random_whisper), page_size="128", encoder_kv="flat",
+                         max_running_requests=8, debug_checks=True, beam_on_device=on)
+        held = e.generate([GenerateRequest(PROMPT, mel, SamplingParams(max_new_tokens=4),
+                                           keep_encoder=True)])[0].encoder_kv
+        outs = e.generate([
+            GenerateRequest(PROMPT, mel, SamplingParams(beam_size=3, max_new_tokens=8),
+                            encoder_kv=held),
+            GenerateRequest(PROMPT, mel, SamplingParams(beam_size=4, max_new_tokens=6),
+                            keep_encoder=True)])
+        e.check_integrity()
+        e.release_encoder(held)
+        e.release_encoder(outs[1].encoder_kv)
+        e.step()
+        e.check_integrity()
+        assert e.pools.allocator.num_used() == 0
+        tokens.append([o.token_ids for o in outs])
+    assert tokens[0] == tokens[1]
