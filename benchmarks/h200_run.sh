@@ -2,6 +2,7 @@
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
 #   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|tp|prefill|prefill-tests|arrivals   (several allowed, in order;
 #   tp needs a host with >= 2 GPUs)
+#   beam-device (~6 min), serve (~6 min), soak (10,000 requests at 256)
 #   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min),
 #   mllama-kernels (~0.5 min), chat (~3 min)
 set -uo pipefail
@@ -43,6 +44,17 @@ for part in "$@"; do
     prefill) timeout 480 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 2 16 32 2>&1 | tee "$OUT/prefill.log" ;;
     arrivals) timeout 500 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 262144 2>&1 | tee "$OUT/arrivals.log" ;;
     large256) python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 256 --configs flat:1:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large256.log" ;;
+    beam-device) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_beam_rows.py \
+             tests/engine/test_beam_device.py tests/mem_cache/test_reorder.py tests/engine/test_gpu_beam.py -rs 2>&1 \
+             | tee "$OUT/beam_device_tests.log" | tail -15
+           for dev in "" "--beam-on-device"; do
+             (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 aligned:128 \
+                --beam 5 --no-hf $dev 2>&1 | grep -v "custom logits" | tee -a "$OUT/beam_device.log" | tail -12)
+           done ;;
+    serve) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --json "$OUT/serve_gpu.json" 2>&1 \
+             | tee "$OUT/serve_gpu.log" | grep -v "^#   ") ;;
+    soak) (cd benchmarks && timeout 400 python3 -W ignore soak_gpu.py --requests 10000 --concurrency 256 \
+             --json "$OUT/soak_gpu.json" 2>&1 | tee "$OUT/soak_gpu.log" | tail -30) ;;
     mllama-tests) timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
              tests/models/mllama/test_vision_plan.py tests/kernels/test_norm_act.py tests/kernels/test_rope.py \
              -rs 2>&1 | tee "$OUT/mllama_tests.log" | tail -15 ;;
