@@ -79,3 +79,25 @@ def use_cuda_graph(config: EngineConfig, settings: RuntimeSettings) -> bool:
     if config.cuda_graph is None:
         return settings.on_cuda and settings.ops == "triton" and config.encoder_kv != "ragged"
     return config.cuda_graph
+
+
+CPU_COMPILE_AFTER = 512  # --cpu-compile auto: eager decode steps of a batch shape before compiling
+
+
+def cpu_compile_after(config: EngineConfig, settings: RuntimeSettings,
+                      model_type: str | None) -> int | None:
+    """Eager decode steps a batch shape runs before it is compiled (``--cpu-compile``), or None
+    (not compiled: off, not CPU, not Whisper, ragged KV, fp8 KV, tensor parallel). ``on`` where
+    it cannot run raises ValueError."""
+    if config.cpu_compile == "off":
+        return None
+    why = ("it runs on CPU only" if settings.on_cuda else
+           "it compiles Whisper decoders only" if model_type != "whisper" else
+           "it needs --encoder-kv flat or aligned" if config.encoder_kv == "ragged" else
+           "it needs a KV cache in the compute dtype" if settings.kv_dtype != settings.dtype
+           else "it runs on one rank" if config.tensor_parallel_size > 1 else None)
+    if why is not None:
+        if config.cpu_compile == "on":
+            raise ValueError(f"--cpu-compile on: {why}")
+        return None
+    return 0 if config.cpu_compile == "on" else CPU_COMPILE_AFTER
