@@ -56,12 +56,14 @@ class CompiledDecodeRunner:
     """Decode batches through compiled graphs, keyed by ``(G, W)`` (padded groups, width)."""
 
     def __init__(self, model: torch.nn.Module, pools: Pools, max_bs: int, max_encoder_len: int,
-                 max_decoder_len: int, compile_after: int, cache_dir: Path | None) -> None:
+                 max_decoder_len: int, compile_after: int, cache_dir: Path | None,
+                 backend: str = "inductor") -> None:
+        """``backend``: torch.compile's (tests trace with ``"eager"``: dynamo, no codegen)."""
         if pools.backend.name not in ("flat", "aligned"):
             raise ValueError(f"--cpu-compile needs fixed shapes: use --encoder-kv flat or "
                              f"aligned, not {pools.backend.name}")
         self.model, self.pools, self.max_bs = model, pools, max_bs
-        self.compile_after = compile_after
+        self.compile_after, self.compiler = compile_after, backend
         self.encoder_cols = pools.backend.encoder_region(max_encoder_len)
         self.inputs = GraphInputs(max_bs, pools.device, ranged=False)
         self.backend = StaticDecodeBackend()
@@ -116,7 +118,7 @@ class CompiledDecodeRunner:
         k = -(-max(batch.seq_lens_cpu) // SELF_COLS_ALIGN) * SELF_COLS_ALIGN
         self_cols = self.cols[:k]
         if self._fn is None:
-            self._fn = torch.compile(self._forward, dynamic=None)
+            self._fn = torch.compile(self._forward, backend=self.compiler, dynamic=None)
         torch._dynamo.mark_dynamic(self_cols, 0)
         first = (g, w) not in self.compiled
         t0 = time.perf_counter()

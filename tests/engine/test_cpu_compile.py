@@ -35,20 +35,38 @@ def audios():
     return [load_audio(DATA / f"{name}.wav") for name in CLIPS]
 
 
-@pytest.mark.parametrize("beam_size", [1, 2])
-def test_compiled_text_equals_eager(engines, audios, beam_size):
-    compiled, eager = engines
+def _same_text(compiled, eager, audios, beam_size: int) -> None:
     runner = compiled.runner.graph_runner
-    assert isinstance(runner, CompiledDecodeRunner) and eager.runner.graph_runner is None
     opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
                              beam_size=beam_size, max_new_tokens=24)
     before = runner.steps
-    for audio in audios:  # one at a time: one shape per beam size
+    for audio in audios:  # one at a time: one batch shape
         want = transcribe(eager, [audio], options=opts)[0].text
         got = transcribe(compiled, [audio], options=opts)[0].text
         assert got == want and want
     assert runner.steps - before >= len(audios) * 10  # the decode steps ran compiled
-    assert (1, beam_size) in runner.compiled
+    assert runner.compiled == {(1, beam_size)}
+
+
+def test_compiled_beam_text_equals_eager(engines, audios):
+    """Inductor's C++ code (one compile: a beam group of two rows)."""
+    compiled, eager = engines
+    assert isinstance(compiled.runner.graph_runner, CompiledDecodeRunner)
+    assert eager.runner.graph_runner is None
+    _same_text(compiled, eager, audios, beam_size=2)
+
+
+def test_traced_greedy_text_equals_eager(engines, audios):
+    """Greedy rows through the same traced graph (dynamo's eager backend: no C++ compile)."""
+    compiled, eager = engines
+    saved = compiled.runner.graph_runner
+    compiled.runner.graph_runner = CompiledDecodeRunner(
+        compiled.model, compiled.pools, saved.max_bs, compiled.model.max_encoder_len,
+        compiled.max_decoder_len, 0, None, backend="eager")
+    try:
+        _same_text(compiled, eager, audios, beam_size=1)
+    finally:
+        compiled.runner.graph_runner = saved
 
 
 def _batch(rows: int, runs=None, mode=ForwardMode.DECODE, ranges=None):
