@@ -52,9 +52,9 @@ class EngineConfig:
     device: str = _f("auto", "Torch device: cpu, cuda, cuda:N, or auto (cuda when present).")
     dtype: str = _f(
         "auto",
-        "Compute and KV-cache dtype: float32, float16, bfloat16, or auto (bfloat16 on CUDA, "
-        "float32 on CPU: on this project's AVX2 CPUs bfloat16 is emulated and slower; see "
-        "README 'CPU').",
+        "Compute and KV-cache dtype: float32, float16, bfloat16, or auto (bfloat16 on CUDA; "
+        "on CPU bfloat16 where torch reports AMX or AVX-512 BF16, else float32: AVX2 CPUs "
+        "emulate bfloat16, slower; float32 with --quantization int8; see README 'CPU').",
     )
     quantization: str = _f(
         "none",

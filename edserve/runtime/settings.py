@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from edserve.config import EngineConfig
-from edserve.engine.cpu_modes import apply_threads
+from edserve.engine.cpu_modes import apply_threads, auto_cpu_dtype, cpu_features
 from edserve.layers.attention import resolve_page_size
 from edserve.models.fp8 import check_fp8, kv_cache_dtype
 from edserve.models.quantize import check_supported
@@ -42,11 +42,14 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA, float32 on CPU (measured fastest exact mode there; int8 is
-    opt-in, ``--quantization int8``: see :mod:`edserve.engine.cpu_modes`)."""
+def resolve_dtype(name: str, device: torch.device, quantization: str = "none",
+                  features: frozenset[str] | None = None) -> torch.dtype:
+    """``auto``: bfloat16 on CUDA; on CPU bfloat16 where bf16 matmuls are native, else float32
+    (:func:`~edserve.engine.cpu_modes.auto_cpu_dtype`; ``features`` default: this CPU's)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda":
+            return torch.bfloat16
+        return auto_cpu_dtype(cpu_features() if features is None else features, quantization)
     if name not in _DTYPES:
         raise ValueError(f"--dtype must be one of {sorted(_DTYPES)} or auto, got {name!r}")
     return _DTYPES[name]
@@ -56,7 +59,7 @@ def resolve_settings(config: EngineConfig) -> RuntimeSettings:
     """Resolve and apply (CPU threads) the machine-dependent settings; raises ValueError for
     settings this machine cannot run, before anything is loaded."""
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    dtype = resolve_dtype(config.dtype, device, config.quantization)
     check_supported(config.quantization, device, dtype)
     threads = apply_threads(config.threads, device)
     ops = config.attention_backend
