@@ -158,7 +158,7 @@ class EngineConfig:
         "Compiled CPU decode steps (Whisper; torch.compile, inductor's C++/OpenMP code; "
         "--encoder-kv flat or aligned): the decoder and logits of a decode batch as one graph "
         "per batch shape, with far less host work per step. auto: a batch shape is compiled "
-        "once it has run 512 eager decode steps (compiling costs seconds, which one short clip "
+        "once it has run 2048 eager decode steps (compiling costs seconds, which one short clip "
         "would not earn back); on: at its first step; off: never. Compiled code is cached "
         "under the edserve cache folder ($EDSERVE_CACHE/inductor). Default from "
         "$EDSERVE_CPU_COMPILE, else auto.",

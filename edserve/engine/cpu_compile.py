@@ -11,7 +11,7 @@ once. Batches of another form (mixed group widths, Mllama key ranges) run eagerl
 
 Compiling costs seconds (inductor's on-disk cache, ``TORCHINDUCTOR_CACHE_DIR``, makes later
 processes faster, but dynamo still traces), which a short job never earns back: a bucket is
-compiled only after it has run ``compile_after`` eager decode steps (``auto``: 128), so one
+compiled only after it has run ``compile_after`` eager decode steps (``auto``: 2048), so one
 short clip runs eagerly as before and long or many clips switch to the compiled step.
 """
 

@@ -84,7 +84,11 @@ def use_cuda_graph(config: EngineConfig, settings: RuntimeSettings) -> bool:
     return config.cuda_graph
 
 
-CPU_COMPILE_AFTER = 512  # --cpu-compile auto: eager decode steps of a batch shape before compiling
+# --cpu-compile auto: eager decode steps of a batch shape before it is compiled. Measured on the
+# 2-core AMD EPYC (benchmarks/RESULTS.md 'CPU compiled decode'): a compile costs ~10 s with a
+# warm inductor cache and 1-3 min cold, a compiled step saves ~15-40 ms under that load; so
+# only shapes that run thousands of steps (long audio, a server) are compiled.
+CPU_COMPILE_AFTER = 2048
 
 
 def cpu_compile_after(config: EngineConfig, settings: RuntimeSettings,
