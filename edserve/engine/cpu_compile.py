@@ -64,7 +64,7 @@ class CompiledDecodeRunner:
                              f"aligned, not {pools.backend.name}")
         self.model, self.pools, self.max_bs = model, pools, max_bs
         self.compile_after, self.compiler = compile_after, backend
-        self.encoder_cols = pools.backend.encoder_region(max_encoder_len)
+        self.encoder_cols = max_encoder_len  # encoder keys sit in columns [0, encoder_len)
         self.inputs = GraphInputs(max_bs, pools.device, ranged=False)
         self.backend = StaticDecodeBackend()
         self.cols = torch.arange(max_decoder_len + SELF_COLS_ALIGN, device=pools.device)

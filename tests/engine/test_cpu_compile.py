@@ -103,3 +103,21 @@ def test_cpu_compile_setting(random_whisper):
         cpu_compile_after(ragged.replace(cpu_compile="on"), resolve_settings(ragged), "whisper")
     with pytest.raises(ValueError, match="cpu-compile"):
         EngineConfig(cpu_compile="yes")
+
+
+def test_traced_aligned_layout_text_equals_eager(random_whisper, audios):
+    """The aligned layout (encoder region padded to whole pages, decoder region after it)
+    read by the traced graph: same text as its eager path (greedy and a beam group)."""
+    kw = dict(model=str(random_whisper), device="cpu", max_running_requests=2,
+              encoder_kv="aligned", page_size="16")
+    eager = build_engine(cpu_compile="off", **kw)
+    traced = build_engine(cpu_compile="off", **kw)
+    traced.runner.graph_runner = CompiledDecodeRunner(
+        traced.model, traced.pools, 2, traced.model.max_encoder_len, traced.max_decoder_len, 0,
+        None, backend="eager")
+    for beam_size in (1, 2):
+        opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
+                                 beam_size=beam_size, max_new_tokens=16)
+        want = transcribe(eager, audios[:1], options=opts)[0].text
+        assert transcribe(traced, audios[:1], options=opts)[0].text == want and want
+    assert traced.runner.graph_runner.compiled == {(1, 1), (1, 2)}
