@@ -22,7 +22,7 @@ without native bf16.
 
 from __future__ import annotations
 
-import functools
+import copy
 import itertools
 import warnings
 import weakref
@@ -79,24 +79,35 @@ def _(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], out_features))
 
 
-@functools.cache
-def _dynamic_linear_cls() -> type:
-    with warnings.catch_warnings():  # torch.ao / quantized-tensor deprecation notices
-        warnings.simplefilter("ignore")
-        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+with warnings.catch_warnings():  # torch.ao / quantized-tensor deprecation notices
+    warnings.simplefilter("ignore")
+    from torch.ao.nn.quantized.dynamic import Linear as _DynamicLinear
 
-    class Int8Linear(DynamicLinear):
-        """fbgemm's dynamic int8 linear; under ``torch.compile`` one opaque op call."""
 
-        def eager(self, x: torch.Tensor) -> torch.Tensor:
-            return super().forward(x)
+class Int8Linear(_DynamicLinear):
+    """fbgemm's dynamic int8 linear; under ``torch.compile`` one opaque op call."""
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            if torch.compiler.is_compiling():
-                return torch.ops.edserve.int8_linear(x, self.handle, self.out_features)
-            return super().forward(x)
+    handle: int  # key in _LIVE
 
-    return Int8Linear
+    def eager(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return torch.ops.edserve.int8_linear(x, self.handle, self.out_features)
+        return super().forward(x)
+
+    def __deepcopy__(self, memo: dict) -> Int8Linear:  # a copy gets its own handle
+        clone = Int8Linear.__new__(Int8Linear)
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        _register(clone)
+        return clone
+
+
+def _register(q: Int8Linear) -> None:
+    q.handle = next(_HANDLES)
+    _LIVE[q.handle] = q
 
 
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
@@ -109,11 +120,10 @@ def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         zero = torch.zeros(w.shape[0], dtype=torch.long)
         qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
         # Built 1x1, then sized: the constructor would prepack a zero weight of full size.
-        q = _dynamic_linear_cls()(1, 1, bias_=bias is not None, dtype=torch.qint8)
+        q = Int8Linear(1, 1, bias_=bias is not None, dtype=torch.qint8)
         q.in_features, q.out_features = w.shape[1], w.shape[0]
         q.set_weight_bias(qweight, None if bias is None else bias.detach().float())
-    q.handle = next(_HANDLES)
-    _LIVE[q.handle] = q
+    _register(q)
     return q
 
 
