@@ -78,12 +78,14 @@ def run_cli(rounds: int, threads: int, paths: list[Path], only: list[str] | None
             if (have_fw or not n.startswith("faster")) and (not only or n in only)}
     rows = {n: {"first": [], "one": [], "all": []} for n in cmds}
     env = dict(os.environ, EDSERVE_DEBUG_CHECKS="0")
-    for _ in range(rounds):
+    for r in range(rounds):
         for name, (cmd, _vs) in cmds.items():
             first, one = _time(cmd + short, env)
             rows[name]["first"].append(first)
             rows[name]["one"].append(one)
             rows[name]["all"].append(_time(cmd + files, env)[1])
+            print(f"# round {r + 1}: {name}: first {first:.2f} s, one {one:.2f} s, all "
+                  f"{rows[name]['all'][-1]:.2f} s", flush=True)
     med = {n: {k: statistics.median(v) for k, v in r.items()} for n, r in rows.items()}
     print(f"\n# CLI: whole processes, {len(files)} files, threads {threads}, medians of {rounds} "
           f"interleaved rounds; one short clip = {Path(short[0]).name}")
