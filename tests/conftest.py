@@ -10,6 +10,9 @@ import os
 import weakref
 
 os.environ.setdefault("EDSERVE_DEBUG_CHECKS", "1")  # allocators validate every call in tests
+# Engines never compile their decode step behind a test's back (tests/engine/test_cpu_compile.py
+# asks for it explicitly): a long test would otherwise pay the compile once past the threshold.
+os.environ.setdefault("EDSERVE_CPU_COMPILE", "off")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -14,6 +14,7 @@ import torch
 
 from edserve.config import EngineConfig
 from edserve.engine.batch_builder import Pools
+from edserve.engine.cpu_compile import CompiledDecodeRunner
 from edserve.engine.cuda_graph import DecodeGraphRunner
 
 
@@ -31,4 +32,5 @@ class EngineParts:
     pools: Pools
     max_decoder_len: int  # decoder positions per request
     max_prefill_tokens: int  # encoder + prompt tokens admitted in one prefill step
-    graphs: DecodeGraphRunner | None = None  # captured decode graphs (CUDA)
+    # captured decode graphs (CUDA) or compiled decode steps (CPU)
+    graphs: DecodeGraphRunner | CompiledDecodeRunner | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from edserve.engine.cpu_compile import CompiledDecodeRunner
 from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
@@ -20,7 +21,8 @@ from edserve.layers.forward_batch import ForwardMode
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, device: torch.device, history: TokenHistory,
-                 graph_runner: DecodeGraphRunner | None = None) -> None:
+                 graph_runner: DecodeGraphRunner | CompiledDecodeRunner | None = None
+                 ) -> None:
         self.model = model
         self.device = device
         self.history = history

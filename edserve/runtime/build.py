@@ -11,17 +11,19 @@ import logging
 from typing import Any
 
 from edserve.config import EngineConfig
+from edserve.engine.cpu_compile import CompiledDecodeRunner
 from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.engine import Engine
 from edserve.engine.parts import EngineParts
 from edserve.layers.attention import create_backend
+from edserve.models.catalog import model_cache_dir
 from edserve.models.fp8 import apply_encoder_dtype
 from edserve.models.quantize import quantize_model
 from edserve.models.registry import build_model
 from edserve.models.weights import load_checkpoint
 from edserve.parallel import build_sharded_model
 from edserve.runtime.pools import build_pools
-from edserve.runtime.settings import resolve_settings, use_cuda_graph
+from edserve.runtime.settings import cpu_compile_after, resolve_settings, use_cuda_graph
 
 logger = logging.getLogger("edserve")
 
@@ -59,6 +61,9 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
     if use_cuda_graph(config, s):
         graphs = DecodeGraphRunner(model, sizing.pools,
                                    min(config.cuda_graph_max_bs or running, running))
+    elif (after := cpu_compile_after(config, s, getattr(model, "model_type", None))) is not None:
+        graphs = CompiledDecodeRunner(model, sizing.pools, running, model.max_encoder_len,
+                                      max_decoder_len, after, model_cache_dir())
     return Engine(EngineParts(
         config=config.replace(max_running_requests=running), device=s.device, dtype=s.dtype,
         threads=s.threads, page_size=s.page_size, model=model, tokenizer=tokenizer,

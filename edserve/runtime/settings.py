@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from edserve.config import EngineConfig
-from edserve.engine.cpu_modes import apply_threads
+from edserve.engine.cpu_modes import apply_threads, auto_cpu_dtype, cpu_features
 from edserve.layers.attention import resolve_page_size
 from edserve.models.fp8 import check_fp8, kv_cache_dtype
 from edserve.models.quantize import check_supported
@@ -42,11 +42,14 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA, float32 on CPU (measured fastest exact mode there; int8 is
-    opt-in, ``--quantization int8``: see :mod:`edserve.engine.cpu_modes`)."""
+def resolve_dtype(name: str, device: torch.device, quantization: str = "none",
+                  features: frozenset[str] | None = None) -> torch.dtype:
+    """``auto``: bfloat16 on CUDA; on CPU bfloat16 where bf16 matmuls are native, else float32
+    (:func:`~edserve.engine.cpu_modes.auto_cpu_dtype`; ``features`` default: this CPU's)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda":
+            return torch.bfloat16
+        return auto_cpu_dtype(cpu_features() if features is None else features, quantization)
     if name not in _DTYPES:
         raise ValueError(f"--dtype must be one of {sorted(_DTYPES)} or auto, got {name!r}")
     return _DTYPES[name]
@@ -56,7 +59,7 @@ def resolve_settings(config: EngineConfig) -> RuntimeSettings:
     """Resolve and apply (CPU threads) the machine-dependent settings; raises ValueError for
     settings this machine cannot run, before anything is loaded."""
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+    dtype = resolve_dtype(config.dtype, device, config.quantization)
     check_supported(config.quantization, device, dtype)
     threads = apply_threads(config.threads, device)
     ops = config.attention_backend
@@ -79,3 +82,29 @@ def use_cuda_graph(config: EngineConfig, settings: RuntimeSettings) -> bool:
     if config.cuda_graph is None:
         return settings.on_cuda and settings.ops == "triton" and config.encoder_kv != "ragged"
     return config.cuda_graph
+
+
+# --cpu-compile auto: eager decode steps of a batch shape before it is compiled. Measured on the
+# 2-core AMD EPYC (benchmarks/RESULTS.md 'CPU compiled decode'): a compile costs ~10 s with a
+# warm inductor cache and 1-3 min cold, a compiled step saves ~15-40 ms under that load; so
+# only shapes that run thousands of steps (long audio, a server) are compiled.
+CPU_COMPILE_AFTER = 2048
+
+
+def cpu_compile_after(config: EngineConfig, settings: RuntimeSettings,
+                      model_type: str | None) -> int | None:
+    """Eager decode steps a batch shape runs before it is compiled (``--cpu-compile``), or None
+    (not compiled: off, not CPU, not Whisper, ragged KV, fp8 KV, tensor parallel). ``on`` where
+    it cannot run raises ValueError."""
+    if config.cpu_compile == "off":
+        return None
+    why = ("it runs on CPU only" if settings.on_cuda else
+           "it compiles Whisper decoders only" if model_type != "whisper" else
+           "it needs --encoder-kv flat or aligned" if config.encoder_kv == "ragged" else
+           "it needs a KV cache in the compute dtype" if settings.kv_dtype != settings.dtype
+           else "it runs on one rank" if config.tensor_parallel_size > 1 else None)
+    if why is not None:
+        if config.cpu_compile == "on":
+            raise ValueError(f"--cpu-compile on: {why}")
+        return None
+    return 0 if config.cpu_compile == "on" else CPU_COMPILE_AFTER

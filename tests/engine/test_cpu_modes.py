@@ -101,3 +101,23 @@ def test_cli_reports_unsupported_mode_without_traceback(capsys):
               "--quantization", "int8"])
     assert exit_info.value.code == 2
     assert "edserve: --quantization int8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("features, quantization, want", [
+    ({"avx2"}, "none", torch.float32),  # this project's AMD EPYC: bf16 would be emulated
+    ({"avx512", "avx2"}, "none", torch.float32),  # AVX-512 without BF16: emulated too
+    ({"avx512", "avx512_bf16"}, "none", torch.bfloat16),
+    ({"avx512", "amx_tile"}, "none", torch.bfloat16),  # Sapphire Rapids and later
+    ({"avx512", "amx_tile"}, "int8", torch.float32),  # int8 linears take fp32 activations
+])
+def test_dtype_auto_on_cpu(features, quantization, want):
+    from edserve.engine.cpu_modes import auto_cpu_dtype, cpu_features
+    from edserve.runtime.settings import resolve_dtype
+
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu, quantization, frozenset(features)) == want
+    assert auto_cpu_dtype(frozenset(features), quantization) == want
+    assert resolve_dtype("float32", cpu, quantization, frozenset(features)) == torch.float32
+    here = cpu_features()  # this machine: the capability string is one of the features
+    assert torch.backends.cpu.get_cpu_capability().lower() in here
+    assert resolve_dtype("auto", cpu) == auto_cpu_dtype(here)

@@ -33,8 +33,8 @@ def test_every_linear_but_cross_kv_is_int8(models):
     _, q = models
     names = {n for n, m in q.named_modules() if isinstance(m, nn.Linear)}
     assert names == {"model.decoder.cross_kv_proj"}  # sliced by the model: stays float
-    dyn = [m for _, m in q.named_modules() if type(m).__name__ == "Linear"
-           and m.__module__.startswith("torch.ao")]
+    dyn = [m for _, m in q.named_modules()
+           if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
     # per encoder layer: qkv, out, fc1, fc2; per decoder layer: + cross q, cross out; + logits
     assert len(dyn) == 4 * CFG.encoder_layers + 6 * CFG.decoder_layers + 1
     assert q.quantization == {"mode": "int8", "linears": len(dyn) - 1}

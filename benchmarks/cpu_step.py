@@ -1,0 +1,197 @@
+"""CPU Whisper step timings in one process: encoder ms, decode ms per step and the host share of a
+decode step, eager vs compiled (``--cpu-compile``), for each mode and beam width.
+
+Each configuration (``fp32``/``int8`` x beam sizes x ``eager``/``compiled``) gets its own engine
+on the embedded tiny.en; compiled engines compile their shapes before timing (``compile s``:
+this process's compile time, on whatever inductor cache ``$EDSERVE_CACHE/inductor`` holds).
+Rounds interleave the configurations (a shared machine's load hits all alike); medians over
+rounds. The host share of a decode step is ``1 - compute / wall`` over the profiled decode
+steps of one clip, where compute is the self CPU time of the compute kernels (GEMMs, int8
+linears, attention, convolutions and inductor's generated kernels: :data:`COMPUTE`) and wall
+the steps' wall time, both from the torch profiler.
+
+  python benchmarks/cpu_step.py [--rounds 3] [--threads 2] [--clips 10] [--beam-sizes 1 5]
+  python benchmarks/cpu_step.py --encoder-attention      # SDPA flash vs math, 1500 x 1500
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+# Profiler events whose self time is compute (everything else in a step is host work).
+COMPUTE = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "quantized::linear_dynamic",
+           "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::mkldnn_convolution",
+           "aten::index_select", "## Call CompiledFxGraph")
+
+
+def cpu_description() -> str:
+    """``model name`` of /proc/cpuinfo, the SIMD flags that matter, torch's capability."""
+    from edserve.engine.cpu_modes import cpu_features
+
+    name = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}; features {sorted(cpu_features())}"
+
+
+class StepClock:
+    """Wraps an engine's runner: wall time of encoder runs and of decode steps."""
+
+    def __init__(self, engine) -> None:
+        self.encode_s: list[float] = []
+        self.decode_s: list[float] = []
+        runner = engine.runner
+        run, encode = runner.run, runner._encode
+
+        def timed_encode(reqs):
+            t0 = time.perf_counter()
+            out = encode(reqs)
+            if out is not None:
+                self.encode_s.append(time.perf_counter() - t0)
+            return out
+
+        def timed_run(sched):
+            t0 = time.perf_counter()
+            with torch.profiler.record_function(f"ModelRunner.{sched.mode.name.lower()}"):
+                out = run(sched)
+            if sched.mode.name == "DECODE":
+                self.decode_s.append(time.perf_counter() - t0)
+            return out
+
+        runner._encode, runner.run = timed_encode, timed_run
+
+    def reset(self) -> None:
+        self.encode_s.clear()
+        self.decode_s.clear()
+
+
+def host_share(fn, clock: StepClock) -> float:
+    """1 - compute / wall of the decode steps of one call of ``fn`` (profiled)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    clock.reset()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    wall = sum(clock.decode_s)
+    events = [e for e in prof.events() if e.name == "ModelRunner.decode"]
+    compute = 0.0
+    for ev in events:  # compute kernels under the decode steps only
+        stack = list(ev.cpu_children)
+        while stack:
+            e = stack.pop()
+            if any(e.name.startswith(c) for c in COMPUTE):
+                compute += e.self_cpu_time_total / 1e6
+            stack.extend(e.cpu_children)
+    return 1 - compute / wall if wall else float("nan")
+
+
+def encoder_attention(threads: int, rounds: int = 20) -> None:
+    """Whisper encoder self-attention (1500 x 1500, tiny.en's 6 heads of 64) in float32:
+    SDPA's CPU flash kernel (what the encoder calls) vs SDPA's math path vs an explicit
+    softmax(q k^T) v; medians of interleaved rounds."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.set_num_threads(threads)
+    q, k, v = (torch.randn(1, 6, 1500, 64) for _ in range(3))
+
+    def explicit():
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1) @ v
+
+    def kernel(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v)
+        return run
+    fns = {"SDPA flash (CPU)": kernel(SDPBackend.FLASH_ATTENTION),
+           "SDPA math": kernel(SDPBackend.MATH), "explicit softmax(qk^T)v": explicit}
+    times = {n: [] for n in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    print("| encoder attention, 1 x 6 heads x 1500 x 1500 | ms (one layer) |\n|---|---:|")
+    for name, ts in times.items():
+        print(f"| {name} | {statistics.median(ts) * 1e3:.1f} |")
+
+
+def build(mode: str, beam: int, compiled: bool, threads: int):
+    from edserve.runtime import build_engine
+    from edserve.whisper.options import TranscribeOptions
+    from edserve.whisper.transcribe import transcribe
+
+    engine = build_engine(device="cpu", threads=threads, max_running_requests=beam,
+                          quantization="int8" if mode == "int8" else "none",
+                          cpu_compile="on" if compiled else "off")
+    opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
+                             beam_size=beam)
+    clock = StepClock(engine)
+    return (lambda audio: transcribe(engine, [audio], options=opts)[0].text), clock
+
+
+def main() -> None:
+    import numpy as np
+    from cpu_whisper import clips
+
+    from edserve.audio.decode import load_audio
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clips", type=int, default=None)
+    ap.add_argument("--modes", nargs="+", default=["fp32", "int8"])
+    ap.add_argument("--beam-sizes", nargs="+", type=int, default=[1, 5])
+    ap.add_argument("--encoder-attention", action="store_true",
+                    help="only time the encoder's attention kernels")
+    args = ap.parse_args()
+    if args.encoder_attention:
+        return encoder_attention(args.threads)
+    torch.set_num_threads(args.threads)
+    paths = clips()[:args.clips]
+    audios = [load_audio(p).astype(np.float32) for p in paths]
+    print(f"# {cpu_description()}; threads {args.threads}; {len(paths)} clips; medians of "
+          f"{args.rounds} interleaved rounds")
+    configs, compile_s, texts = {}, {}, {}
+    for mode in args.modes:
+        for beam in args.beam_sizes:
+            for compiled in (False, True):
+                key = (mode, beam, "compiled" if compiled else "eager")
+                fn, clock = build(mode, beam, compiled, args.threads)
+                t0 = time.perf_counter()
+                fn(audios[0])  # compiles the shape of one clip (compiled engines)
+                compile_s[key] = time.perf_counter() - t0
+                configs[key] = (fn, clock)
+    rows = {k: {"enc": [], "step": [], "total": []} for k in configs}
+    for _ in range(args.rounds):
+        for key, (fn, clock) in configs.items():
+            clock.reset()
+            t0 = time.perf_counter()
+            texts[key] = [fn(a) for a in audios]
+            rows[key]["total"].append(time.perf_counter() - t0)
+            rows[key]["enc"].append(statistics.median(clock.encode_s))
+            rows[key]["step"].append(statistics.median(clock.decode_s))
+    print("| mode | beam | decode | first clip s (compile) | total s | encoder ms | "
+          "decode ms/step | host share | text = eager |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for key, (fn, clock) in configs.items():
+        r = {k: statistics.median(v) for k, v in rows[key].items()}
+        share = host_share(lambda fn=fn: fn(audios[0]), clock)
+        eager = texts[(key[0], key[1], "eager")]
+        same = sum(a == b for a, b in zip(texts[key], eager, strict=True))
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {compile_s[key]:.1f} | {r['total']:.2f} | "
+              f"{r['enc'] * 1e3:.0f} | {r['step'] * 1e3:.2f} | {share:.0%} | "
+              f"{same}/{len(audios)} |")
+
+
+if __name__ == "__main__":
+    main()

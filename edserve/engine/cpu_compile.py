@@ -1,0 +1,136 @@
+"""Compiled CPU decode steps (``--cpu-compile``): the decoder forward and the logits of a decode
+batch as one ``torch.compile`` graph (inductor's C++/OpenMP backend) per batch shape.
+
+The CPU counterpart of :mod:`edserve.engine.cuda_graph`, with the same interface (``can_run``,
+``replay``): a decode batch is copied into the static buffers of
+:class:`~edserve.engine.graph_inputs.GraphInputs` and padded to a shape bucket, ``G`` groups of
+``W`` rows (``W`` = 1: greedy rows; ``W`` = beam width: beam groups, whose rows share an encoder
+region read once per group; see :mod:`edserve.layers.attention.static_decode`). The decoder
+region's key count is the graph's one free dimension (marked dynamic), so a bucket compiles
+once. Batches of another form (mixed group widths, Mllama key ranges) run eagerly.
+
+Compiling costs seconds (inductor's on-disk cache, ``TORCHINDUCTOR_CACHE_DIR``, makes later
+processes faster, but dynamo still traces), which a short job never earns back: a bucket is
+compiled only after it has run ``compile_after`` eager decode steps (``auto``: 2048), so one
+short clip runs eagerly as before and long or many clips switch to the compiled step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from edserve.engine.batch_builder import Pools
+from edserve.engine.graph_inputs import GraphInputs
+from edserve.layers.attention.static_decode import StaticDecodeBackend, static_decode_metadata
+from edserve.layers.forward_batch import ForwardBatch, ForwardMode
+
+logger = logging.getLogger("edserve")
+
+SELF_COLS_ALIGN = 16  # decoder key count rounded up to this (fewer distinct shapes)
+
+
+def group_buckets(max_bs: int) -> list[int]:
+    """Group counts compiled: 1, 2, 4, 8, ... up to ``max_bs``."""
+    sizes, g = [], 1
+    while g < max_bs:
+        sizes.append(g)
+        g *= 2
+    return sizes + [max_bs]
+
+
+def batch_width(batch: ForwardBatch) -> int | None:
+    """Rows per group when every run of rows sharing an encoder region has the same length
+    (1 without runs), else None."""
+    runs = batch.cross_runs
+    if runs is None:
+        return 1
+    return runs[0] if all(n == runs[0] for n in runs) else None
+
+
+class CompiledDecodeRunner:
+    """Decode batches through compiled graphs, keyed by ``(G, W)`` (padded groups, width)."""
+
+    def __init__(self, model: torch.nn.Module, pools: Pools, max_bs: int, max_encoder_len: int,
+                 max_decoder_len: int, compile_after: int, cache_dir: Path | None,
+                 backend: str = "inductor") -> None:
+        """``backend``: torch.compile's (tests trace with ``"eager"``: dynamo, no codegen)."""
+        if pools.backend.name not in ("flat", "aligned"):
+            raise ValueError(f"--cpu-compile needs fixed shapes: use --encoder-kv flat or "
+                             f"aligned, not {pools.backend.name}")
+        self.model, self.pools, self.max_bs = model, pools, max_bs
+        self.compile_after, self.compiler = compile_after, backend
+        self.encoder_cols = max_encoder_len  # encoder keys sit in columns [0, encoder_len)
+        self.inputs = GraphInputs(max_bs, pools.device, ranged=False)
+        self.backend = StaticDecodeBackend()
+        self.cols = torch.arange(max_decoder_len + SELF_COLS_ALIGN, device=pools.device)
+        self.buckets = group_buckets(max_bs)
+        self.eager_steps: dict[tuple[int, int], int] = {}  # steps run eagerly per key
+        self.compiled: set[tuple[int, int]] = set()
+        self.steps = 0  # decode steps run compiled
+        if cache_dir is not None:  # inductor reads it when it first compiles
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+        self._fn = None  # torch.compile(...), made at the first compile (importing dynamo
+        # costs start-up time that a run without a compiled step should not pay)
+
+    def key(self, batch: ForwardBatch) -> tuple[int, int] | None:
+        """``(G, W)`` bucket of a decode batch, or None when it must run eagerly."""
+        if batch.mode != ForwardMode.DECODE or batch.cross_kv_ranges is not None \
+                or batch.batch_size > self.max_bs:
+            return None
+        width = batch_width(batch)
+        if width is None:
+            return None
+        groups = batch.batch_size // width
+        g = next((s for s in self.buckets if s >= groups and s * width <= self.max_bs), None)
+        return None if g is None else (g, width)
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        """Whether ``batch`` runs compiled now; counts eager steps towards ``compile_after``."""
+        key = self.key(batch)
+        if key is None:
+            return False
+        if key in self.compiled:
+            return True
+        n = self.eager_steps.get(key, 0) + 1
+        self.eager_steps[key] = n
+        return n > self.compile_after
+
+    def _forward(self, g: int, w: int, self_cols: torch.Tensor) -> torch.Tensor:
+        """The compiled work: metadata, decoder forward and logits of ``g * w`` rows."""
+        bs = g * w
+        inp = self.inputs
+        batch = inp.batch(self.pools, bs)
+        batch.attn_backend = self.backend
+        batch.attn_metadata = static_decode_metadata(batch, self_cols, self.encoder_cols, w)
+        hidden = self.model(inp.input_ids[:bs], inp.positions[:bs], batch, None)  # [bs, d]
+        return self.model.compute_logits(hidden)  # [bs, V]
+
+    def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, V]`` of a decode batch that :meth:`can_run` accepted."""
+        g, w = self.key(batch)
+        bs = batch.batch_size
+        self.inputs.load(batch, input_ids, g * w)
+        k = -(-max(batch.seq_lens_cpu) // SELF_COLS_ALIGN) * SELF_COLS_ALIGN
+        self_cols = self.cols[:k]
+        if self._fn is None:
+            # One graph per (g, w) (ints specialised, dynamic=False), the key count free
+            # (mark_dynamic); dynamo keeps at most cache_size_limit graphs per function, a
+            # process-wide setting (a per-call config.patch cost ~0.2-0.8 ms of host time).
+            torch._dynamo.config.cache_size_limit = max(
+                torch._dynamo.config.cache_size_limit, 4 * len(self.buckets))
+            self._fn = torch.compile(self._forward, backend=self.compiler, dynamic=False)
+        torch._dynamo.mark_dynamic(self_cols, 0)
+        first = (g, w) not in self.compiled
+        t0 = time.perf_counter()
+        logits = self._fn(g, w, self_cols)
+        self.steps += 1
+        if first:
+            self.compiled.add((g, w))
+            logger.info("compiled the CPU decode step for %d group(s) of %d row(s) in %.1f s",
+                        g, w, time.perf_counter() - t0)
+        return logits[:bs]

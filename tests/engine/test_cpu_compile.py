@@ -1,0 +1,123 @@
+"""Compiled CPU decode steps (``--cpu-compile``): the same text as the eager path on the bundled
+clips (greedy and beam search), and the rules that decide when a batch runs compiled.
+
+One small random-weight Whisper, compiled once per session (two shapes: one greedy row, one beam
+group of two rows); inductor's cache lives in the session's temporary folder."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from whisper_fixtures import CLIPS, DATA
+
+from edserve.audio.decode import load_audio
+from edserve.engine.cpu_compile import CompiledDecodeRunner, batch_width, group_buckets
+from edserve.layers.forward_batch import ForwardMode
+from edserve.runtime import build_engine
+from edserve.runtime.settings import CPU_COMPILE_AFTER, cpu_compile_after, resolve_settings
+from edserve.whisper.options import TranscribeOptions
+from edserve.whisper.transcribe import transcribe
+
+
+@pytest.fixture(scope="session")
+def engines(random_whisper, tmp_path_factory):
+    import os
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+    kw = dict(model=str(random_whisper), device="cpu", max_running_requests=2)
+    return build_engine(cpu_compile="on", **kw), build_engine(cpu_compile="off", **kw)
+
+
+@pytest.fixture(scope="session")
+def audios():
+    return [load_audio(DATA / f"{name}.wav") for name in CLIPS]
+
+
+def _same_text(compiled, eager, audios, beam_size: int) -> None:
+    runner = compiled.runner.graph_runner
+    opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
+                             beam_size=beam_size, max_new_tokens=24)
+    before = runner.steps
+    for audio in audios:  # one at a time: one batch shape
+        want = transcribe(eager, [audio], options=opts)[0].text
+        got = transcribe(compiled, [audio], options=opts)[0].text
+        assert got == want and want
+    assert runner.steps - before >= len(audios) * 10  # the decode steps ran compiled
+    assert runner.compiled == {(1, beam_size)}
+
+
+def test_compiled_beam_text_equals_eager(engines, audios):
+    """Inductor's C++ code (one compile: a beam group of two rows)."""
+    compiled, eager = engines
+    assert isinstance(compiled.runner.graph_runner, CompiledDecodeRunner)
+    assert eager.runner.graph_runner is None
+    _same_text(compiled, eager, audios, beam_size=2)
+
+
+def test_traced_greedy_text_equals_eager(engines, audios):
+    """Greedy rows through the same traced graph (dynamo's eager backend: no C++ compile)."""
+    compiled, eager = engines
+    saved = compiled.runner.graph_runner
+    compiled.runner.graph_runner = CompiledDecodeRunner(
+        compiled.model, compiled.pools, saved.max_bs, compiled.model.max_encoder_len,
+        compiled.max_decoder_len, 0, None, backend="eager")
+    try:
+        _same_text(compiled, eager, audios, beam_size=1)
+    finally:
+        compiled.runner.graph_runner = saved
+
+
+def _batch(rows: int, runs=None, mode=ForwardMode.DECODE, ranges=None):
+    return SimpleNamespace(mode=mode, batch_size=rows, cross_runs=runs, cross_kv_ranges=ranges)
+
+
+def test_batch_shapes_and_compile_threshold(engines):
+    runner = engines[0].runner.graph_runner
+    assert group_buckets(16) == [1, 2, 4, 8, 16] and group_buckets(5) == [1, 2, 4, 5]
+    assert batch_width(_batch(3)) == 1 and batch_width(_batch(6, [3, 3])) == 3
+    assert batch_width(_batch(5, [3, 2])) is None
+    assert runner.key(_batch(2, [2])) == (1, 2) and runner.key(_batch(2)) == (2, 1)
+    assert runner.key(_batch(2, mode=ForwardMode.EXTEND)) is None
+    assert runner.key(_batch(2, ranges=torch.zeros(2, 2))) is None
+    assert runner.key(_batch(3)) is None  # past max_running_requests
+    lazy = CompiledDecodeRunner.__new__(CompiledDecodeRunner)
+    lazy.__dict__.update(runner.__dict__, compile_after=2, eager_steps={}, compiled=set())
+    assert [lazy.can_run(_batch(1)) for _ in range(3)] == [False, False, True]
+    assert lazy.can_run(_batch(2)) is False  # counted per shape
+
+
+def test_cpu_compile_setting(random_whisper):
+    from edserve.config import EngineConfig
+
+    cpu = EngineConfig(device="cpu")
+    s = resolve_settings(cpu)
+    assert cpu_compile_after(cpu.replace(cpu_compile="auto"), s, "whisper") == CPU_COMPILE_AFTER
+    assert cpu_compile_after(cpu.replace(cpu_compile="on"), s, "whisper") == 0
+    assert cpu_compile_after(cpu.replace(cpu_compile="off"), s, "whisper") is None
+    assert cpu_compile_after(cpu.replace(cpu_compile="auto"), s, "mllama") is None
+    ragged = cpu.replace(cpu_compile="auto", encoder_kv="ragged")
+    assert cpu_compile_after(ragged, resolve_settings(ragged), "whisper") is None
+    with pytest.raises(ValueError, match="flat or aligned"):
+        cpu_compile_after(ragged.replace(cpu_compile="on"), resolve_settings(ragged), "whisper")
+    with pytest.raises(ValueError, match="cpu-compile"):
+        EngineConfig(cpu_compile="yes")
+
+
+def test_traced_aligned_layout_text_equals_eager(random_whisper, audios):
+    """The aligned layout (encoder region padded to whole pages, decoder region after it)
+    read by the traced graph: same text as its eager path (greedy and a beam group)."""
+    kw = dict(model=str(random_whisper), device="cpu", max_running_requests=2,
+              encoder_kv="aligned", page_size="16")
+    eager = build_engine(cpu_compile="off", **kw)
+    traced = build_engine(cpu_compile="off", **kw)
+    traced.runner.graph_runner = CompiledDecodeRunner(
+        traced.model, traced.pools, 2, traced.model.max_encoder_len, traced.max_decoder_len, 0,
+        None, backend="eager")
+    for beam_size in (1, 2):
+        opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
+                                 beam_size=beam_size, max_new_tokens=16)
+        want = transcribe(eager, audios[:1], options=opts)[0].text
+        assert transcribe(traced, audios[:1], options=opts)[0].text == want and want
+    assert traced.runner.graph_runner.compiled == {(1, 1), (1, 2)}
