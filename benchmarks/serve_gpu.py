@@ -132,6 +132,7 @@ def bench(url: str, items: list[AudioItem], concurrency: int, pid: int) -> dict:
                   stage_delta(before, scrape_stages(url)))
     s["api_cpu_ms_per_request"] = 1000 * cpu["api"] / max(1, len(items))
     s["engine_cpu_ms_per_request"] = 1000 * cpu["engine"] / max(1, len(items))
+    s["helpers_cpu_ms_per_request"] = 1000 * cpu["helpers"] / max(1, len(items))
     return s
 
 
@@ -173,7 +174,8 @@ def main() -> None:
     try:
         short = AudioItem("jfk.wav", clip_path.read_bytes(), len(clip) / 16000)
         bench(url, [short] * max(8, args.rows), min(8, args.rows), proc.pid)  # warm-up
-        print("conc  req/s  x engine  p50 ms  p99 ms  api CPU ms/req  failed", flush=True)
+        print("conc  req/s  x engine  p50 ms  p99 ms  api CPU ms/req  workers CPU ms/req  "
+              "failed", flush=True)
         for c in args.concurrency:
             s = bench(url, [short] * args.requests, c, proc.pid)
             s["ratio_to_engine"] = s["requests_per_s"] / eng["requests_per_s"]
@@ -181,7 +183,7 @@ def main() -> None:
             lat = s["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
             print(f"{c:4d}  {s['requests_per_s']:5.1f}  {s['ratio_to_engine']:8.2f}  "
                   f"{lat['p50']:6.0f}  {lat['p99']:6.0f}  {s['api_cpu_ms_per_request']:14.2f}  "
-                  f"{s['failed']}", flush=True)
+                  f"{s['helpers_cpu_ms_per_request']:18.2f}  {s['failed']}", flush=True)
             for stage, d in (s["stages"] or {}).items():
                 print(f"#   {stage:12s} {d['mean_ms']:9.2f} ms (n={d['count']})")
         items = [AudioItem(p.name, p.read_bytes(), len(a) / 16000) for p, a in longs]
