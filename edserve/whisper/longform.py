@@ -41,6 +41,7 @@ from edserve.audio.mel import (
     HOP_LENGTH,
     N_FRAMES,
     SAMPLE_RATE,
+    host_contiguous,
     window_features,
 )
 from edserve.audio.prepare import PreparedAudio, longform_mel
@@ -173,7 +174,7 @@ class LongformTask:
             max_new_tokens=(o.max_new_tokens or self.n_ctx // 2) + forced,
             length_penalty=o.length_penalty, **group)
         retry_left = self._temp_index + 1 < len(o.temperatures)
-        req = GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=features.contiguous(),
+        req = GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=host_contiguous(features),
                               sampling=sampling, logits_processors=filters,
                               no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech,
                               encoder_kv=self._held,
