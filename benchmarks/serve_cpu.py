@@ -79,8 +79,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", type=int, default=16, help="--max-running-requests")
     ap.add_argument("--server-path", default=str(ROOT), help="checkout the server runs")
-    ap.add_argument("--serve-flags", default="", help="more `edserve serve` flags, e.g. "
-                    "'--audio-workers 0'")
+    ap.add_argument("--serve-flags", default="", help="more `edserve serve` flags, given "
+                    "with '=', e.g. --serve-flags='--audio-workers 0'")
     ap.add_argument("--skip-transcribe", action="store_true")
     args = ap.parse_args()
     s = serve_figure(args)

@@ -186,8 +186,9 @@ def main() -> None:
     ap.add_argument("--longform-seconds", type=float, default=600.0)
     ap.add_argument("--rows", type=int, default=64, help="--max-running-requests")
     ap.add_argument("--serve-flags", action="append", default=[],
-                    help="a server variant: more `edserve serve` flags, e.g. '--audio-workers "
-                    "0' (decode in API threads, as before) or '--engine-process'; repeat to "
+                    help="a server variant: more `edserve serve` flags, given with '=', e.g. "
+                    "--serve-flags='--audio-workers 0' (decode in API threads, as before) or "
+                    "--serve-flags=--engine-process (--serve-flags= : the defaults); repeat to "
                     "measure several servers against the one engine figure (default: one "
                     "server, default flags)")
     ap.add_argument("--json", default=None)
