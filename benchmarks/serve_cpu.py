@@ -41,7 +41,7 @@ def serve_figure(args) -> dict:
                               if p and p != str(ROOT)]))
     proc, url = start_server(Path(tempfile.mkdtemp()) / "serve.log", "--threads",
                              str(args.threads), "--max-running-requests", str(args.rows),
-                             env=env)
+                             *args.serve_flags.split(), env=env, cwd=args.server_path)
     try:
         items = request_plan(load_items(CLIPS), args.requests)
         target = BenchTarget(url)
@@ -52,6 +52,7 @@ def serve_figure(args) -> dict:
         s = summarize(results, wall, {}, stage_delta(before, scrape_stages(url)))
         s["api_cpu_ms_per_request"] = 1000 * cpu["api"] / len(items)
         s["engine_cpu_ms_per_request"] = 1000 * cpu["engine"] / len(items)
+        s["helpers_cpu_ms_per_request"] = 1000 * cpu["helpers"] / len(items)
         return s
     finally:
         proc.terminate()
@@ -78,13 +79,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", type=int, default=16, help="--max-running-requests")
     ap.add_argument("--server-path", default=str(ROOT), help="checkout the server runs")
+    ap.add_argument("--serve-flags", default="", help="more `edserve serve` flags, given "
+                    "with '=', e.g. --serve-flags='--audio-workers 0'")
     ap.add_argument("--skip-transcribe", action="store_true")
     args = ap.parse_args()
     s = serve_figure(args)
     print(f"serve ({args.server_path}): {s['requests_per_s']:.3f} req/s at {args.concurrency} "
           f"clients, p50 {s['latency_ms']['p50']:.0f} ms, failed {s['failed']}, API CPU "
           f"{s['api_cpu_ms_per_request']:.1f} ms/req, engine CPU "
-          f"{s['engine_cpu_ms_per_request']:.1f} ms/req", flush=True)
+          f"{s['engine_cpu_ms_per_request']:.1f} ms/req, audio-worker (child) CPU "
+          f"{s['helpers_cpu_ms_per_request']:.1f} ms/req", flush=True)
     for stage, d in (s["stages"] or {}).items():
         print(f"#   {stage:12s} {d['mean_ms']:9.2f} ms (n={d['count']})")
     if not args.skip_transcribe:

@@ -7,8 +7,9 @@ serve`` on the same folder (``--max-running-requests 64``, ``--context-length 34
 at most 17 new tokens, fallback thresholds off) and drives it with ``edserve bench``'s client at
 each concurrency on ``tests/data/jfk.wav`` (json responses), plus long-form: concurrent
 10-minute files made by tiling the test clips, against the in-process transcription driver on
-the same files. Prints the ratios, the server's stage breakdown and the API process's CPU time
-per request (threads other than the engine's), and writes a JSON summary.
+the same files. Prints the ratios, the server's stage breakdown, the API process's CPU time
+per request (threads other than the engine's) and its child processes' (the audio workers),
+and writes a JSON summary. ``--serve-flags`` (repeatable) measures server variants in one run.
 
   python benchmarks/serve_gpu.py --json /tmp/out/serve_gpu.json          # H200
   python benchmarks/serve_gpu.py --dry-run                               # toy model, CPU
@@ -132,7 +133,48 @@ def bench(url: str, items: list[AudioItem], concurrency: int, pid: int) -> dict:
                   stage_delta(before, scrape_stages(url)))
     s["api_cpu_ms_per_request"] = 1000 * cpu["api"] / max(1, len(items))
     s["engine_cpu_ms_per_request"] = 1000 * cpu["engine"] / max(1, len(items))
+    s["helpers_cpu_ms_per_request"] = 1000 * cpu["helpers"] / max(1, len(items))
     return s
+
+
+def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
+                  clip: np.ndarray, longs: list, eng: dict, extra: dict) -> dict:
+    """One server (``edserve serve`` + ``flags``): every concurrency level, then long-form."""
+    from tests.server.server_helpers import start_server
+
+    device = "cpu" if args.dry_run else "cuda"
+    proc, url = start_server(work / "serve.log", "--model", str(folder), "--device", device,
+                             "--max-running-requests", str(args.rows), "--context-length",
+                             str(CONTEXT), *NO_FALLBACK, *flags.split(),
+                             *(f"--{k}={v}" for k, v in extra.items()))
+    out: dict = {"serve": {}}
+    try:
+        short = AudioItem("jfk.wav", clip_path.read_bytes(), len(clip) / 16000)
+        bench(url, [short] * max(8, args.rows), min(8, args.rows), proc.pid)  # warm-up
+        print("conc  req/s  x engine  p50 ms  p99 ms  api CPU ms/req  workers CPU ms/req  "
+              "failed", flush=True)
+        for c in args.concurrency:
+            s = bench(url, [short] * args.requests, c, proc.pid)
+            s["ratio_to_engine"] = s["requests_per_s"] / eng["requests_per_s"]
+            out["serve"][str(c)] = s
+            lat = s["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
+            print(f"{c:4d}  {s['requests_per_s']:5.1f}  {s['ratio_to_engine']:8.2f}  "
+                  f"{lat['p50']:6.0f}  {lat['p99']:6.0f}  {s['api_cpu_ms_per_request']:14.2f}  "
+                  f"{s['helpers_cpu_ms_per_request']:18.2f}  {s['failed']}", flush=True)
+            for stage, d in (s["stages"] or {}).items():
+                print(f"#   {stage:12s} {d['mean_ms']:9.2f} ms (n={d['count']})")
+        items = [AudioItem(p.name, p.read_bytes(), len(a) / 16000) for p, a in longs]
+        s = bench(url, items, len(items), proc.pid)
+        s["ratio_to_engine"] = s["audio_seconds_per_s"] / eng["longform_audio_s_per_s"]
+        out["longform"] = s
+        print(f"long-form x{len(items)} {args.longform_seconds:.0f} s: "
+              f"{s['audio_seconds_per_s']:.0f} audio s/s = {s['ratio_to_engine']:.2f} x engine "
+              f"({eng['longform_audio_s_per_s']:.0f}); failed {s['failed']} "
+              f"{s.get('errors') or ''}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return out
 
 
 def main() -> None:
@@ -143,6 +185,12 @@ def main() -> None:
     ap.add_argument("--longform", type=int, default=16, help="concurrent long files")
     ap.add_argument("--longform-seconds", type=float, default=600.0)
     ap.add_argument("--rows", type=int, default=64, help="--max-running-requests")
+    ap.add_argument("--serve-flags", action="append", default=[],
+                    help="a server variant: more `edserve serve` flags, given with '=', e.g. "
+                    "--serve-flags='--audio-workers 0' (decode in API threads, as before) or "
+                    "--serve-flags=--engine-process (--serve-flags= : the defaults); repeat to "
+                    "measure several servers against the one engine figure (default: one "
+                    "server, default flags)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run", action="store_true", help="toy model on the CPU, few requests")
     args = ap.parse_args()
@@ -150,7 +198,6 @@ def main() -> None:
     if args.dry_run:  # one torch thread: two oversubscribe a shared 2-core box (8x slower)
         device, args.arch, args.concurrency, args.requests = "cpu", "toy", [1, 2], 4
         args.longform, args.longform_seconds, args.rows, extra = 2, 40.0, 4, {"threads": 1}
-    from tests.server.server_helpers import start_server
 
     work = Path(tempfile.mkdtemp(prefix="serve_gpu_"))
     folder = save_folder(args.arch, work / "model", device)
@@ -165,35 +212,11 @@ def main() -> None:
         torch.cuda.empty_cache()
         print(f"# GPU memory still held here: {torch.cuda.memory_allocated() / 2**30:.1f} GiB",
               flush=True)
-    proc, url = start_server(work / "serve.log", "--model", str(folder), "--device", device,
-                             "--max-running-requests", str(args.rows), "--context-length",
-                             str(CONTEXT), *NO_FALLBACK,
-                             *(f"--{k}={v}" for k, v in extra.items()))
-    summary = {"arch": args.arch, "device": device, "engine": eng, "serve": {}}
-    try:
-        short = AudioItem("jfk.wav", clip_path.read_bytes(), len(clip) / 16000)
-        bench(url, [short] * max(8, args.rows), min(8, args.rows), proc.pid)  # warm-up
-        print("conc  req/s  x engine  p50 ms  p99 ms  api CPU ms/req  failed", flush=True)
-        for c in args.concurrency:
-            s = bench(url, [short] * args.requests, c, proc.pid)
-            s["ratio_to_engine"] = s["requests_per_s"] / eng["requests_per_s"]
-            summary["serve"][str(c)] = s
-            lat = s["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
-            print(f"{c:4d}  {s['requests_per_s']:5.1f}  {s['ratio_to_engine']:8.2f}  "
-                  f"{lat['p50']:6.0f}  {lat['p99']:6.0f}  {s['api_cpu_ms_per_request']:14.2f}  "
-                  f"{s['failed']}", flush=True)
-            for stage, d in (s["stages"] or {}).items():
-                print(f"#   {stage:12s} {d['mean_ms']:9.2f} ms (n={d['count']})")
-        items = [AudioItem(p.name, p.read_bytes(), len(a) / 16000) for p, a in longs]
-        s = bench(url, items, len(items), proc.pid)
-        s["ratio_to_engine"] = s["audio_seconds_per_s"] / eng["longform_audio_s_per_s"]
-        summary["longform"] = s
-        print(f"long-form x{len(items)} {args.longform_seconds:.0f} s: "
-              f"{s['audio_seconds_per_s']:.0f} audio s/s = {s['ratio_to_engine']:.2f} x engine "
-              f"({eng['longform_audio_s_per_s']:.0f}); failed {s['failed']}", flush=True)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    summary = {"arch": args.arch, "device": device, "engine": eng, "variants": {}}
+    for flags in args.serve_flags or [""]:
+        print(f"## edserve serve {flags or '(defaults)'}", flush=True)
+        summary["variants"][flags] = serve_figures(args, flags, work, folder, clip_path, clip,
+                                                   longs, eng, extra)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)

@@ -6,7 +6,8 @@ each of which must get its 4xx; ``--disconnect`` are clients that leave at a ran
 (mid-upload on a raw socket, while the server works, or after the first SSE event); the rest
 are good requests (a quarter streamed) whose text must equal a sequential reference (first
 pass, one request per clip). Afterwards: ``/debug/integrity`` ok with 0 KV slots used, the
-``edserve_kv_slots_used`` gauge 0, and the server's RSS (sampled every 0.5 s) within
+``edserve_kv_slots_used`` gauge 0, and the server's RSS (with its audio worker processes;
+sampled every 0.5 s) within
 ``--rss-tolerance`` of its post-warm-up plateau (the median while requests w..2w complete,
 w = max(10 % of N, 2 C), at most N / 3). Starts ``python -m edserve serve`` (tiny.en)
 unless ``--url`` is given.
@@ -32,7 +33,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from proc_stats import rss_bytes  # noqa: E402
+from proc_stats import tree_rss_bytes  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 KINDS_BAD = ("corrupt", "empty", "nan", "ffconcat", "oversize")
@@ -157,7 +158,7 @@ class Soak:
 
     async def sample_rss(self) -> None:
         while self.pid is not None:
-            self.rss.append((self.done, rss_bytes(self.pid)))
+            self.rss.append((self.done, tree_rss_bytes(self.pid)))
             await asyncio.sleep(0.5)
 
     async def run(self) -> dict:
@@ -198,7 +199,7 @@ class Soak:
         plateau = [b for d, b in self.rss if w <= d <= 2 * w]
         if self.pid is not None and plateau:
             base = statistics.median(plateau)
-            after = [b for d, b in self.rss if d > 2 * w] + [rss_bytes(self.pid)]
+            after = [b for d, b in self.rss if d > 2 * w] + [tree_rss_bytes(self.pid)]
             out.update(rss_plateau_mib=base / 2**20, rss_max_after_mib=max(after) / 2**20,
                        rss_final_mib=after[-1] / 2**20, rss_ratio=max(after) / base)
         return out

@@ -135,6 +135,17 @@ def whisper_features(
     return log_mel_spectrogram(audio, n_mels, device=device)[:, :N_FRAMES]
 
 
+def host_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t.contiguous()``; a float32 CPU tensor is copied by numpy on the calling thread
+    (a request's window is cut on the API's event loop, where torch's copy would wake its
+    intra-op thread team: 0.49 ms of process CPU per [80, 3000] window with 2 threads vs
+    0.07 ms, measured)."""
+    if t.is_contiguous() or t.device.type != "cpu" or t.dtype != torch.float32 \
+            or t.requires_grad:
+        return t.contiguous()
+    return torch.from_numpy(np.ascontiguousarray(t.numpy()))
+
+
 # A window layout: (log-mel of the whole audio + N_SAMPLES zeros [n_mels, content + N_FRAMES],
 # first frame, real frames) -> the encoder input [n_mels, N_FRAMES].
 WindowLayout = Callable[[torch.Tensor, int, int], torch.Tensor]

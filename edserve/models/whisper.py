@@ -186,7 +186,7 @@ class WhisperForConditionalGeneration(nn.Module):
         if encoder_input is None:
             return 0
         self._check_mel(encoder_input)
-        if encoder_input.device.type == "cpu" and not torch.isfinite(encoder_input).all():
+        if encoder_input.device.type == "cpu" and not _all_finite(encoder_input):
             raise ValueError("Whisper log-mel contains NaN or infinite values")
         return self.config.max_source_positions
 
@@ -253,3 +253,14 @@ class WhisperForConditionalGeneration(nn.Module):
             load_hf_tensors(self, state_dict, ignore=["proj_out.weight"])
         except ValueError as e:
             raise ValueError(f"Whisper weights do not match the config: {e}") from None
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """No NaN/inf in a host tensor. float32/float16 are read by numpy on the calling thread
+    (this runs on the API's event loop: torch's kernels would wake their intra-op thread
+    team, ~1.5 ms of process CPU per [80, 3000] log-mel with 2 threads vs 0.07 ms)."""
+    if t.dtype in (torch.float32, torch.float16) and not t.requires_grad:
+        import numpy as np
+
+        return bool(np.isfinite(t.numpy()).all())
+    return bool(torch.isfinite(t).all())

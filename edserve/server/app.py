@@ -12,6 +12,8 @@ Origin/Host checks, CORS for allowed origins, the body read timeout, the body si
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from edserve.engine.local_client import InProcessClient
 from edserve.engine.protocol import EngineClient
+from edserve.server.audio_pool import make_preparer
 from edserve.server.body_limit import BodyLimitMiddleware
 from edserve.server.chat import router as chat_router
 from edserve.server.checks import check_auth, check_model, require_audio_model
@@ -66,9 +69,9 @@ async def _audio_endpoint(request: Request, task: str) -> Response:
         raise APIError(400, f"malformed multipart body: {exc.detail}") from None
     held = 0
 
-    def reserve(nbytes: int) -> None:
+    async def reserve(nbytes: int) -> None:
         nonlocal held
-        state.pending.reserve(nbytes)
+        await state.pending.reserve(nbytes)
         held = nbytes
 
     def release() -> None:
@@ -94,13 +97,22 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     client = engine if isinstance(engine, EngineClient) \
         else InProcessClient(engine, config.served_model_name)
     docs = config.openapi_docs
+    audio = make_preparer(config.audio_workers, client.n_mels or 80)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        audio.shutdown()  # the workers start with the first upload, or launch.build's start()
+
     app = FastAPI(title="edserve", version=api_version(), description=DESCRIPTION,
                   docs_url="/docs" if docs else None, redoc_url=None,
-                  openapi_url="/openapi.json" if docs else None)
+                  openapi_url="/openapi.json" if docs else None, lifespan=lifespan)
     app.state.engine = client
+    app.state.audio = audio
     app.state.config = config
     app.state.metrics = metrics = ServerMetrics(client)
-    app.state.pending = PendingBudget(config.max_pending_audio_bytes)
+    app.state.pending = PendingBudget(config.max_pending_audio_bytes,
+                                      config.pending_wait_seconds)
     debug_limiter = RateLimiter(config.debug_rate_limit)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)

@@ -55,7 +55,11 @@ class ServerConfig:
         5.0, "Most /debug/* requests per second (more: 429 with Retry-After).")
     max_pending_audio_mb: float = _f(
         256.0, "Most MiB of uploaded audio held by requests still being decoded or waiting "
-        "to be; a request that would exceed it gets 503 with Retry-After.")
+        "to be; a request that would exceed it waits (--pending-wait-seconds), then gets 503 "
+        "with Retry-After.")
+    pending_wait_seconds: float = _f(
+        60.0, "Most seconds a received upload waits for room in --max-pending-audio-mb "
+        "(while other uploads are decoded) before it is refused with 503; 0: refuse at once.")
     allowed_origins: str | None = _f(
         None, "Comma-separated browser origins allowed to call the API (CORS), e.g. "
         "'https://app.example.com'; '*' allows any. Default: none, a request with an Origin "
@@ -70,6 +74,10 @@ class ServerConfig:
         "connections are closed).")
     body_timeout: float = _f(
         30.0, "Most seconds between two chunks of a request body (slower uploads: 408).")
+    audio_workers: int | None = _f(
+        None, "Processes that decode uploads and compute their log-mels, off the API "
+        "process's event loop and GIL (auto: half the usable cores, 1 to 8); 0: threads of "
+        "the API process instead.", auto=True)
     data_parallel_size: int = _f(
         1, "Engine worker processes behind this server (data parallelism): on CUDA one per "
         "visible GPU (pinned with CUDA_VISIBLE_DEVICES), on CPU the cores split between them; "
@@ -90,6 +98,8 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         check_mel_padding(self.mel_padding)
+        if self.audio_workers is not None and self.audio_workers < 0:
+            raise ValueError(f"--audio-workers must be auto or >= 0, got {self.audio_workers}")
         for name in ("beam_size", "best_of"):
             n = getattr(self, name)
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GROUP_ROWS:

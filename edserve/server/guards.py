@@ -144,22 +144,47 @@ class RateLimiter:
 
 class PendingBudget:
     """Bytes of uploaded audio held by requests not yet handed to the engine (being read,
-    decoded or turned into features). :meth:`reserve` raises APIError 503 (``Retry-After``)
-    when ``nbytes`` more would exceed the budget (one request alone is always admitted);
-    :meth:`release` returns them."""
+    decoded or turned into features). :meth:`reserve` waits (at most ``wait`` s, FIFO-ish:
+    every release wakes the waiters) while ``nbytes`` more would exceed the budget, then
+    raises APIError 503 (``Retry-After``); one request alone is always admitted.
+    :meth:`release` returns bytes and wakes the waiters. Event-loop only.
 
-    def __init__(self, limit: int) -> None:
+    A burst of uploads larger than the budget (16 concurrent 10-minute WAVs: 293 MiB against
+    the default 256) therefore queues instead of failing: a waiting request's upload sits in
+    its spooled temporary file (on disk beyond 1 MiB), not in the budgeted memory."""
+
+    def __init__(self, limit: int, wait: float = 0.0) -> None:
         self.limit = limit
+        self.wait = wait
         self.held = 0
-        self.lock = threading.Lock()
+        self._waiters: list[asyncio.Future[None]] = []
 
-    def reserve(self, nbytes: int) -> None:
-        with self.lock:
-            if self.held and self.held + nbytes > self.limit:
+    def _fits(self, nbytes: int) -> bool:
+        return not self.held or self.held + nbytes <= self.limit
+
+    async def reserve(self, nbytes: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait
+        while not self._fits(nbytes):
+            left = deadline - loop.time()
+            if left <= 0:
                 raise APIError(503, "the server is busy decoding other uploads; retry shortly",
                                None, "server_busy", {"Retry-After": "2"})
-            self.held += nbytes
+            woken = loop.create_future()
+            self._waiters.append(woken)
+            try:
+                await asyncio.wait_for(woken, left)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                if woken in self._waiters:
+                    self._waiters.remove(woken)
+        self.held += nbytes
 
     def release(self, nbytes: int) -> None:
-        with self.lock:
-            self.held -= nbytes
+        self.held -= nbytes
+        if nbytes:
+            waiters, self._waiters = self._waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)

@@ -23,14 +23,17 @@ def build(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[Any
     """Load the engine, start its loop, and build the app around it; returns (the engine or
     client, with ``shutdown(timeout)``, the app). With ``data_parallel_size`` > 1 or
     ``engine_process``: a started :class:`~edserve.dp.client.DataParallelClient` over that
-    many worker processes."""
+    many worker processes. The audio workers (``--audio-workers``) are started here too."""
     if server_config.data_parallel_size > 1 or server_config.engine_process:
         from edserve.dp.launch import build_dp
 
-        return build_dp(engine_config, server_config)
-
-    aengine = AsyncEngine(build_engine(engine_config)).start()
-    return aengine, create_app(aengine, server_config)
+        engine, app = build_dp(engine_config, server_config)
+    else:
+        engine = AsyncEngine(build_engine(engine_config)).start()
+        app = create_app(engine, server_config)
+    if app.state.engine.n_mels is not None:  # a Whisper model: uploads to come
+        app.state.audio.start()  # warm audio workers before the first upload
+    return engine, app
 
 
 def uvicorn_options(cfg: ServerConfig) -> dict[str, Any]:

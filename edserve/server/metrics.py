@@ -22,11 +22,12 @@ from edserve.server.errors import send_error
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                  5.0, 10.0, 30.0, 60.0, 120.0)
-# One audio request's stages, in order: the upload read and parsed, the audio decoded, its
-# log-mel computed, then per engine window (summed over a request's windows) the wait for
-# admission, the prefill (encoder + prompt), the decode steps, and the response rendered.
-STAGES = ("upload_read", "audio_decode", "features", "queue_wait", "prefill", "decode",
-          "response")
+# One audio request's stages, in order: the upload read and parsed, the wait for an audio
+# worker (+ the transfer to it and back), the audio decoded, its log-mel computed, then per
+# engine window (summed over a request's windows) the wait for admission, the prefill
+# (encoder + prompt), the decode steps, and the response rendered.
+STAGES = ("upload_read", "audio_wait", "audio_decode", "features", "queue_wait", "prefill",
+          "decode", "response")
 logger = logging.getLogger("edserve.server")
 
 

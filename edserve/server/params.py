@@ -7,7 +7,7 @@ naming the offending field, before any audio is decoded.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,9 +163,11 @@ def mib_label(mib: float) -> str:
 
 
 async def parse_form(form: FormData, max_upload_mb: float,
-                     reserve: Callable[[int], None] = lambda n: None) -> TranscriptionParams:
+                     reserve: Callable[[int], Awaitable[None]] | None = None
+                     ) -> TranscriptionParams:
     """Validate ``form`` and read the uploaded file (413 when over ``max_upload_mb`` MiB).
-    ``reserve(nbytes)`` is called before the file is read into memory (it may refuse)."""
+    ``await reserve(nbytes)`` runs before the file is read into memory (it may wait, or
+    refuse)."""
     upload = form.get("file")
     if upload is None:
         raise APIError(400, "'file' is required: upload the audio as a multipart file field",
@@ -189,7 +191,8 @@ async def parse_form(form: FormData, max_upload_mb: float,
     if upload.size is not None and upload.size > max_upload_bytes:
         raise APIError(413, f"'file' exceeds the {mib_label(max_upload_mb)} upload limit",
                        "file", "file_too_large")
-    reserve(upload.size if upload.size is not None else max_upload_bytes)
+    if reserve is not None:
+        await reserve(upload.size if upload.size is not None else max_upload_bytes)
     data = await upload.read(max_upload_bytes + 1)
     if len(data) > max_upload_bytes:
         raise APIError(413, f"'file' exceeds the {mib_label(max_upload_mb)} upload limit",

@@ -1,7 +1,8 @@
 """The audio endpoints: validated form -> long-form transcription -> OpenAI response or SSE.
 
 Work per request: decode the upload (untrusted: an allow-list of containers, stopped at
-``--max-audio-seconds``) and compute the log-mel in a worker thread, then drive one
+``--max-audio-seconds``) and compute the log-mel in an audio worker process (or thread:
+:mod:`edserve.server.audio_pool`), then drive one
 :class:`~edserve.whisper.longform.LongformTask` through the :class:`EngineClient` (its windows
 batch with every other request's). Decode errors are one generic 400 text (no paths). A client
 that disconnects cancels the decode and the features, or aborts its engine request (KV freed).
@@ -9,18 +10,15 @@ that disconnects cancels the decode and the features, or aborts its engine reque
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from edserve.audio import load_audio
 from edserve.audio.errors import (
     AudioError,
     AudioTooLongError,
@@ -30,6 +28,7 @@ from edserve.audio.errors import (
 )
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import SamplingParams
+from edserve.server.audio_pool import AudioWorkerLost
 from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError
 from edserve.server.metrics import EngineTimes
@@ -102,64 +101,47 @@ def build_options(params: TranscriptionParams, task: str, cfg: Any, seed: int
         mel_padding=params.mel_padding or cfg.mel_padding, **decoding(params, cfg))
 
 
-def decode(params: TranscriptionParams, max_seconds: float,
-           cancel: threading.Event) -> np.ndarray:
-    """Worker thread: the upload as 16 kHz samples (APIError 400 with a generic, path-free
-    text; DecodeCancelled once ``cancel`` is set)."""
-    try:
-        audio = load_audio(params.audio_bytes, max_seconds=max_seconds, cancel=cancel,
-                           untrusted=True)
-    except AudioTooLongError as exc:
-        raise APIError(400, f"audio is longer than the {exc.limit:g} s limit", "file",
-                       "audio_too_long") from None
-    except EmptyAudioError:
-        raise APIError(400, "the uploaded file holds no audio samples", "file",
-                       "empty_audio") from None
-    except NonFiniteAudioError:
-        raise APIError(400, "the audio contains NaN or infinite samples", "file",
-                       "invalid_audio") from None
-    except AudioError:
-        raise APIError(400, UNDECODABLE, "file", "invalid_audio") from None
-    if not np.isfinite(audio).all():
-        raise APIError(400, "the audio contains NaN or infinite samples", "file",
-                       "invalid_audio")
-    return audio
-
-
-def _featurize(client: Any, params: TranscriptionParams, task: str, cfg: Any,
-               cancel: threading.Event, stage: Any) -> LongformTask:
-    """Worker thread: decode, then the log-mel features (skipped once ``cancel`` is set);
-    ``stage(name, seconds)`` hears how long each took."""
-    started = time.perf_counter()
-    audio = decode(params, cfg.max_audio_seconds, cancel)
-    decoded = time.perf_counter()
-    stage("audio_decode", decoded - started)
-    if cancel.is_set():
-        raise DecodeCancelled("client gone")
-    options = build_options(params, task, cfg, client.config.seed)
-    try:
-        made = make_task(client, audio, options, "upload")
-    except EmptyAudioError:
-        raise APIError(400, "the uploaded file holds no audio samples", "file",
-                       "empty_audio") from None
-    stage("features", time.perf_counter() - decoded)
-    return made
+def _refusal(exc: BaseException) -> APIError:
+    """The 400 for an upload ``prepare_upload`` refused (generic, path-free texts)."""
+    if isinstance(exc, AudioTooLongError):
+        return APIError(400, f"audio is longer than the {exc.limit:g} s limit", "file",
+                        "audio_too_long")
+    if isinstance(exc, EmptyAudioError):
+        return APIError(400, "the uploaded file holds no audio samples", "file", "empty_audio")
+    if isinstance(exc, NonFiniteAudioError):
+        return APIError(400, "the audio contains NaN or infinite samples", "file",
+                        "invalid_audio")
+    return APIError(400, UNDECODABLE, "file", "invalid_audio")
 
 
 async def prepare(app_state: Any, params: TranscriptionParams, task: str,
                   cancel: threading.Event) -> LongformTask:
-    """Decode, check duration, compute features (in a worker thread). Cancelling the caller
-    sets ``cancel``, which stops the decode (and skips the features) in that thread."""
-    client, cfg = app_state.engine, app_state.config
+    """Decode the upload and compute its log-mel on the app's audio preparer (worker
+    processes, or threads: :mod:`edserve.server.audio_pool`), then build the task.
+    Cancelling the caller sets ``cancel`` (a thread job stops; a queued job is dropped)."""
+    client, cfg, metrics = app_state.engine, app_state.config, app_state.metrics
     check_task(client.tokenizer, task, params.language)
     # refuse bad combinations before the audio is decoded
     decoding(params, cfg, getattr(client.config, "max_running_requests", None))
+    options = build_options(params, task, cfg, client.config.seed)
+    started = time.perf_counter()
     try:
-        return await asyncio.to_thread(_featurize, client, params, task, cfg, cancel,
-                                       app_state.metrics.stage)
+        audio = await app_state.audio.prepare(params.audio_bytes, cfg.max_audio_seconds, cancel)
+    except AudioError as exc:
+        raise _refusal(exc) from None
+    except AudioWorkerLost:
+        raise APIError(503, "an audio worker process stopped while decoding this upload; "
+                       "retry", "file", "audio_worker_lost", {"Retry-After": "1"}) from None
     except BaseException:
         cancel.set()
         raise
+    waited = time.perf_counter() - started - audio.decode_s - audio.features_s
+    metrics.stage("audio_wait", max(0.0, waited))
+    metrics.stage("audio_decode", audio.decode_s)
+    metrics.stage("features", audio.features_s)
+    if cancel.is_set():
+        raise DecodeCancelled("client gone")
+    return make_task(client, audio, options, "upload")
 
 
 def usage(duration: float) -> dict[str, Any]:

@@ -40,11 +40,11 @@ import numpy as np
 from edserve.audio.mel import (
     HOP_LENGTH,
     N_FRAMES,
-    N_SAMPLES,
     SAMPLE_RATE,
-    log_mel_spectrogram,
+    host_contiguous,
     window_features,
 )
+from edserve.audio.prepare import PreparedAudio, longform_mel
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import (
     EncoderKV,
@@ -85,15 +85,16 @@ def compression_ratio(text: str) -> float:
 class LongformTask:
     """Sequential transcription of one audio; drive with :meth:`next_request` / :meth:`feed`.
 
-    ``audio``: ``[num_samples]`` float32 at 16 kHz. ``max_decoder_len``: the model's decoder
-    positions (448 for Whisper). ``aligner``: an :class:`~edserve.whisper.cross_weights.Aligner`
-    (its ``heads`` go into each window's alignment readout), required when
-    ``options.word_timestamps``.
+    ``audio``: ``[num_samples]`` float32 at 16 kHz, or its :class:`PreparedAudio` (the same
+    log-mel, computed elsewhere: the server's audio workers). ``max_decoder_len``: the
+    model's decoder positions (448 for Whisper). ``aligner``: an
+    :class:`~edserve.whisper.cross_weights.Aligner` (its ``heads`` go into each window's
+    alignment readout), required when ``options.word_timestamps``.
     The task is done when :meth:`next_request` returns None; :meth:`result` then holds the
     transcription.
     """
 
-    def __init__(self, audio: np.ndarray, tokenizer: WhisperTokenizer, n_mels: int,
+    def __init__(self, audio: np.ndarray | PreparedAudio, tokenizer: WhisperTokenizer, n_mels: int,
                  options: TranscribeOptions, max_decoder_len: int = 448,
                  source: str = "", aligner: Any = None, reuse_encoder: bool = False) -> None:
         if options.word_timestamps and aligner is None:
@@ -109,9 +110,16 @@ class LongformTask:
         self.tok = tokenizer
         self.opts = options
         self.source = source
-        self.duration = len(audio) / SAMPLE_RATE
+        if isinstance(audio, PreparedAudio):
+            if audio.n_mels != n_mels:
+                raise ValueError(f"prepared audio has {audio.n_mels} mel bins, the model "
+                                 f"takes {n_mels}")
+            num_samples, mel = audio.num_samples, audio.mel
+        else:
+            num_samples, mel = len(audio), longform_mel(audio, n_mels)
+        self.duration = num_samples / SAMPLE_RATE
         # [n_mels, content_frames + N_FRAMES]: the whole audio, then 30 s of silence
-        self.mel = log_mel_spectrogram(audio, n_mels, padding=N_SAMPLES)
+        self.mel = mel
         self.content_frames = self.mel.shape[-1] - N_FRAMES
         self.n_ctx = max_decoder_len
         self.seek = 0
@@ -166,7 +174,7 @@ class LongformTask:
             max_new_tokens=(o.max_new_tokens or self.n_ctx // 2) + forced,
             length_penalty=o.length_penalty, **group)
         retry_left = self._temp_index + 1 < len(o.temperatures)
-        req = GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=features.contiguous(),
+        req = GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=host_contiguous(features),
                               sampling=sampling, logits_processors=filters,
                               no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech,
                               encoder_kv=self._held,

@@ -17,6 +17,7 @@ import numpy as np
 
 from edserve.audio.decode import load_audio
 from edserve.audio.errors import EmptyAudioError, NonFiniteAudioError
+from edserve.audio.prepare import PreparedAudio
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
 from edserve.whisper.longform import LongformTask
@@ -33,15 +34,16 @@ def _name(item: Any, index: int) -> str:
     return f"<input {index}>"
 
 
-def make_task(engine: Any, audio: np.ndarray, options: TranscribeOptions,
+def make_task(engine: Any, audio: np.ndarray | PreparedAudio, options: TranscribeOptions,
               source: str = "") -> LongformTask:
-    """A :class:`LongformTask` for ``audio`` (16 kHz float32) on ``engine``'s model.
+    """A :class:`LongformTask` for ``audio`` (16 kHz float32, or its
+    :class:`~edserve.audio.prepare.PreparedAudio`) on ``engine``'s model.
 
     With ``options.word_timestamps`` the task gets an
     :class:`~edserve.whisper.cross_weights.Aligner` on the engine's model and alignment heads.
     Raises EmptyAudioError for zero samples and ValueError for a language/task the model
     cannot do."""
-    if len(audio) == 0:
+    if (audio.num_samples if isinstance(audio, PreparedAudio) else len(audio)) == 0:
         raise EmptyAudioError(f"{source or 'audio'}: audio is empty")
     aligner = None
     if options.word_timestamps:

@@ -18,6 +18,7 @@ from edserve.audio.mel import (
     N_FRAMES,
     N_SAMPLES,
     SAMPLE_RATE,
+    host_contiguous,
     log_mel_spectrogram,
     mel_filters,
     pad_or_trim,
@@ -127,3 +128,14 @@ def test_mel_padding_names_are_checked_once():
     for bad in ("Zeros", "", None, 0, "x" * 100):
         with pytest.raises(ValueError, match="'mel_padding' must be one of silence, zeros"):
             check_mel_padding(bad)
+
+
+def test_host_contiguous_copies_a_window_exactly():
+    mel = torch.randn(80, 4100)
+    window = mel[:, 1100:4100]  # a non-contiguous slice, as a request's window
+    out = host_contiguous(window)
+    assert out.is_contiguous() and torch.equal(out, window)
+    out[0, 0] = 7.0
+    assert mel[0, 1100] != 7.0  # a copy, not a view
+    whole = torch.randn(80, 3000)
+    assert host_contiguous(whole) is whole

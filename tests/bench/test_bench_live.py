@@ -15,8 +15,8 @@ from edserve.cli import build_parser
 from tests.server.server_helpers import integrity, start_server
 
 API_KEY = "bench-key"
-STAGES = ("upload_read", "audio_decode", "features", "queue_wait", "prefill", "decode",
-          "response")
+STAGES = ("upload_read", "audio_wait", "audio_decode", "features", "queue_wait", "prefill",
+          "decode", "response")
 
 
 @pytest.fixture(scope="module")

@@ -79,6 +79,11 @@ def test_nonfinite_log_mel_is_refused_at_submission(random_whisper):
     mel[3, 7] = float("nan")
     with pytest.raises(ValueError, match="NaN or infinite"):
         engine.add_request(GenerateRequest([50257], mel))
+    for dtype in (torch.float16, torch.bfloat16):  # numpy reads float16; torch reads bfloat16
+        inf = torch.zeros(80, 3000, dtype=dtype)
+        inf[79, 2999] = float("-inf")
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            engine.add_request(GenerateRequest([50257], inf))
     with pytest.raises(ValueError, match="floating-point log-mel"):
         engine.add_request(GenerateRequest([50257], torch.zeros(80, 3000, dtype=torch.int64)))
 

@@ -1,0 +1,81 @@
+"""An upload made ready for transcription in one call: decoded, resampled and turned into
+Whisper's whole-audio log-mel (the work a server hands to its audio worker processes).
+
+:func:`prepare_upload` is a plain, picklable top-level function over bytes: the server's
+:class:`~edserve.server.audio_pool.AudioPool` runs it in worker processes (no GIL shared with
+the API's event loop) and in threads when the pool is off; both give the same numbers, and
+the same numbers as a :class:`~edserve.whisper.longform.LongformTask` given the samples
+(one :func:`~edserve.audio.mel.log_mel_spectrogram` of the audio + 30 s of zeros).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from edserve.audio.decode import load_audio
+from edserve.audio.errors import DecodeCancelled, NonFiniteAudioError
+from edserve.audio.mel import N_SAMPLES, log_mel_spectrogram
+
+
+@dataclass(frozen=True)
+class PreparedAudio:
+    """One audio's long-form features.
+
+    ``mel``: ``[n_mels, num_samples // HOP_LENGTH + N_FRAMES]`` float32, the log-mel of the
+    samples followed by ``N_SAMPLES`` zeros (:func:`longform_mel`); ``num_samples``: 16 kHz
+    samples decoded; ``decode_s`` / ``features_s``: seconds the two steps took where they ran.
+    """
+
+    mel: torch.Tensor
+    num_samples: int
+    decode_s: float = 0.0
+    features_s: float = 0.0
+
+    @property
+    def n_mels(self) -> int:
+        return self.mel.shape[0]
+
+    def __reduce__(self):  # across processes as numpy (pickle-5 friendly), not torch storage
+        return (_rebuild, (self.mel.numpy(), self.num_samples, self.decode_s, self.features_s))
+
+
+def _rebuild(mel: np.ndarray, num_samples: int, decode_s: float, features_s: float
+             ) -> PreparedAudio:
+    return PreparedAudio(torch.from_numpy(mel), num_samples, decode_s, features_s)
+
+
+def longform_mel(audio: np.ndarray | torch.Tensor, n_mels: int) -> torch.Tensor:
+    """The long-form log-mel of ``[num_samples]`` 16 kHz samples: one STFT (and one max - 8
+    floor) over the audio followed by 30 s of zero samples (openai-whisper's ``transcribe``)."""
+    return log_mel_spectrogram(audio, n_mels, padding=N_SAMPLES)
+
+
+def prepare_samples(audio: np.ndarray, n_mels: int) -> PreparedAudio:
+    """:class:`PreparedAudio` of already-decoded samples (``NonFiniteAudioError`` for NaN/inf)."""
+    if not np.isfinite(audio).all():
+        raise NonFiniteAudioError()
+    started = time.perf_counter()
+    mel = longform_mel(audio, n_mels)
+    return PreparedAudio(mel, len(audio), 0.0, time.perf_counter() - started)
+
+
+def prepare_upload(data: bytes, n_mels: int, max_seconds: float | None,
+                   cancel: threading.Event | None = None) -> PreparedAudio:
+    """Decode an untrusted upload (see :func:`~edserve.audio.decode.load_audio`:
+    ``untrusted=True``, stopped past ``max_seconds``, ``cancel`` checked between frames),
+    then its long-form log-mel. Raises what ``load_audio`` raises (AudioError subclasses,
+    DecodeCancelled); all of them pickle, so a worker process's refusal reaches the caller
+    as the same exception."""
+    started = time.perf_counter()
+    audio = load_audio(data, max_seconds=max_seconds, cancel=cancel, untrusted=True)
+    decoded = time.perf_counter()
+    if cancel is not None and cancel.is_set():
+        raise DecodeCancelled("client gone")
+    prepared = prepare_samples(audio, n_mels)
+    return PreparedAudio(prepared.mel, prepared.num_samples, decoded - started,
+                         prepared.features_s)

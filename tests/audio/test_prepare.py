@@ -1,0 +1,48 @@
+"""``prepare_upload``: an upload's long-form log-mel, the same numbers a LongformTask computes
+from the samples, and every refusal of ``load_audio`` (pickled across processes intact)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edserve.audio.decode import load_audio
+from edserve.audio.errors import AudioDecodeError, AudioTooLongError, NonFiniteAudioError
+from edserve.audio.mel import N_FRAMES, log_mel_spectrogram
+from edserve.audio.prepare import PreparedAudio, prepare_samples, prepare_upload
+
+JFK = Path(__file__).resolve().parents[1] / "data" / "jfk.wav"
+
+
+def test_upload_features_equal_longform_mel_of_the_samples():
+    data = JFK.read_bytes()
+    prepared = prepare_upload(data, 80, 60.0)
+    audio = load_audio(data, untrusted=True)
+    assert prepared.num_samples == len(audio)
+    # openai-whisper's transcribe(): one log-mel of the audio + 30 s of zeros
+    want = log_mel_spectrogram(audio, 80, padding=480000)
+    assert prepared.mel.shape == (80, len(audio) // 160 + N_FRAMES)
+    assert torch.equal(prepared.mel, want)
+    assert prepared.decode_s > 0 and prepared.features_s > 0
+
+
+def test_prepared_audio_pickles_as_numpy_and_back():
+    prepared = prepare_samples(np.linspace(-0.5, 0.5, 16000, dtype=np.float32), 80)
+    back = pickle.loads(pickle.dumps(prepared, protocol=5))
+    assert isinstance(back, PreparedAudio) and back.num_samples == 16000
+    assert torch.equal(back.mel, prepared.mel) and back.n_mels == 80
+
+
+def test_refusals_survive_pickling():
+    for exc, data, limit in ((AudioDecodeError, b"RIFF" + bytes(500), None),
+                             (AudioTooLongError, JFK.read_bytes(), 2.0)):
+        with pytest.raises(exc) as info:
+            prepare_upload(data, 80, limit)
+        again = pickle.loads(pickle.dumps(info.value))
+        assert type(again) is exc and str(again) == str(info.value)
+    with pytest.raises(NonFiniteAudioError):
+        prepare_samples(np.array([0.0, np.nan], np.float32), 80)

@@ -1,0 +1,109 @@
+"""The audio preparers: worker processes give the same features and refusals as threads;
+a worker that dies fails only the jobs then in the pool (``AudioWorkerLost``) and the pool
+is replaced; a job still queued is dropped when its caller is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from edserve.audio.errors import AudioDecodeError, AudioTooLongError, EmptyAudioError
+from edserve.audio.prepare import prepare_upload
+from edserve.server.audio_pool import (
+    AudioWorkerLost,
+    ProcessPreparer,
+    ThreadPreparer,
+    auto_workers,
+    make_preparer,
+)
+
+JFK = (Path(__file__).resolve().parents[1] / "data" / "jfk.wav").read_bytes()
+DIE = b"die"
+
+
+def dying_job(data: bytes, n_mels: int, max_seconds, cancel=None):
+    """``prepare_upload``, except that the bytes ``b"die"`` kill the worker process (as a
+    crashing decoder would) and ``b"slow..."`` sleep first."""
+    if data == DIE:
+        os._exit(3)
+    if data.startswith(b"slow"):
+        time.sleep(float(data[4:]))
+        return prepare_upload(JFK, n_mels, max_seconds)
+    return prepare_upload(data, n_mels, max_seconds, cancel)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = ProcessPreparer(80, 2, job=dying_job)
+    p.start()
+    assert len(p.pids()) == 2
+    yield p
+    p.shutdown()
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_process_and_thread_give_the_same_features(pool):
+    cancel = threading.Event()
+    a = _run(pool.prepare(JFK, 60.0, cancel))
+    b = _run(ThreadPreparer(80).prepare(JFK, 60.0, cancel))
+    assert a.num_samples == b.num_samples == 176000
+    assert torch.equal(a.mel, b.mel)
+
+
+@pytest.mark.parametrize("data,limit,exc", [(b"RIFF" + bytes(300), None, AudioDecodeError),
+                                            (JFK, 2.0, AudioTooLongError)])
+def test_refusals_cross_the_process_boundary(pool, data, limit, exc):
+    with pytest.raises(exc):
+        _run(pool.prepare(data, limit, threading.Event()))
+
+
+def test_dead_worker_fails_its_jobs_then_the_pool_is_replaced(pool):
+    async def burst():
+        return await asyncio.gather(pool.prepare(b"slow0.5", None, threading.Event()),
+                                    pool.prepare(DIE, None, threading.Event()),
+                                    return_exceptions=True)
+
+    before = pool.restarts
+    results = _run(burst())
+    assert any(isinstance(r, AudioWorkerLost) for r in results), results
+    assert pool.restarts == before + 1
+    again = _run(pool.prepare(JFK, 60.0, threading.Event()))  # a fresh pool serves
+    assert again.num_samples == 176000
+
+
+def test_cancelled_caller_drops_its_queued_job(pool):
+    async def scenario():
+        busy = [asyncio.ensure_future(pool.prepare(b"slow0.6", None, threading.Event()))
+                for _ in range(2 + 1)]  # both workers busy, one more in the call queue
+        await asyncio.sleep(0.2)
+        queued = asyncio.ensure_future(pool.prepare(JFK, 60.0, threading.Event()))
+        await asyncio.sleep(0.05)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        return await asyncio.gather(*busy)
+
+    assert all(r.num_samples == 176000 for r in _run(scenario()))
+
+
+def test_worker_count_and_strategy():
+    assert auto_workers(16) == 8 and auto_workers(2) == 1 and auto_workers(64) == 8
+    assert isinstance(make_preparer(0, 80), ThreadPreparer)
+    p = make_preparer(3, 128)
+    assert isinstance(p, ProcessPreparer) and p.workers == 3 and p.pids() == []
+    with pytest.raises(ValueError):
+        make_preparer(-1, 80)
+
+
+def test_thread_preparer_empty_upload():
+    with pytest.raises(EmptyAudioError):
+        _run(ThreadPreparer(80).prepare(b"", None, threading.Event()))
