@@ -2,7 +2,7 @@
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
 #   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|tp|prefill|prefill-tests|arrivals   (several allowed, in order;
 #   tp needs a host with >= 2 GPUs)
-#   beam-device (~6 min), serve (~6 min), soak (10,000 requests at 256)
+#   beam-device (~6 min), serve (~9 min: audio pool in-process vs --engine-process), soak (10,000 requests at 256)
 #   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min),
 #   mllama-kernels (~0.5 min), chat (~3 min)
 set -uo pipefail
@@ -51,7 +51,7 @@ for part in "$@"; do
              (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 aligned:128 \
                 --beam 5 --no-hf $dev 2>&1 | grep -v "custom logits" | tee -a "$OUT/beam_device.log" | tail -12)
            done ;;
-    serve) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --json "$OUT/serve_gpu.json" 2>&1 \
+    serve) (cd benchmarks && timeout 560 python3 -W ignore serve_gpu.py --json "$OUT/serve_gpu.json" --serve-flags= --serve-flags=--engine-process 2>&1 \
              | tee "$OUT/serve_gpu.log" | grep -v "^#   ") ;;
     soak) (cd benchmarks && timeout 400 python3 -W ignore soak_gpu.py --requests 10000 --concurrency 256 \
              --json "$OUT/soak_gpu.json" 2>&1 | tee "$OUT/soak_gpu.log" | tail -30) ;;
