@@ -97,8 +97,13 @@ class WhisperEncoder(nn.Module):
         x = F.gelu(self.conv2(x))  # [N, d, S]
         N, d, S = x.shape
         # token-major and contiguous from here on (module doc): one kernel, the positions added
-        stream = torch.empty((N, S, d), dtype=x.dtype, device=x.device)  # [N, S, d]
-        torch.add(x.transpose(1, 2), self.embed_positions.weight[:S], out=stream)
+        pos = self.embed_positions.weight[:S]  # [S, d]
+        if torch.is_grad_enabled() and (x.requires_grad or pos.requires_grad):
+            # out= is not differentiable (callers that take gradients): one more copy
+            stream = (x.transpose(1, 2) + pos).contiguous()  # [N, S, d]
+        else:
+            stream = torch.empty((N, S, d), dtype=x.dtype, device=x.device)  # [N, S, d]
+            torch.add(x.transpose(1, 2), pos, out=stream)
         if self.compiled:
             torch._dynamo.maybe_mark_dynamic(stream, 0)  # one graph for every batch size >= 2
         for layer in self.layers:
