@@ -1,4 +1,4 @@
-"""A small soak (``benchmarks/soak.py``) against a live ``edserve serve``: 60 requests at
+"""A small soak (``benchmarks/soak.py``) against a live ``edserve serve``: 40 requests at
 concurrency 8 with 10 % bad inputs and 10 % clients that leave at random points; every good
 answer equals the sequential reference, every bad input gets its 4xx, and afterwards the KV
 integrity check is ok with 0 slots used (endpoint and gauge)."""
@@ -15,7 +15,7 @@ import soak  # noqa: E402
 
 
 def test_small_soak(tmp_path):
-    s = soak.main(["--requests", "60", "--concurrency", "8", "--seed", "1",
+    s = soak.main(["--requests", "40", "--concurrency", "8", "--seed", "1",
                    "--clips", str(DATA / "cards_005.wav"), str(DATA / "librivox_0870.wav"),
                    "--max-upload-mb", "1", "--rss-tolerance", "0.5",
                    "--server-flags", "--threads 1 --max-running-requests 8",
@@ -23,8 +23,8 @@ def test_small_soak(tmp_path):
     c = s["counts"]
     assert s["failures"] == [], (s["failures"], s["problems"])
     assert c.get("lost", 0) == 0 and c.get("wrong", 0) == 0 and c.get("bad_unexpected", 0) == 0
-    assert c["good_ok"] >= 40 and c["bad_refused"] >= 3
-    assert sum(v for k, v in c.items() if k.startswith("left_")) >= 3
+    assert c["good_ok"] >= 26 and c["bad_refused"] >= 2
+    assert sum(v for k, v in c.items() if k.startswith("left_")) >= 2
     assert s["integrity"]["ok"] and s["integrity"]["kv_slots_used"] == 0
     assert s["kv_slots_used_metric"] == 0
     assert s["rss_ratio"] < 1.5

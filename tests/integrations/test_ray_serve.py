@@ -28,7 +28,7 @@ def _transcribe(oai, clip: str) -> str:
         return oai.audio.transcriptions.create(model="whisper-1", file=f).text
 
 
-def test_two_cpu_replicas_answer_20_concurrent_transcriptions():
+def test_two_cpu_replicas_answer_8_concurrent_transcriptions():
     expected = single_engine_texts()
     port = _free_port()
     ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
@@ -41,9 +41,9 @@ def test_two_cpu_replicas_answer_20_concurrent_transcriptions():
         assert status.replica_states.get("RUNNING") == 2, status
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: httpx.get(url + "/health").status_code == 200, 60, "the Serve proxy")
-        clips = [CLIPS[i % len(CLIPS)] for i in range(20)]
+        clips = [CLIPS[i % len(CLIPS)] for i in range(8)]
         with openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0,
-                           timeout=300) as oai, ThreadPoolExecutor(20) as pool:
+                           timeout=300) as oai, ThreadPoolExecutor(8) as pool:
             texts = list(pool.map(lambda c: _transcribe(oai, c), clips))
         assert texts == [expected[c] for c in clips]
     finally:

@@ -17,10 +17,10 @@ import torch
 
 from .server_helpers import API_KEY, CLIPS, DATA, integrity
 
-# 120 requests at concurrency 32 (~1.5 req/s on 2 cores: ~80 s; benchmarks/soak.py runs the
+# 48 requests at concurrency 32 (~1.5 req/s on 2 cores: ~35 s; benchmarks/soak.py runs the
 # thousands-request soak); override with
 # EDSERVE_LOAD_REQUESTS / EDSERVE_LOAD_CONCURRENCY.
-REQUESTS = int(os.environ.get("EDSERVE_LOAD_REQUESTS", "120"))
+REQUESTS = int(os.environ.get("EDSERVE_LOAD_REQUESTS", "48"))
 CONCURRENCY = int(os.environ.get("EDSERVE_LOAD_CONCURRENCY", "32"))
 DISCONNECT_FRACTION = 0.3  # of the requests leave at a random moment
 
