@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from edserve.audio.mel import (
-    HOP_LENGTH,
     N_FRAMES,
     SAMPLE_RATE,
     host_contiguous,
@@ -54,7 +53,6 @@ from edserve.engine.request import (
     SamplingParams,
 )
 from edserve.tokenizer import WhisperTokenizer
-from edserve.whisper.alignment import find_alignment
 from edserve.whisper.cross_weights import AlignmentReadout
 from edserve.whisper.language import detection_chain
 from edserve.whisper.logits import (
@@ -65,15 +63,12 @@ from edserve.whisper.logits import (
 )
 from edserve.whisper.options import TranscribeOptions
 from edserve.whisper.result import Segment, Transcription, join_text
-from edserve.whisper.words import (
-    add_word_timestamps,
-    cut_points,
-    last_word_end,
+from edserve.whisper.window_segments import (  # noqa: F401 (INPUT_STRIDE: re-exported)
+    INPUT_STRIDE,
+    TIME_PRECISION,
+    place_words,
+    split_window,
 )
-
-TIME_PRECISION = 0.02  # seconds per timestamp token
-FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # mel frames (100)
-INPUT_STRIDE = 2  # mel frames per encoder position (3000 frames -> 1500 states)
 
 
 def compression_ratio(text: str) -> float:
@@ -254,9 +249,12 @@ class LongformTask:
             return []
         stats = dict(temperature=temperature, avg_logprob=avg_logprob, compression_ratio=ratio,
                      no_speech_prob=no_speech)
-        segments = self._split(tokens, size, stats)
+        segments, self.seek = split_window(self.tok, tokens, self.seek, size, self.duration,
+                                           stats)
         if self.opts.word_timestamps:
-            self._add_words(segments, alignment, size, tokens)
+            self.seek, self._last_speech = place_words(
+                self.tok, segments, alignment, size, tokens, self.language, self.opts.task,
+                self.timestamps, self.seek, self._last_speech)
         kept = [s for s in segments if s.text.strip() and s.end > s.start]
         self._all_tokens.extend(t for s in kept for t in s.tokens)
         if not o.condition_on_previous_text or temperature > 0.5:
@@ -279,61 +277,6 @@ class LongformTask:
         self._detecting = False
         self._sot_seq = self.tok.sot_sequence(self.language, self.opts.task, self.timestamps)
         return tokens[forced:], logprobs[forced:]
-
-    def _add_words(self, segments: list[Segment], alignment: Any, size: int,
-                   tokens: list[int]) -> None:
-        """Words for the window's segments (``seek`` already advanced by :meth:`_split`), then
-        the next window's start at the last word's end (openai-whisper's rule)."""
-        if not segments:
-            return
-        seek0 = segments[0].seek
-        offset = seek0 * HOP_LENGTH / SAMPLE_RATE
-        text = [t for s in segments for t in s.tokens if t < self.tok.eot]
-        raw = []
-        if alignment is not None and text:
-            sot_len = len(self.tok.sot_sequence(self.language, self.opts.task, timestamps=False))
-            raw = find_alignment(alignment.weights.numpy(), self.tok, text, sot_len, size,
-                                 self.language, alignment.text_probs)
-        add_word_timestamps(segments, raw, self.tok.eot, offset, self._last_speech)
-        _, single_ending = cut_points(tokens, self.tok.timestamp_begin)
-        end = last_word_end(segments)
-        if self.timestamps and not single_ending and end is not None and end > offset:
-            self.seek = round(end * FRAMES_PER_SECOND)
-        if end is not None:
-            self._last_speech = end
-
-    def _split(self, tokens: list[int], size: int, stats: dict) -> list[Segment]:
-        """Cut a window's tokens into segments at timestamp pairs and advance ``seek``."""
-        tb = self.tok.timestamp_begin
-        offset = self.seek * HOP_LENGTH / SAMPLE_RATE
-        cuts, single_ending = cut_points(tokens, tb)
-        seek0, segments = self.seek, []
-        if cuts:
-            last = 0
-            for cut in cuts:
-                piece = tokens[last:cut]
-                segments.append(self._segment(piece, offset + (piece[0] - tb) * TIME_PRECISION,
-                                              offset + (piece[-1] - tb) * TIME_PRECISION, stats))
-                last = cut
-            advance = size if single_ending else (tokens[last - 1] - tb) * INPUT_STRIDE
-        else:
-            duration = size * HOP_LENGTH / SAMPLE_RATE
-            stamps = [t for t in tokens if t >= tb]
-            if stamps and stamps[-1] != tb:
-                duration = (stamps[-1] - tb) * TIME_PRECISION
-            segments.append(self._segment(tokens, offset, offset + duration, stats))
-            advance = size
-        self.seek += advance if advance > 0 else size  # always move forward
-        for s in segments:
-            s.seek = seek0
-        return segments
-
-    def _segment(self, tokens: list[int], start: float, end: float, stats: dict) -> Segment:
-        end = min(end, self.duration)
-        start = min(start, end)
-        text_tokens = [t for t in tokens if t < self.tok.eot]
-        return Segment(0, round(start, 3), round(end, 3), self.tok.decode(text_tokens), tokens,
-                       **stats)
 
     def result(self) -> Transcription:
         words = [w for s in self.segments for w in s.words or []] \

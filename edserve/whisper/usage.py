@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edserve.engine.request import GenerateOutput, GenerateRequest
-from edserve.whisper.longform import INPUT_STRIDE
+from edserve.whisper.window_segments import INPUT_STRIDE
 
 
 @dataclass
