@@ -23,10 +23,18 @@ if not torch.cuda.is_available():  # before anything imports triton
 from edserve.engine.engine import Engine  # noqa: E402
 
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # pytest -n N shares the cores
+_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 _threads = int(os.environ.get("EDSERVE_TEST_THREADS", "0")) or max(
-    1, min(4, (os.cpu_count() or 1) // _workers))
+    1, min(4, (_cores or 1) // _workers))
 torch.set_num_threads(_threads)
 os.environ.setdefault("EDSERVE_THREADS", str(_threads))  # engines keep the test thread count
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``pytest -n auto``: one worker per usable core (the affinity mask, not the host's count),
+    at most one per 3 GiB of memory (a worker holds torch, models and live servers) and 8."""
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(_cores or 1, int(mem_gib // 3), 8))
 
 
 @pytest.fixture(scope="session")
