@@ -67,6 +67,19 @@ def _row_setup(CuQ, KvLens, KvRanges, stride_rg, b, qblk, G: tl.constexpr, QPB: 
 
 
 @triton.jit
+def _attend_block(q, k_base, v_base, slot, kmask, d, dmask, stride_kt, stride_vt, j, first, lim,
+                  m, lsum, acc, qk_scale, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Load the keys and values of one block of pool slots (``slot`` [N], masked by ``kmask``
+    [N] and ``dmask`` [D]) and fold them into the online softmax: the loop body every paged /
+    flat / grouped attention kernel shares; they differ only in how they find ``slot``."""
+    kT = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],
+                 mask=kmask[None, :] & dmask[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+    v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :],
+                mask=kmask[:, None] & dmask[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+    return _softmax_step(q, kT, v, j, first, lim, m, lsum, acc, qk_scale, PRECISION, UPCAST)
+
+
+@triton.jit
 def _softmax_step(q, kT, v, j, first, lim, m, lsum, acc, qk_scale, PRECISION: tl.constexpr,
                   UPCAST: tl.constexpr):
     """One online-softmax update. q [M, D]; kT [D, N]; v [N, D]; j [N] key positions; row r

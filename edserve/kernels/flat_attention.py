@@ -17,8 +17,8 @@ import triton.language as tl
 
 from edserve.kernels.common import (
     LOG2E,
+    _attend_block,
     _row_setup,
-    _softmax_step,
     _store_rows,
     block_m_for,
     check_common,
@@ -77,11 +77,8 @@ def _flat_attn_kernel(
         j = n * BLOCK_N + offs  # [BLOCK_N] key positions
         kmask = j < kv_end
         slot = tl.load(r2t + j, mask=kmask, other=0).to(tl.int64)  # [BLOCK_N]
-        kT = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],
-                     mask=kmask[None, :] & dmask[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :],
-                    mask=kmask[:, None] & dmask[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        m, lsum, acc = _softmax_step(q, kT, v, j, first, lim, m, lsum, acc, qk_scale,
+        m, lsum, acc = _attend_block(q, k_base, v_base, slot, kmask, d, dmask, stride_kt,
+                                     stride_vt, j, first, lim, m, lsum, acc, qk_scale,
                                      PRECISION, UPCAST)
 
     _store_rows(Out, PartO, PartLse, acc, m, lsum, tok, hq, row_valid, d, split, num_tokens,

@@ -37,7 +37,7 @@ import triton.language as tl
 
 from edserve.kernels.common import (
     LOG2E,
-    _softmax_step,
+    _attend_block,
     _store_rows,
     block_m_for,
     check_index,
@@ -117,11 +117,8 @@ def _grouped_cross_kernel(
         else:  # small (or odd-sized) pages: a page per key
             page = tl.load(key_row + j // PAGE, mask=kmask, other=0).to(tl.int64)
             slot = page * PAGE + j % PAGE  # [BLOCK_N]
-        kT = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],
-                     mask=kmask[None, :] & dmask[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :],
-                    mask=kmask[:, None] & dmask[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        m, lsum, acc = _softmax_step(q, kT, v, j, first, lim, m, lsum, acc, qk_scale,
+        m, lsum, acc = _attend_block(q, k_base, v_base, slot, kmask, d, dmask, stride_kt,
+                                     stride_vt, j, first, lim, m, lsum, acc, qk_scale,
                                      PRECISION, UPCAST)
 
     _store_rows(Out, PartO, PartLse, acc, m, lsum, tok, hq, row_valid, d, split, num_tokens,

@@ -23,8 +23,8 @@ import triton.language as tl
 
 from edserve.kernels.common import (
     LOG2E,
+    _attend_block,
     _row_setup,
-    _softmax_step,
     _store_rows,
     block_m_for,
     check_common,
@@ -111,11 +111,8 @@ def _paged_attn_kernel(
             page = tl.load(pt_row + (n * BLOCK_N) // PAGE).to(tl.int64)
             slot = page * PAGE + (n * BLOCK_N) % PAGE + offs  # [BLOCK_N] contiguous slots
         kmask = j < kv_end
-        kT = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],
-                     mask=kmask[None, :] & dmask[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
-        v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :],
-                    mask=kmask[:, None] & dmask[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        m, lsum, acc = _softmax_step(q, kT, v, j, first, lim, m, lsum, acc, qk_scale,
+        m, lsum, acc = _attend_block(q, k_base, v_base, slot, kmask, d, dmask, stride_kt,
+                                     stride_vt, j, first, lim, m, lsum, acc, qk_scale,
                                      PRECISION, UPCAST)
 
     _store_rows(Out, PartO, PartLse, acc, m, lsum, tok, hq, row_valid, d, split, num_tokens,
