@@ -124,21 +124,31 @@ def run_edserve(engine, case_list, new_tokens: int) -> tuple[list[list[int]], fl
     return [o.token_ids for o in outs], dt
 
 
-def decode_stats(engine, case_list, steps: int) -> dict:
-    """Median decode step (ms), syncs per step and GPU busy share, every request running."""
+def start_decoding(engine, case_list, steps: int) -> None:
+    """Submit ``case_list`` with room for ``steps`` timed steps; prefill until every request
+    is decoding."""
     for r in requests(engine, case_list, steps + 12):
         engine.add_request(r)
     engine.step()
-    while engine.scheduler.waiting:  # prefill until every request is decoding
+    while engine.scheduler.waiting:
         engine.step()
+
+
+def finish(engine) -> None:
+    while engine.has_work():
+        engine.step()
+    engine.check_integrity()
+
+
+def decode_stats(engine, case_list, steps: int) -> dict:
+    """Median decode step (ms), syncs per step and GPU busy share, every request running."""
+    start_decoding(engine, case_list, steps)
     dev = str(engine.device)
     out = dict(step_ms=median_step_ms(engine, dev, steps), syncs_per_step=None, gpu_busy=None)
     if dev.startswith("cuda"):
         out["syncs_per_step"] = len(step_syncs(engine, 4)) / 4
         out["gpu_busy"] = step_gpu_busy(engine, 4)
-    while engine.has_work():
-        engine.step()
-    engine.check_integrity()
+    finish(engine)
     return out
 
 
@@ -237,11 +247,7 @@ def profile_step(engine, case_list, steps: int = 4, top: int = 15) -> None:
     """The CUDA kernels of ``steps`` decode steps with every request running, by total time."""
     from torch.profiler import ProfilerActivity, profile
 
-    for r in requests(engine, case_list, steps + 12):
-        engine.add_request(r)
-    engine.step()
-    while engine.scheduler.waiting:
-        engine.step()
+    start_decoding(engine, case_list, steps)
     for _ in range(2):
         engine.step()
     sync("cuda")
@@ -250,9 +256,7 @@ def profile_step(engine, case_list, steps: int = 4, top: int = 15) -> None:
             engine.step()
         sync("cuda")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=top), flush=True)
-    while engine.has_work():
-        engine.step()
-    engine.check_integrity()
+    finish(engine)
 
 
 def parse_args(argv=None):

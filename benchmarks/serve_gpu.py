@@ -50,8 +50,12 @@ NO_FALLBACK = ("--compression-ratio-threshold", "inf", "--logprob-threshold=-inf
                "--no-speech-threshold", "inf")
 
 
-def save_folder(arch: str, folder: Path, device: str) -> Path:
-    model = wg.build_hf(arch, device, torch.bfloat16 if device == "cuda" else torch.float32)
+def save_folder(arch: str, folder: Path, device: str, dtype: torch.dtype | None = None) -> Path:
+    """A random-weight HF Whisper folder with the tiny.en tokenizer (bf16 on CUDA unless
+    ``dtype`` says otherwise)."""
+    if dtype is None:
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = wg.build_hf(arch, device, dtype)
     model.save_pretrained(folder, safe_serialization=True)
     shutil.copy(wg.tokenizer_path(), folder / "tokenizer.json")
     del model

@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import soak  # noqa: E402
 import whisper_gpu as wg  # noqa: E402
+from serve_gpu import save_folder  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -35,10 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
         rest = ["--requests", "40", "--concurrency", "8", "--rss-tolerance", "0.5", *rest]
     work = Path(tempfile.mkdtemp(prefix="soak_gpu_"))
     try:
-        model = wg.build_hf(args.arch, device, torch.float32)
-        model.save_pretrained(work / "model", safe_serialization=True)
-        shutil.copy(wg.tokenizer_path(), work / "model" / "tokenizer.json")
-        del model
+        save_folder(args.arch, work / "model", device, torch.float32)
         if device == "cuda":
             torch.cuda.empty_cache()
         # random weights never say EOS and would trip the temperature fallback (sampled text
