@@ -46,6 +46,19 @@ def hf_config(d: dict) -> dict:
 
 
 @torch.no_grad()
+def fill_random(module: torch.nn.Module, device: str) -> None:
+    """Give the parameters HF initializes to zero random values (seeded): tanh gates in
+    0.5..1.5 (open: zero gates would hide the cross-attention and global layers), the rest
+    normal with 1/sqrt(fan-in)."""
+    gen = torch.Generator(device=device).manual_seed(1)
+    for name, p in module.named_parameters():
+        if "gate" in name and p.numel() == 1:
+            p.copy_(torch.rand(1, generator=gen, device=device) + 0.5)
+        elif not p.any():
+            p.normal_(0, p.shape[-1] ** -0.5, generator=gen)
+
+
+@torch.no_grad()
 def build_hf(config: dict, device: str, dtype: torch.dtype):
     """``MllamaForConditionalGeneration`` with HF's init (seed 0) built in ``dtype`` on
     ``device``; scalar gates U(0.5, 1.5) and all-zero tensors N(0, in^-0.5) (seed 1), so the
@@ -68,12 +81,7 @@ def build_hf(config: dict, device: str, dtype: torch.dtype):
     for p in model.parameters():  # float32 buffers HF creates explicitly (RoPE) stay float32
         if p.dtype != dtype:
             p.data = p.data.to(dtype)
-    gen = torch.Generator(device=device).manual_seed(1)
-    for name, p in model.named_parameters():
-        if "gate" in name and p.numel() == 1:
-            p.copy_(torch.rand(1, generator=gen, device=device) + 0.5)
-        elif not p.any():
-            p.normal_(0, p.shape[-1] ** -0.5, generator=gen)
+    fill_random(model, device)
     return model
 
 

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mllama_hf import SIZES, hf_config, sync  # noqa: E402
+from mllama_hf import SIZES, fill_random, hf_config, sync  # noqa: E402
 
 
 @torch.no_grad()
@@ -46,12 +46,7 @@ def build(d: dict, device: str, dtype: torch.dtype):
     with torch.device(device):
         hf = HFVision(hcfg).to(dtype).eval()
         proj = torch.nn.Linear(vd["vision_output_dim"], d["hidden"]).to(dtype)
-    gen = torch.Generator(device=device).manual_seed(1)
-    for name, p in hf.named_parameters():
-        if "gate" in name and p.numel() == 1:
-            p.copy_(torch.rand(1, generator=gen, device=device) + 0.5)
-        elif not p.any():
-            p.normal_(0, p.shape[-1] ** -0.5, generator=gen)
+    fill_random(hf, device)
     with torch.device(device):
         ours = MllamaVisionModel(MllamaVisionConfig.from_hf(vd)).to(dtype).eval()
     load_hf_tensors(ours, dict(hf.named_parameters()))
