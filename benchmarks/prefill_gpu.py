@@ -74,6 +74,20 @@ def prefill_step(engine, mels: list[torch.Tensor]):
     return run
 
 
+def host_profile(fn, dev: str, rows: int) -> None:
+    """Wall time of one call of ``fn`` and its Python functions by own time (cProfile)."""
+    import cProfile
+    import pstats
+
+    wg.sync(dev)
+    t0 = time.perf_counter()
+    with cProfile.Profile() as pr:
+        fn()
+        wg.sync(dev)
+    print(f"\n# one prefill step under cProfile: {1000 * (time.perf_counter() - t0):.1f} ms wall")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(rows)
+
+
 def profile_table(fn, dev: str, flops_rate: float, rows: int) -> None:
     """One call of ``fn`` under the torch profiler: the ops with the most device time."""
     from torch.profiler import ProfilerActivity, profile
@@ -99,6 +113,11 @@ def profile_table(fn, dev: str, flops_rate: float, rows: int) -> None:
         pct = f"{100 * rate * 1e12 / flops_rate:6.1f}" if rate else "     -"
         print(f"{e.key[:35]:35s} {e.count:6d} {t_us / 1000:9.3f} {100 * t_us / total:5.1f}% "
               f"{gflop:7.1f} {rate:8.1f}  {pct}")
+    host = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    print("\n# host ops by self CPU time")
+    for e in host[:rows]:
+        print(f"{e.self_cpu_time_total / 1000:9.3f} ms  {e.count:5d}x  {e.key[:90]}")
+    host_profile(fn, dev, rows)
     if dev == "cuda":
         kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
         print("\n# kernels by device time")
