@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
-#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|tp|prefill|prefill-small|prefill-tests|arrivals   (several allowed, in order;
+#   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|tp|prefill|prefill-small|prompt-tests|prefill-tests|arrivals   (several allowed, in order;
 #   tp needs a host with >= 2 GPUs)
 #   beam-device (~6 min), serve (~9 min: audio pool in-process vs --engine-process), soak (10,000 requests at 256)
 #   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min),
@@ -43,7 +43,9 @@ for part in "$@"; do
     # every prefill path (before / contiguous / eager / compiled / graphs / fp8 / fp8-compiled) in one run, ~4 min
     prefill) timeout 480 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 2 16 32 2>&1 | tee "$OUT/prefill.log" ;;
     # small-batch prefill: per-clip cost at batch 1-2 and a host + device profile of one batch-1 step
-    prefill-small) timeout 200 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 1 2 16 --variants eager \
+    prompt-tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_prompt_graphs.py \
+             tests/engine/test_prefill_syncs.py tests/engine/test_gpu_syncs.py -rs 2>&1 | tee "$OUT/prompt_tests.log" | tail -15 ;;
+    prefill-small) timeout 240 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 1 2 16 --variants prompt-eager eager graphs \
              --profile-batch 1 --repeats 5 --rows 25 2>&1 | tee "$OUT/prefill_small.log" | grep -v "^ *[0-9]* *0.000" | head -150 ;;
     arrivals) timeout 500 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 262144 2>&1 | tee "$OUT/arrivals.log" ;;
     large256) python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 256 --configs flat:1:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large256.log" ;;

@@ -4,7 +4,9 @@
                 a strided residual stream, every layer norm copying it) + ``index_put`` cross
                 K/V writes: the path measured in benchmarks/RESULTS.md on 2026-12-01
   contiguous    the contiguous residual stream, ``index_put`` writes
-  eager         the engine's default now: contiguous + the Triton row-copy cross K/V writes
+  eager         the engine's default now: contiguous + the Triton row-copy cross K/V writes +
+                the prompt through the decode CUDA graphs (``--prompt-cuda-graph-max-tokens``)
+  prompt-eager  eager, but the prompt through an eager decoder pass (the default of wave 4)
   compiled      eager + ``--compile-encoder`` (one torch.compile graph for all layers)
   graphs        eager + ``--encoder-cuda-graph-max-bs`` (the eager encoder in CUDA graphs at
                 batch sizes 1, 2, 4, ... up to the largest batch measured)
@@ -25,7 +27,8 @@ import torch.nn.functional as F
 from edserve.models.encoder_graphs import EncoderGraphs
 from edserve.models.fp8 import fp8_encoder_layers
 
-VARIANTS = ("before", "contiguous", "eager", "compiled", "graphs", "fp8", "fp8-compiled")
+VARIANTS = ("before", "contiguous", "eager", "prompt-eager", "compiled", "graphs", "fp8",
+            "fp8-compiled")
 
 
 def transposed_layout_forward(self, mel: torch.Tensor) -> torch.Tensor:
@@ -55,6 +58,8 @@ class Variants:
             fp8_encoder_layers(self.fp8)
         self.backend = compile_backend
         self.compiled_fns: dict[int, object] = {}  # id(encoder) -> its compiled layer function
+        self.prompts = getattr(engine.runner.graph_runner, "prompts", None)
+        self.prompt_tokens = self.prompts.max_tokens if self.prompts is not None else 0
         pool = engine.pools.kv_pool
         self.can_write_kernel = pool.dtype != torch.float8_e4m3fn
 
@@ -77,6 +82,8 @@ class Variants:
         else:
             enc.compile_layers(backend=self.backend)
             self.compiled_fns[id(enc)] = enc.run_layer
+        if self.prompts is not None:
+            self.prompts.max_tokens = 0 if name == "prompt-eager" else self.prompt_tokens
         model = self.engine.model
         model.encoder_graphs = None
         if name == "graphs":

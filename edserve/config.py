@@ -167,6 +167,13 @@ class EngineConfig:
         "Largest decode batch captured in a CUDA graph (default: the running limit; with "
         "--max-running-requests auto, at most 256).",
     )
+    prompt_cuda_graph_max_tokens: int = _f(
+        8,
+        "Prefill prompts of at most N tokens per request (Whisper's <|startoftranscript|> "
+        "sequence: 1-4) run through the decode CUDA graphs, one replay per prompt position, "
+        "instead of an eager decoder pass, whose kernel launches bound small prefill batches "
+        "(plain prefill steps; longer prompts and mixed steps stay eager). 0: off.",
+    )
     cpu_compile: str = _f(
         os.environ.get("EDSERVE_CPU_COMPILE", "auto"),
         "Compiled CPU decode steps (Whisper; torch.compile, inductor's C++/OpenMP code; "
@@ -255,6 +262,9 @@ class EngineConfig:
         if self.encoder_cuda_graph_max_bs < 0:
             raise ValueError(f"--encoder-cuda-graph-max-bs must be >= 0 (0: off), "
                              f"got {self.encoder_cuda_graph_max_bs}")
+        if self.prompt_cuda_graph_max_tokens < 0:
+            raise ValueError(f"--prompt-cuda-graph-max-tokens must be >= 0 (0: off), "
+                             f"got {self.prompt_cuda_graph_max_tokens}")
         if self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
 

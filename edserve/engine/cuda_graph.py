@@ -10,6 +10,8 @@ With the grouped cross-attention kernel (``backend.grouped_cross``) the graph al
 batch's padded group table (``ForwardBatch.cross_groups``, ``[bs, MAX_GROUP_ROWS]``): replay
 copies the real groups in and makes every padding row a group of one, so one graph serves any
 mix of greedy rows and row groups.
+Prefill prompts replay the same graphs one position at a time (``prompts``,
+:mod:`edserve.engine.prompt_graphs`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from edserve.engine.batch_builder import Pools
 from edserve.engine.graph_inputs import GraphInputs, reads_cross_kv_ranges, static_forward
+from edserve.engine.prompt_graphs import PromptReplayer
 from edserve.layers.forward_batch import ForwardBatch
 
 logger = logging.getLogger("edserve")
@@ -31,7 +34,8 @@ def capture_sizes(max_bs: int) -> list[int]:
 
 
 class DecodeGraphRunner:
-    def __init__(self, model: torch.nn.Module, pools: Pools, max_bs: int) -> None:
+    def __init__(self, model: torch.nn.Module, pools: Pools, max_bs: int,
+                 prompt_max_tokens: int = 0) -> None:
         if pools.backend.name == "ragged":
             raise ValueError("--cuda-graph needs fixed shapes, but the ragged strategy gathers "
                              "data-dependent buffers every step; use --encoder-kv flat or "
@@ -53,6 +57,10 @@ class DecodeGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool_handle = None
         self._capture_all()
+        # prefill prompts of up to prompt_max_tokens tokens replay these graphs (Whisper)
+        self.prompts = PromptReplayer(self.inputs, self.sizes, self._replay_loaded,
+                                      prompt_max_tokens) \
+            if prompt_max_tokens > 0 and hasattr(model, "write_cross_kv") else None
 
     def _forward(self, bs: int) -> torch.Tensor:
         return static_forward(self.model, self.pools, self.inputs, bs)
@@ -77,10 +85,14 @@ class DecodeGraphRunner:
     def can_run(self, batch: ForwardBatch) -> bool:
         return self.inputs.accepts(batch)
 
+    def _replay_loaded(self, padded: int) -> torch.Tensor:
+        """Replay the graph of size ``padded`` on the inputs as loaded; logits [padded, V]."""
+        self.graphs[padded].replay()
+        return self.outputs[padded]
+
     def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Run a real decode batch through the smallest graph that fits; logits [B, V]."""
         bs = batch.batch_size
         padded = next(s for s in self.sizes if s >= bs)
         self.inputs.load(batch, input_ids, padded)
-        self.graphs[padded].replay()
-        return self.outputs[padded][:bs]
+        return self._replay_loaded(padded)[:bs]

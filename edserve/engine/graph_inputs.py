@@ -79,15 +79,9 @@ class GraphInputs:
         """Copy a real decode batch (``input_ids`` ``[B]``) into rows ``[0, B)`` and pad rows
         ``[B, padded)``; device copies only (no sync)."""
         bs = batch.batch_size
-        for buf, src, fill in ((self.input_ids, input_ids, 0),
-                               (self.positions, batch.positions, 0),
-                               (self.rows, batch.req_pool_indices, 0),
-                               (self.seq_lens, batch.seq_lens, 1),
-                               (self.out_loc, batch.out_cache_loc, 0),
-                               (self.enc_lens, batch.encoder_lens, 0),
-                               (self.enc_offsets, batch.encoder_offsets, 0)):
-            buf[:bs].copy_(src)
-            buf[bs:padded].fill_(fill)
+        self.load_rows(padded, input_ids, batch.positions, batch.req_pool_indices,
+                       batch.seq_lens, batch.out_cache_loc, batch.encoder_lens,
+                       batch.encoder_offsets)
         if self.cross_groups is not None:  # a batch without a table: groups of one
             groups = self.single_groups if batch.cross_groups is None else batch.cross_groups
             self.cross_groups[:bs].copy_(groups[:bs])
@@ -101,6 +95,25 @@ class GraphInputs:
             rng[:bs, 0].zero_()
             rng[:bs, 1].copy_(batch.encoder_lens)
         rng[bs:padded].zero_()
+
+    def load_rows(self, padded: int, input_ids: torch.Tensor, positions: torch.Tensor,
+                  rows: torch.Tensor, seq_lens: torch.Tensor, out_loc: torch.Tensor,
+                  enc_lens: torch.Tensor, enc_offsets: torch.Tensor) -> None:
+        """Copy one decode step's per-row tensors (all ``[bs]``, device) into rows ``[0, bs)``
+        and pad rows ``[bs, padded)``. Row groups and key ranges are the caller's
+        (:meth:`load` for a decode batch, :meth:`ungrouped` for rows without groups)."""
+        bs = input_ids.shape[0]
+        for buf, src, fill in ((self.input_ids, input_ids, 0), (self.positions, positions, 0),
+                               (self.rows, rows, 0), (self.seq_lens, seq_lens, 1),
+                               (self.out_loc, out_loc, 0), (self.enc_lens, enc_lens, 0),
+                               (self.enc_offsets, enc_offsets, 0)):
+            buf[:bs].copy_(src)
+            buf[bs:padded].fill_(fill)
+
+    def ungrouped(self, padded: int) -> None:
+        """Rows ``[0, padded)`` as groups of one (a step whose rows share no encoder region)."""
+        if self.cross_groups is not None:
+            self.cross_groups[:padded].copy_(self.single_groups[:padded])
 
 
 def static_forward(model: torch.nn.Module, pools: Pools, inputs: GraphInputs,

@@ -48,8 +48,17 @@ class ModelRunner:
             input_ids = self.history.last(rows)  # [B] the tokens sampled last step
             encoder_states = None
         graphs = self.graph_runner
+        prompts = getattr(graphs, "prompts", None)
         if sched.mode == ForwardMode.DECODE and graphs is not None and graphs.can_run(batch):
             logits = graphs.replay(batch, input_ids)
+        elif prompts is not None and prompts.accepts(batch, sched.num_decode):
+            if encoder_states is not None:  # the cross K/V into the pool, then the prompts
+                self.model.write_cross_kv(encoder_states, batch)
+            picks = self._no_speech_picks(sched)
+            out = prompts.run(batch, input_ids, [(i, pos) for i, pos, _ in picks])
+            logits = out.logits
+            if picks:
+                no_speech = self._no_speech_probs(picks, out.picked, len(reqs))
         else:
             batch.attn_backend.init_forward_metadata(batch)
             hidden = self.model(input_ids, batch.positions, batch, encoder_states)  # [T, d]
@@ -78,18 +87,32 @@ class ModelRunner:
             r.encoder_input = None  # encoded once; the cross K/V now live in the pool
         return torch.cat(states)
 
+    def _no_speech_picks(self, sched: ScheduledBatch) -> list[tuple[int, int, int]]:
+        """``(row, position within its prompt, no-speech token)`` of the new rows that ask for
+        Whisper's no-speech probability."""
+        return [(i, r.request.no_speech_pos, r.request.no_speech_token)
+                for i, r in enumerate(sched.reqs)
+                if sched.is_new(i) and r.request.no_speech_pos is not None
+                and r.request.no_speech_token is not None]
+
     def _no_speech(self, hidden: torch.Tensor, sched: ScheduledBatch) -> torch.Tensor | None:
         """[B] softmax(logits at each new request's ``no_speech_pos``)[no_speech_token]; NaN
         for rows that do not ask or are decoding (Whisper's no-speech probability)."""
-        picks = [(i, start + r.request.no_speech_pos, r.request.no_speech_token)
-                 for i, (r, start) in enumerate(zip(sched.reqs, sched.batch.q_starts_cpu,
-                                                    strict=True))
-                 if sched.is_new(i) and r.request.no_speech_pos is not None
-                 and r.request.no_speech_token is not None]
+        picks = self._no_speech_picks(sched)
         if not picks:
             return None
-        dev = hidden.device
-        which, pos, tok = (to_device(c, torch.int64, dev) for c in zip(*picks, strict=True))
-        probs = torch.softmax(self.model.compute_logits(hidden[pos]).float(), dim=-1)  # [k, V]
-        out = torch.full((len(sched.reqs),), float("nan"), device=dev)
+        starts = sched.batch.q_starts_cpu
+        pos = to_device([starts[i] + p for i, p, _ in picks], torch.int64, hidden.device)
+        return self._no_speech_probs(picks, self.model.compute_logits(hidden[pos]),
+                                     len(sched.reqs))
+
+    def _no_speech_probs(self, picks: list[tuple[int, int, int]], logits: torch.Tensor,
+                         batch_size: int) -> torch.Tensor:
+        """[B] probabilities of the picks' tokens under ``logits`` ``[len(picks), V]``, NaN
+        at the other rows."""
+        dev = logits.device
+        which, tok = (to_device(c, torch.int64, dev) for c in zip(*[(i, t) for i, _, t in picks],
+                                                                  strict=True))
+        probs = torch.softmax(logits.float(), dim=-1)  # [k, V]
+        out = torch.full((batch_size,), float("nan"), device=dev)
         return out.index_copy_(0, which, probs.gather(1, tok[:, None])[:, 0])

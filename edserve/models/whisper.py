@@ -241,6 +241,15 @@ class WhisperForConditionalGeneration(nn.Module):
             x = layer(x, batch, next(cross) if cross is not None else None)
         return dec.layer_norm(x)
 
+    def write_cross_kv(self, encoder_states: torch.Tensor, batch: ForwardBatch) -> None:
+        """A prefill's cross K/V without the decoder pass: ``encoder_states``
+        ``[sum encoder_lens, d]`` projected for every layer and written to the pool, as
+        :meth:`forward` does on its way (the prompt then runs as decode steps:
+        :mod:`edserve.engine.prompt_graphs`)."""
+        dec = self.model.decoder
+        for layer, (k, v) in zip(dec.layers, dec.cross_kv(encoder_states), strict=True):
+            batch.attn_backend.write_cross(layer.cross_site, k, v, batch)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, d] -> [N, vocab] (output projection tied to the token embedding)
         return F.linear(hidden, self.model.decoder.embed_tokens.weight)

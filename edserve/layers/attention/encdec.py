@@ -95,8 +95,7 @@ class EncoderDecoderBackend(AttentionBackend):
         meta: EncDecMetadata = batch.attn_metadata
         pool = batch.kv_pool
         if layer.is_cross:
-            if k is not None and k.shape[0] > 0:
-                pool.set_kv(layer.layer_id, batch.encoder_out_cache_loc, k, v)
+            self.write_cross(layer, k, v, batch)
             if meta.guard.all_empty:  # never launch a kernel on an empty key set
                 return torch.zeros_like(q)
             k_cache, v_cache = pool.get_kv(layer.layer_id)
@@ -113,6 +112,13 @@ class EncoderDecoderBackend(AttentionBackend):
         pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v)
         k_cache, v_cache = pool.get_kv(layer.layer_id)
         return self.attend(q, k_cache, v_cache, layer, batch, meta.self_, cross=False)
+
+    def write_cross(self, layer: Attention, k: torch.Tensor | None, v: torch.Tensor | None,
+                    batch: ForwardBatch) -> None:
+        """Write a prefill's encoder K/V ``[sum encoder_lens, Hkv, D]`` into ``layer``'s pool
+        slots ``batch.encoder_out_cache_loc`` (nothing for None or no rows)."""
+        if k is not None and k.shape[0] > 0:
+            batch.kv_pool.set_kv(layer.layer_id, batch.encoder_out_cache_loc, k, v)
 
     @abstractmethod
     def build_metadata(self, batch: ForwardBatch, skip_cross: bool) -> tuple[Any, Any]:

@@ -1,0 +1,39 @@
+"""Prefill prompts through the captured decode graphs on the GPU (H200): the same outputs as the
+eager prefill pass (fp32, so that kernel rounding cannot flip a token), every strategy that
+captures graphs, page sizes 1/16/128, prompts of 1 to 5 tokens (5: over the limit, eager)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edserve.runtime import build_engine
+from tests.engine.test_prompt_graphs import _requests, _run
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("strategy,page_size", [("flat", "1"), ("flat", "128"),
+                                                ("aligned", "16"), ("aligned", "128")])
+def test_prompt_graph_replays_match_the_eager_prefill(random_whisper, strategy, page_size):
+    reqs = _requests(9)
+    results, used = {}, {}
+    for max_tokens in (4, 0):
+        engine = build_engine(model=str(random_whisper), device="cuda", dtype="float32",
+                              page_size=page_size, encoder_kv=strategy, max_running_requests=8,
+                              mixed_steps=False, prompt_cuda_graph_max_tokens=max_tokens)
+        prompts = engine.runner.graph_runner.prompts
+        assert (prompts is not None) == (max_tokens > 0)
+        calls = []
+        if prompts is not None:
+            run = prompts.run
+            prompts.run = lambda *a, calls=calls, run=run, **k: calls.append(1) or run(*a, **k)
+        results[max_tokens] = _run(engine, reqs[:3]) | _run(engine, reqs[3:])
+        used[max_tokens] = len(calls)
+    assert used[4] >= 2 and used[0] == 0
+    for r in reqs:
+        a, b = results[4][r.rid], results[0][r.rid]
+        assert a.error is None and a.token_ids == b.token_ids and len(a.token_ids) > 0
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+        assert a.no_speech_prob == pytest.approx(b.no_speech_prob, abs=1e-4)
