@@ -44,7 +44,7 @@ for part in "$@"; do
     prefill) timeout 480 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 2 16 32 2>&1 | tee "$OUT/prefill.log" ;;
     # small-batch prefill: per-clip cost at batch 1-2 and a host + device profile of one batch-1 step
     prompt-tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_prompt_graphs.py \
-             tests/engine/test_prefill_syncs.py tests/engine/test_gpu_syncs.py -rs 2>&1 | tee "$OUT/prompt_tests.log" | tail -15 ;;
+             tests/engine/test_prefill_syncs.py tests/engine/test_gpu_syncs.py tests/models/test_encoder_graphs.py -rs 2>&1 | tee "$OUT/prompt_tests.log" | tail -15 ;;
     prefill-small) timeout 240 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 1 2 16 --variants prompt-eager eager graphs \
              --profile-batch 1 --repeats 5 --rows 25 2>&1 | tee "$OUT/prefill_small.log" | grep -v "^ *[0-9]* *0.000" | head -150 ;;
     arrivals) timeout 500 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 262144 2>&1 | tee "$OUT/arrivals.log" ;;

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from proc_stats import tree_rss_bytes  # noqa: E402
 
+from edserve.bench.client import KEEPALIVE_EXPIRY_S  # noqa: E402
+
 DATA = ROOT / "tests" / "data"
 KINDS_BAD = ("corrupt", "empty", "nan", "ffconcat", "oversize")
 KINDS_GONE = ("upload", "processing", "stream")
@@ -162,7 +164,11 @@ class Soak:
             await asyncio.sleep(0.5)
 
     async def run(self) -> dict:
-        limits = httpx.Limits(max_connections=self.args.concurrency)
+        # idle pooled connections expire before the server's --timeout-keep-alive (5 s): a
+        # request sent on a connection the server is closing at that moment gets a reset
+        # (httpx's default expiry equals the server's), a client-side race, not a lost request
+        limits = httpx.Limits(max_connections=self.args.concurrency,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
         async with httpx.AsyncClient(base_url=self.url, timeout=600, limits=limits) as client:
             for clip in sorted(self.clips):  # the sequential reference
                 status, text = await self.text_of(client, clip, False)

@@ -86,12 +86,13 @@ class EngineConfig:
         "with --encoder-dtype fp8 the activation scaling). The first prefill compiles "
         "(tens of seconds). Off by default; see benchmarks/RESULTS.md 'Prefill'.",
     )
-    encoder_cuda_graph_max_bs: int = _f(
-        0,
+    encoder_cuda_graph_max_bs: int | None = _f(
+        None,
         "Capture the encoder in CUDA graphs for batches of 1, 2, 4, ... up to N clips (Whisper, "
         "CUDA; larger batches run eagerly): small prefill batches are bound by kernel "
-        "launches. 0 (default): off. Captured at start-up (after --compile-encoder's "
-        "compilation).",
+        "launches (large-v3 on an H200, batch 1: 9.3 -> 5.7 ms per clip). Default: 4 where "
+        "decode steps use CUDA graphs (Whisper, no --compile-encoder), else off; 0: off. "
+        "Captured at start-up (after --compile-encoder's compilation).",
     )
     threads: int | None = _f(
         None,
@@ -259,7 +260,7 @@ class EngineConfig:
                                               or self.encoder_cuda_graph_max_bs):
             raise ValueError("--compile-encoder and --encoder-cuda-graph-max-bs cannot be used "
                              "with --tensor-parallel-size > 1")
-        if self.encoder_cuda_graph_max_bs < 0:
+        if self.encoder_cuda_graph_max_bs is not None and self.encoder_cuda_graph_max_bs < 0:
             raise ValueError(f"--encoder-cuda-graph-max-bs must be >= 0 (0: off), "
                              f"got {self.encoder_cuda_graph_max_bs}")
         if self.prompt_cuda_graph_max_tokens < 0:

@@ -18,6 +18,10 @@ import httpx
 
 from edserve.bench.load import AudioItem
 
+# Idle pooled connections are dropped after this many seconds, before a server's keep-alive
+# timeout (uvicorn's and `edserve serve`'s default: 5 s) can close them under a new request.
+KEEPALIVE_EXPIRY_S = 2.0
+
 
 @dataclass(frozen=True)
 class BenchTarget:
@@ -142,7 +146,8 @@ async def run_load(target: BenchTarget, plan: LoadPlan) -> tuple[list[RequestRes
     """Send every planned request; returns the results (plan order) and the wall seconds from
     the first send to the last answer."""
     limits = httpx.Limits(max_connections=plan.concurrency,
-                          max_keepalive_connections=plan.concurrency)
+                          max_keepalive_connections=plan.concurrency,
+                          keepalive_expiry=KEEPALIVE_EXPIRY_S)
     timeout = httpx.Timeout(target.timeout, connect=min(30.0, target.timeout))
     results: list[RequestResult | None] = [None] * len(plan.items)
     gate = asyncio.Semaphore(plan.concurrency)

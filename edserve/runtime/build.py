@@ -23,12 +23,20 @@ from edserve.models.registry import build_model
 from edserve.models.weights import load_checkpoint
 from edserve.parallel import build_sharded_model
 from edserve.runtime.pools import build_pools
-from edserve.runtime.settings import cpu_compile_after, resolve_settings, use_cuda_graph
+from edserve.runtime.settings import (
+    RuntimeSettings,
+    cpu_compile_after,
+    resolve_settings,
+    use_cuda_graph,
+)
 
 logger = logging.getLogger("edserve")
 
 DEFAULT_MAX_CONTEXT = 8192  # decoder positions when --context-length is not given
 DEFAULT_PREFILL_TOKENS = {False: 65536, True: 262144}  # by "on CUDA"
+# --encoder-cuda-graph-max-bs unset, on CUDA: batches up to 4 clips are launch-bound (large-v3,
+# H200: batch 1 9.3 -> 5.7 ms per clip, batch 16 unchanged; benchmarks/RESULTS.md)
+ENCODER_GRAPH_MAX_BS_AUTO = 4
 
 
 def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
@@ -50,7 +58,7 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         del checkpoint
         model = quantize_model(model, config.quantization)
         model = apply_encoder_dtype(model, config.encoder_dtype)
-        _encoder_options(model, config)
+        _encoder_options(model, config, s)
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops,
                              grouped_cross=config.grouped_cross_attention)
@@ -74,12 +82,17 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         graphs=graphs))
 
 
-def _encoder_options(model: Any, config: EngineConfig) -> None:
+def _encoder_options(model: Any, config: EngineConfig, s: RuntimeSettings) -> None:
     """``--compile-encoder``, then ``--encoder-cuda-graph-max-bs`` (which captures the
-    compiled encoder). Whisper only."""
+    compiled encoder; unset: :data:`ENCODER_GRAPH_MAX_BS_AUTO` where decode steps use CUDA
+    graphs). Whisper only."""
+    graph_bs = config.encoder_cuda_graph_max_bs
+    if graph_bs is None:
+        auto = hasattr(model, "capture_encoder_graphs") and not config.compile_encoder \
+            and use_cuda_graph(config, s)
+        graph_bs = ENCODER_GRAPH_MAX_BS_AUTO if auto else 0
     wanted = [flag for flag, on in (("--compile-encoder", config.compile_encoder),
-                                    ("--encoder-cuda-graph-max-bs",
-                                     config.encoder_cuda_graph_max_bs)) if on]
+                                    ("--encoder-cuda-graph-max-bs", graph_bs)) if on]
     if not wanted:
         return
     if not hasattr(model, "capture_encoder_graphs"):
@@ -87,5 +100,5 @@ def _encoder_options(model: Any, config: EngineConfig) -> None:
                          f"{type(model).__name__}")
     if config.compile_encoder:
         model.compile_encoder()
-    if config.encoder_cuda_graph_max_bs:
-        model.capture_encoder_graphs(config.encoder_cuda_graph_max_bs)
+    if graph_bs:
+        model.capture_encoder_graphs(graph_bs)

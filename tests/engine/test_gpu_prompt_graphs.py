@@ -4,6 +4,8 @@ captures graphs, page sizes 1/16/128, prompts of 1 to 5 tokens (5: over the limi
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -14,23 +16,31 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+def _outputs(random_whisper, strategy, page_size, reqs, max_tokens):
+    """(outputs by rid, prompt replay calls) of one engine, which is gone on return."""
+    engine = build_engine(model=str(random_whisper), device="cuda", dtype="float32",
+                          page_size=page_size, encoder_kv=strategy, max_running_requests=8,
+                          mixed_steps=False, prompt_cuda_graph_max_tokens=max_tokens,
+                          max_total_tokens=65536)  # leave the GPU to the other tests
+    prompts = engine.runner.graph_runner.prompts
+    assert (prompts is not None) == (max_tokens > 0)
+    calls = []
+    if prompts is not None:
+        run = prompts.run
+        prompts.run = lambda *a, **k: calls.append(1) or run(*a, **k)
+    return _run(engine, reqs[:3]) | _run(engine, reqs[3:]), len(calls)
+
+
 @pytest.mark.parametrize("strategy,page_size", [("flat", "1"), ("flat", "128"),
                                                 ("aligned", "16"), ("aligned", "128")])
 def test_prompt_graph_replays_match_the_eager_prefill(random_whisper, strategy, page_size):
     reqs = _requests(9)
     results, used = {}, {}
     for max_tokens in (4, 0):
-        engine = build_engine(model=str(random_whisper), device="cuda", dtype="float32",
-                              page_size=page_size, encoder_kv=strategy, max_running_requests=8,
-                              mixed_steps=False, prompt_cuda_graph_max_tokens=max_tokens)
-        prompts = engine.runner.graph_runner.prompts
-        assert (prompts is not None) == (max_tokens > 0)
-        calls = []
-        if prompts is not None:
-            run = prompts.run
-            prompts.run = lambda *a, calls=calls, run=run, **k: calls.append(1) or run(*a, **k)
-        results[max_tokens] = _run(engine, reqs[:3]) | _run(engine, reqs[3:])
-        used[max_tokens] = len(calls)
+        results[max_tokens], used[max_tokens] = _outputs(random_whisper, strategy, page_size,
+                                                         reqs, max_tokens)
+        gc.collect()
+        torch.cuda.empty_cache()
     assert used[4] >= 2 and used[0] == 0
     for r in reqs:
         a, b = results[4][r.rid], results[0][r.rid]
