@@ -16,6 +16,7 @@ Prefill prompts replay the same graphs one position at a time (``prompts``,
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -31,6 +32,13 @@ logger = logging.getLogger("edserve")
 def capture_sizes(max_bs: int) -> list[int]:
     sizes = [1, 2, 4, 8] + list(range(16, max_bs + 1, 16))
     return sorted({s for s in sizes if s <= max_bs} | {max_bs})
+
+
+def replay_loaded(graphs: dict[int, torch.cuda.CUDAGraph], outputs: dict[int, torch.Tensor],
+                  padded: int) -> torch.Tensor:
+    """Replay the graph of size ``padded`` on the inputs as loaded; logits [padded, V]."""
+    graphs[padded].replay()
+    return outputs[padded]
 
 
 class DecodeGraphRunner:
@@ -57,10 +65,13 @@ class DecodeGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool_handle = None
         self._capture_all()
-        # prefill prompts of up to prompt_max_tokens tokens replay these graphs (Whisper)
-        self.prompts = PromptReplayer(self.inputs, self.sizes, self._replay_loaded,
-                                      prompt_max_tokens) \
-            if prompt_max_tokens > 0 and hasattr(model, "write_cross_kv") else None
+        # prefill prompts of up to prompt_max_tokens tokens replay these graphs (Whisper);
+        # it gets the graphs, not this runner: no reference cycle, so an engine (and its KV
+        # pool) is freed as soon as the last reference to it goes
+        self.prompts = PromptReplayer(
+            self.inputs, self.sizes, functools.partial(replay_loaded, self.graphs, self.outputs),
+            prompt_max_tokens) if prompt_max_tokens > 0 and hasattr(model, "write_cross_kv") \
+            else None
 
     def _forward(self, bs: int) -> torch.Tensor:
         return static_forward(self.model, self.pools, self.inputs, bs)
@@ -85,14 +96,9 @@ class DecodeGraphRunner:
     def can_run(self, batch: ForwardBatch) -> bool:
         return self.inputs.accepts(batch)
 
-    def _replay_loaded(self, padded: int) -> torch.Tensor:
-        """Replay the graph of size ``padded`` on the inputs as loaded; logits [padded, V]."""
-        self.graphs[padded].replay()
-        return self.outputs[padded]
-
     def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Run a real decode batch through the smallest graph that fits; logits [B, V]."""
         bs = batch.batch_size
         padded = next(s for s in self.sizes if s >= bs)
         self.inputs.load(batch, input_ids, padded)
-        return self._replay_loaded(padded)[:bs]
+        return replay_loaded(self.graphs, self.outputs, padded)[:bs]
