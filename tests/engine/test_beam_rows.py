@@ -59,13 +59,17 @@ def _run(engine, reqs, check=None):
     return [outs[r.rid] for r in reqs]
 
 
-@pytest.mark.parametrize("strategy,page_size", [("flat", "128"), ("aligned", "16"),
-                                                 ("ragged", "1"), ("flat", "64")])
-def test_device_beams_equal_host_beams(random_whisper, strategy, page_size):
+@pytest.mark.parametrize("strategy,page_size,kernel", [
+    ("flat", "128", False), ("aligned", "16", True), ("ragged", "1", False), ("flat", "64", True)])
+def test_device_beams_equal_host_beams(random_whisper, strategy, page_size, kernel):
+    """``kernel``: the device engine copies K/V through the Triton pair-copy kernel, as on
+    CUDA (its attention stays torch's)."""
     def engine(on):
-        return build_engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
-                            max_running_requests=16, debug_checks=True, beam_on_device=on,
-                            overlap_schedule="on" if on else "off")
+        e = build_engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
+                         max_running_requests=16, debug_checks=True, beam_on_device=on,
+                         overlap_schedule="on" if on else "off")
+        e.pools.kv_pool.copy_kernel = on and kernel
+        return e
 
     host = _run(engine(False), _requests())
     device = _run(engine(True), _requests())
