@@ -6,8 +6,9 @@ page_size - 1]`` pairs, padding ``0 -> 0`` for slots not copied, so the step nee
 read): through ``index_put`` every pair moved its bytes, padding included, twice (a gather
 into a temporary, then the scatter; ``index_put`` ran at ~0.8 TB/s on the H200, see
 ``kv_write``). Large-v3 at 320 beam rows and page 128 has 40,640 pairs x 32 layers x K and V
-(6.7 GB a step through index ops), the bulk of why its device-beam step measured 47 ms
-against the host-chosen beams' 22 ms (benchmarks/RESULTS.md). Here a program copies
+(6.7 GB of pairs a step, each moved twice: ~27 GB of index-op traffic), by its bytes the bulk
+of why its device-beam step measured 47 ms against the host-chosen beams' 22 ms
+(benchmarks/RESULTS.md, wave 5); most pairs are padding. Here a program copies
 ``ROWS`` pairs x ``BLOCK_W`` columns with one index load per pair, and a padding pair's
 masked load and store touch no memory: the cost follows the slots really copied.
 
