@@ -48,7 +48,8 @@ for part in "$@"; do
     arrivals) timeout 500 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 262144 2>&1 | tee "$OUT/arrivals.log" ;;
     large256) python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 256 --configs flat:1:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large256.log" ;;
     beam-device) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_beam_rows.py \
-             tests/engine/test_beam_device.py tests/mem_cache/test_reorder.py tests/engine/test_gpu_beam.py -rs 2>&1 \
+             tests/engine/test_beam_device.py tests/mem_cache/test_reorder.py tests/engine/test_gpu_beam.py \
+             tests/kernels/test_kv_copy.py -rs 2>&1 \
              | tee "$OUT/beam_device_tests.log" | tail -15
            for dev in "" "--beam-on-device"; do
              (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 aligned:128 \
