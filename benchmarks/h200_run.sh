@@ -53,7 +53,7 @@ for part in "$@"; do
              | tee "$OUT/beam_device_tests.log" | tail -15
            for dev in "" "--beam-on-device"; do
              (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 aligned:128 \
-                --beam 5 --no-hf $dev 2>&1 | grep -v "custom logits" | tee -a "$OUT/beam_device.log" | tail -12)
+                --beam 5 --no-hf --profile 12 $dev 2>&1 | grep -v "custom logits" | tee -a "$OUT/beam_device.log" | tail -12)
            done ;;
     serve) (cd benchmarks && timeout 560 python3 -W ignore serve_gpu.py --json "$OUT/serve_gpu.json" --serve-flags= --serve-flags=--engine-process 2>&1 \
              | tee "$OUT/serve_gpu.log" | grep -v "^#   ") ;;
