@@ -21,6 +21,7 @@ Per config (strategy:page_size) and concurrency (requests; beam rows = concurren
   python benchmarks/beam_gpu.py --concurrency 16 64 --configs flat:128 aligned:128
   python benchmarks/beam_gpu.py ... --per-row-cross   # A/B: no grouped cross-attention
   python benchmarks/beam_gpu.py ... --beam-on-device  # A/B: beams chosen on the device
+  python benchmarks/beam_gpu.py ... --profile 15  # + the top kernels of a decode step
   python benchmarks/beam_gpu.py --dry-run      # toy model on CPU: the script runs
 """
 
@@ -163,6 +164,13 @@ def gpu_busy(engine, feats, beam: int, steps: int = 10) -> float:
     return busy
 
 
+def top_kernels(engine, feats, beam: int, rows: int) -> None:
+    _steady(engine, feats, beam)
+    for line in wg.step_kernels(engine, 5, rows):
+        print("#  ", line)
+    wg.drain(engine)
+
+
 def floor_step_s(arch: str, conc: int, beam: int, n_new: int, dtype_bytes: int) -> float:
     """Bytes one decode step must read (mid-run average) / 4.8 TB/s: decoder weights once,
     each request's encoder KV once (shared by its beams), every row's self-attention KV."""
@@ -217,6 +225,9 @@ def measure(args, hf, procs, arch, conc, spec, dev, dtype, with_hf: bool) -> lis
         step = step_ms(engine, feats, b)
         syncs, kinds = syncs_per_step(engine, feats, b)
         busy = gpu_busy(engine, feats, b)
+        if args.profile and dev == "cuda":
+            print(f"# {spec} conc {conc} {k}: kernels by device time per decode step")
+            top_kernels(engine, feats, b, args.profile)
         engine.check_integrity()
         wall = statistics.median(t_ours[k])
         hf_wall = statistics.median(t_hf[k]) if t_hf[k] else float("nan")
@@ -260,6 +271,8 @@ def main() -> None:
                          "cross-attention kernel), for A/B against the default")
     ap.add_argument("--beam-on-device", action="store_true",
                     help="beams chosen on the device (fixed rows; the host reads done flags)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="print the N kernels with the most device time per decode step")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"

@@ -50,11 +50,12 @@ for part in "$@"; do
     arrivals) timeout 500 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 262144 2>&1 | tee "$OUT/arrivals.log" ;;
     large256) python3 benchmarks/whisper_gpu.py --arch large-v3 --concurrency 256 --configs flat:1:graph aligned:128:graph ragged:1:eager --json "$OUT/bench.jsonl" 2>&1 | tee "$OUT/large256.log" ;;
     beam-device) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_beam_rows.py \
-             tests/engine/test_beam_device.py tests/mem_cache/test_reorder.py tests/engine/test_gpu_beam.py -rs 2>&1 \
+             tests/engine/test_beam_device.py tests/mem_cache/test_reorder.py tests/engine/test_gpu_beam.py \
+             tests/kernels/test_kv_copy.py -rs 2>&1 \
              | tee "$OUT/beam_device_tests.log" | tail -15
            for dev in "" "--beam-on-device"; do
              (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 aligned:128 \
-                --beam 5 --no-hf $dev 2>&1 | grep -v "custom logits" | tee -a "$OUT/beam_device.log" | tail -12)
+                --beam 5 --no-hf --profile 12 $dev 2>&1 | grep -v "custom logits" | tee -a "$OUT/beam_device.log" | tail -12)
            done ;;
     serve) (cd benchmarks && timeout 560 python3 -W ignore serve_gpu.py --json "$OUT/serve_gpu.json" --serve-flags= --serve-flags=--engine-process 2>&1 \
              | tee "$OUT/serve_gpu.log" | grep -v "^#   ") ;;

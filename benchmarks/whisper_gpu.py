@@ -133,6 +133,22 @@ def step_gpu_busy(engine, steps: int) -> float:
     return busy / wall_us
 
 
+def step_kernels(engine, steps: int, rows: int) -> list[str]:
+    """The ``rows`` kernels with the most device time per step over ``steps`` engine steps
+    (torch profiler), one line each: ms per step, launches per step, name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync("cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        sync("cuda")
+    kernels = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
+                     key=lambda e: -e.self_device_time_total)
+    return [f"{e.self_device_time_total / steps / 1000:8.3f} ms/step {e.count / steps:6.1f}x  "
+            f"{e.key[:90]}" for e in kernels[:rows]]
+
+
 def run_hf(model, feats: torch.Tensor, new_tokens: int) -> float:
     from transformers.generation.utils import GenerationMixin
 

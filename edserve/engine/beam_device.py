@@ -263,18 +263,21 @@ class BeamBatch:
 
     def finished(self, slots: list[int]) -> list[list[Finished]]:
         """The finished sequences of the groups in ``slots``, in the host's order (one read
-        of the host for all)."""
+        of the host for all: the integers travel as float64, exact below 2**53)."""
         idx = to_device(slots, torch.int64, self.device)
-        ints = torch.cat([self.fin_n[idx][:, None], self.fin_len[idx],
-                          self.fin_tokens[idx].reshape(len(slots), -1)], 1).tolist()
-        floats = torch.cat([self.fin_sum[idx], self.fin_stop[idx],
-                            self.fin_logprobs[idx].reshape(len(slots), -1)], 1).tolist()
+        n = len(slots)
+        flat = torch.cat([self.fin_n[idx][:, None].double(), self.fin_len[idx].double(),
+                          self.fin_sum[idx], self.fin_stop[idx],
+                          self.fin_tokens[idx].reshape(n, -1).double(),
+                          self.fin_logprobs[idx].reshape(n, -1)], 1).tolist()
         F, L = self.F, self.L
         out = []
-        for row, frow in zip(ints, floats, strict=True):
-            n, lens, toks = row[0], row[1:1 + F], row[1 + F:]
-            sums, stops, lps = frow[:F], frow[F:2 * F], frow[2 * F:]
-            out.append([Finished(toks[f * L:f * L + lens[f]], lps[f * L:f * L + lens[f]],
-                                 sums[f], None if stops[f] != stops[f] else stops[f])
-                        for f in range(n)])
+        for row in flat:  # [1 + 3F + 2FL]: n, lengths, sums, stop lps, tokens, log-probs
+            lens = [int(x) for x in row[1:1 + F]]
+            sums, stops = row[1 + F:1 + 2 * F], row[1 + 2 * F:1 + 3 * F]
+            toks, lps = row[1 + 3 * F:1 + 3 * F + F * L], row[1 + 3 * F + F * L:]
+            out.append([Finished([int(t) for t in toks[f * L:f * L + lens[f]]],
+                                 lps[f * L:f * L + lens[f]], sums[f],
+                                 None if stops[f] != stops[f] else stops[f])
+                        for f in range(int(row[0]))])
         return out

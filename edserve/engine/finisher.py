@@ -42,7 +42,10 @@ class Finisher:
                 reason, error = self._run_hook(leader, reason, error, lambda: FinishedKV(
                     region.slots, region.encoder_len, region.enc_region, self.pools.kv_pool,
                     list(leader.prompt_ids), list(leader.output_ids)))
-        self._keep_or_release(leader, hold, reason)
+        # a device beam group's rows have dropped their holds (DeviceBeams.release): its
+        # hold is the region's last holder, so releasing it reads nothing from the device
+        self._keep_or_release(leader, hold, reason, last_holder=getattr(group, "on_device",
+                                                                        False))
         self._report(leader, reason, error, [])
 
     def finish(self, req: Req, reason: FinishReason, error: str | None,
@@ -68,14 +71,16 @@ class Finisher:
             return FinishReason.ERROR, f"{type(exc).__name__}: {exc}"
         return reason, error
 
-    def _keep_or_release(self, req: Req, hold: EncoderKV | None, reason: FinishReason) -> None:
-        """A finished request's encoder hold: the caller's (``keep_encoder``) or released."""
+    def _keep_or_release(self, req: Req, hold: EncoderKV | None, reason: FinishReason,
+                         last_holder: bool = False) -> None:
+        """A finished request's encoder hold: the caller's (``keep_encoder``) or released
+        (``last_holder``: see :func:`release_encoder`)."""
         if hold is None:
             return
         if req.request.keep_encoder and reason in (FinishReason.STOP, FinishReason.LENGTH):
             self.held[hold.id] = req.kept_encoder = hold
         else:
-            release_encoder(self.pools, hold)
+            release_encoder(self.pools, hold, last_holder)
 
     def _report(self, req: Req, reason: FinishReason, error: str | None,
                 last: list[int]) -> None:

@@ -104,9 +104,12 @@ def hold_encoder(pools: Pools, req: Req) -> EncoderKV | None:
     return EncoderKV(slots, req.encoder_len, req.enc_region)
 
 
-def release_encoder(pools: Pools, handle: EncoderKV) -> None:
-    """Drop the reference :func:`hold_encoder` took."""
-    pools.allocator.free_page_starts(handle.slots[::pools.allocator.page_size], shared=True)
+def release_encoder(pools: Pools, handle: EncoderKV, last_holder: bool = False) -> None:
+    """Drop the reference :func:`hold_encoder` took. ``last_holder``: the caller knows no
+    one else holds the region's pages (they all go back: no host read); otherwise finding the
+    pages that reach count 0 costs a sync."""
+    pools.allocator.free_page_starts(handle.slots[::pools.allocator.page_size],
+                                     shared=not last_holder)
 
 
 def _ceil(n: int, page_size: int) -> int:

@@ -70,6 +70,8 @@ class KVPool:
         # Long writes through the Triton row-copy kernel (CUDA, or the CPU interpreter in tests);
         # not for float8 pools, whose saturating cast is done in torch.
         self.write_kernel = write_kernel and dtype != torch.float8_e4m3fn
+        # copy_slots through the Triton pair-copy kernel (a bit copy: any dtype)
+        self.copy_kernel = write_kernel
 
         shape = (num_slots + page_size, num_kv_heads, head_dim)
         self.k_buffers: list[torch.Tensor] = [
@@ -154,8 +156,10 @@ class KVPool:
         """``K[dst[i]] = K[src[i]]`` and ``V[dst[i]] = V[src[i]]`` in every layer.
 
         src, dst: [N] integer slots on the pool's device; ``dst`` must not overlap ``src``
-        (copy-on-write copies into fresh pages). A slot outside the buffer raises
-        ``IndexOutOfRangeError`` when ``check_indices`` (one host sync); sync-free otherwise.
+        (copy-on-write copies into fresh pages); a pair ``src[i] == dst[i]`` is a no-op
+        (fixed-shape callers pad with ``0 -> 0``: with ``copy_kernel`` it moves no bytes). A
+        slot outside the buffer raises ``IndexOutOfRangeError`` when ``check_indices`` (one
+        host sync); sync-free otherwise.
         """
         for name, t in (("src", src), ("dst", dst)):
             if t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
@@ -179,6 +183,13 @@ class KVPool:
                 )
         for observe in self.copy_observers:
             observe(src, dst)
+        if self.copy_kernel:  # one launch per layer; padding pairs cost nothing
+            from edserve.kernels.kv_copy import copy_kv_rows
+
+            src, dst = src.long(), dst.long()
+            for k, v in zip(self.k_buffers, self.v_buffers, strict=True):
+                copy_kv_rows(k, v, src, dst)
+            return
         for k, v in zip(self.k_buffers, self.v_buffers, strict=True):  # [slots, heads, dim]
             k[dst] = k[src]
             v[dst] = v[src]

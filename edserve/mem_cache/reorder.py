@@ -20,8 +20,9 @@ row's partial last page is its own (no other row's table names it). Pages stay w
 allocator accounting puts them: a page a row allocated belongs to that row until its group
 ends, whichever rows' tables name it (the group frees its rows' *own* pages at the end), so a
 reorder changes no reference count and never frees or takes a page: nothing the host must
-learn. Every index has a fixed shape (``[N, page_size - 1]`` tail copies, padding slot 0 for
-the unused ones), so the op is sync-free and can be captured in a CUDA graph.
+learn. Every index has a fixed shape (``[N, page_size - 1]`` tail copies, padding ``0 -> 0``
+for the unused ones, which the pool's copy kernel skips), so the op is sync-free and can be
+captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def reorder_rows(req_to_token: torch.Tensor, kv_pool: KVPool, rows: torch.Tensor
     module doc); a row listed as its own parent is left as it is.
 
     req_to_token: [rows + 1, C] int32 page tables (updated in place);
-    rows, parents: [N] int64 (all reads happen before any write, so a row may be another's
-    parent and a parent may be listed many times); lengths: [N] int64 filled columns (equal
+    rows, parents: [N] int64 (a parent may be listed many times; page-table reads happen
+    before any write, but the K/V copies need a moved row not to be another moved row's
+    parent: ``kv_pool.copy_slots`` pairs must not overlap. Beam choice keeps this: a beam's
+    source keeps its slot, only forks move); lengths: [N] int64 filled columns (equal
     for a row and its parent); dec_start: [N] int64 first decoder column (the encoder region's
     columns are equal in both rows and are never copied). Sync-free.
     """

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from host_reads import host_reads_raise
+from host_reads import host_reads_counted, host_reads_raise
 
 from edserve.engine.logits_filter import FilterContext, LogitsFilter
 from edserve.engine.request import GenerateRequest, SamplingParams
@@ -59,13 +59,17 @@ def _run(engine, reqs, check=None):
     return [outs[r.rid] for r in reqs]
 
 
-@pytest.mark.parametrize("strategy,page_size", [("flat", "128"), ("aligned", "16"),
-                                                 ("ragged", "1"), ("flat", "64")])
-def test_device_beams_equal_host_beams(random_whisper, strategy, page_size):
+@pytest.mark.parametrize("strategy,page_size,kernel", [
+    ("flat", "128", False), ("aligned", "16", True), ("ragged", "1", False), ("flat", "64", True)])
+def test_device_beams_equal_host_beams(random_whisper, strategy, page_size, kernel):
+    """``kernel``: the device engine copies K/V through the Triton pair-copy kernel, as on
+    CUDA (its attention stays torch's)."""
     def engine(on):
-        return build_engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
-                            max_running_requests=16, debug_checks=True, beam_on_device=on,
-                            overlap_schedule="on" if on else "off")
+        e = build_engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
+                         max_running_requests=16, debug_checks=True, beam_on_device=on,
+                         overlap_schedule="on" if on else "off")
+        e.pools.kv_pool.copy_kernel = on and kernel
+        return e
 
     host = _run(engine(False), _requests())
     device = _run(engine(True), _requests())
@@ -133,33 +137,81 @@ def test_abort_device_group_midway_frees_everything(random_whisper):
     assert again.error is None and len(again.token_ids) == 5
 
 
+def _sync_test_requests(engine, device: str = "cpu") -> None:
+    """Greedy rows and beam groups of 4 that end at different steps (forced lengths)."""
+    gen = torch.Generator().manual_seed(0)
+    for i in range(6):
+        mel = (torch.randn(80, 3000, generator=gen) * 0.5).to(device)
+        sp = SamplingParams(max_new_tokens=20 + 3 * i, ignore_eos=True,
+                            beam_size=4 if i % 2 else 1)
+        engine.add_request(GenerateRequest(PROMPT, mel, sp))
+
+
+def _drain(engine) -> None:
+    """Run the engine dry (a failed assertion must not leave requests behind)."""
+    while engine.has_work():
+        engine.step()
+
+
+# A step where device beam groups end reads the host twice: the step's results copy (done
+# flags included) and the ended groups' finished sequences (BeamBatch.finished, one read for
+# all); their rows and encoder holds free without a read (DeviceBeams.release,
+# release_encoder(last_holder=True)).
+END_STEP_READS = 2
+
+
+def test_device_beam_steps_read_the_host_once_and_twice_when_groups_end(random_whisper,
+                                                                       monkeypatch):
+    """Every engine step (schedule, launch, the previous step's update) reads the host once,
+    and twice when beam groups end (counted on CPU where CUDA would sync)."""
+    engine = build_engine(model=str(random_whisper), page_size="128", encoder_kv="flat",
+                          max_running_requests=32, debug_checks=False, beam_on_device=True,
+                          overlap_schedule="on")
+    engine.pools.kv_pool.check_indices = False  # as on CUDA (a CPU-only bounds check)
+    _sync_test_requests(engine)
+    ended, per_step = 0, []
+    try:
+        while engine.has_work():
+            free_slots = len(engine.scheduler.beams._free)
+            with host_reads_counted(monkeypatch, engine.pools.backend) as sites:
+                engine.step()
+            groups_ended = len(engine.scheduler.beams._free) > free_slots
+            ended += groups_ended
+            per_step.append((sum(sites.values()), groups_ended, dict(sites)))
+    finally:
+        _drain(engine)
+    assert ended == 3  # the three groups (different lengths) end at different steps
+    for reads, groups_ended, sites in per_step[1:]:  # step 0 launches only (overlap)
+        assert reads == (END_STEP_READS if groups_ended else 1), sites
+    engine.check_integrity()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("strategy", ["flat", "aligned"])
 def test_beam_decode_steps_sync_once_on_cuda(tmp_path, strategy):
     """On CUDA with graphs: a steady step of beam groups beside greedy rows waits on the
     device once (its results' copy, with overlap one step late); a step where groups end
-    reads their sequences and frees their pages (at most 3)."""
-    from cuda_syncs import count_syncs
+    also reads their finished sequences (``END_STEP_READS``)."""
+    from cuda_syncs import sync_sites
     from whisper_fixtures import make_random_whisper
 
     folder = make_random_whisper(tmp_path)
     engine = build_engine(model=str(folder), device="cuda", page_size="128",
                           encoder_kv=strategy, max_running_requests=32, debug_checks=False,
                           beam_on_device=True, overlap_schedule="on")
-    gen = torch.Generator().manual_seed(0)
-    for i in range(6):
-        mel = (torch.randn(80, 3000, generator=gen) * 0.5).cuda()
-        sp = SamplingParams(max_new_tokens=20 + 3 * i, ignore_eos=True,
-                            beam_size=4 if i % 2 else 1)
-        engine.add_request(GenerateRequest(PROMPT, mel, sp))
-    for _ in range(4):
-        engine.step()
-    steps = 10
-    syncs = count_syncs(lambda: [engine.step() for _ in range(steps)])
-    assert syncs <= steps, f"{syncs} syncs in {steps} steps"
-    while engine.has_work():
-        assert count_syncs(engine.step) <= 3
+    _sync_test_requests(engine, "cuda")
+    try:
+        for _ in range(4):
+            engine.step()
+        steps = 10
+        sites = sync_sites(lambda: [engine.step() for _ in range(steps)])
+        assert sum(sites.values()) <= steps, f"{dict(sites)} in {steps} steps"
+        while engine.has_work():
+            sites = sync_sites(engine.step)
+            assert sum(sites.values()) <= END_STEP_READS, dict(sites)
+    finally:
+        _drain(engine)
     engine.check_integrity()
 
 

@@ -27,13 +27,13 @@ class Groups:
     others share its whole encoder pages (one reference each) and own a copy of the rest."""
 
     def __init__(self, ps: int, G: int, B: int, enc: int, prompt: int, steps: int,
-                 device: str = "cpu", fork: bool = False):
+                 device: str = "cpu", fork: bool = False, kernel: bool = False):
         width = enc + prompt + steps
         pages = G * B * (-(-width // ps) + 1)
         self.ps, self.G, self.B, self.enc, self.dev = ps, G, B, enc, torch.device(device)
         self.alloc = PagedTokenToKVPoolAllocator(pages * ps, ps, device=device)
         self.rtp = ReqToTokenPool(G * B, width + 1, device=device)
-        self.kv = KVPool(pages * ps, ps, 2, 1, 1, device=device)
+        self.kv = KVPool(pages * ps, ps, 2, 1, 1, device=device, write_kernel=kernel)
         self.reqs = [[Req() for _ in range(B)] for _ in range(G)]
         self.model: list[list[list[float]]] = []  # [G][B] K value per column
         self.own: list[list[torch.Tensor]] = []  # [G][B] slots each row holds a reference on
@@ -143,6 +143,41 @@ def test_forked_rows_get_private_tails_filled_by_the_first_reorder(ps, enc, prom
     s.check()
     for _ in range(ps + 1):
         s.step(torch.randint(0, 3, (2, 3), generator=gen).tolist())
+        s.check()
+    for grp in s.own:
+        for o in grp:
+            s.alloc.free_page_starts(o[::ps], shared=True)
+    assert s.alloc.num_used() == 0
+
+
+def beam_parents(gen: torch.Generator, B: int) -> list[int]:
+    """Parents as beam choice makes them (``BeamBatch._assign_slots``): random sources, each
+    source's first continuation keeps its slot, the forks take the free slots, so no moved
+    row is another row's parent (the copy kernel's no-overlap rule)."""
+    parents: list[int | None] = [None] * B
+    forks = []
+    for s in torch.randint(0, B, (B,), generator=gen).tolist():
+        if parents[s] is None:
+            parents[s] = s
+        else:
+            forks.append(s)
+    free = [b for b in range(B) if parents[b] is None]
+    for b, s in zip(free, forks, strict=True):
+        parents[b] = s
+    return parents
+
+
+@pytest.mark.parametrize("ps,enc,prompt", [(1, 7, 3), (16, 37, 20), (128, 92, 3)])
+def test_reorders_through_the_copy_kernel(ps, enc, prompt):
+    """The engine's path on CUDA: forked rows, beam-choice parents, K/V copies through the
+    Triton pair-copy kernel (its padding pairs skipped)."""
+    gen = torch.Generator().manual_seed(ps + 1)
+    s = Groups(ps, G=2, B=4, enc=enc, prompt=prompt, steps=ps + 2, fork=True, kernel=True)
+    assert s.kv.copy_kernel
+    s.step([[0] * 4, [0] * 4], dec_start=0)
+    s.check()
+    for _ in range(ps + 1):
+        s.step([beam_parents(gen, 4) for _ in range(2)])
         s.check()
     for grp in s.own:
         for o in grp:
