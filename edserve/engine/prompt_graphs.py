@@ -14,9 +14,12 @@ Replay ``k`` keeps the logits of the rows whose prompt ends at ``k`` (and of the
 no-speech position is ``k``). Results equal the eager extend pass up to the kernels' rounding
 (tested against it on the CPU, where the same static forward runs without a graph).
 
-Used for plain prefill steps (no decode rows mixed in) of models without per-row key ranges,
-whose prompts have at most ``max_tokens`` tokens and whose batch fits the largest graph; any
-other step takes the eager pass. Host work is one upload of index lists; no sync.
+A mixed step (``--mixed-steps``: rows already decoding take their next token beside the
+new rows) replays the same way: a decoding row is a row whose prompt is its one new token, so
+it runs in replay 0 (its K/V slot, position and length are the extend batch's) and its logits
+are kept there. Used for models without per-row key ranges whose prompts have at most
+``max_tokens`` tokens and whose batch fits the largest graph; any other step takes the eager
+pass. Host work is one upload of index lists; no sync.
 """
 
 from __future__ import annotations
@@ -54,9 +57,10 @@ class PromptReplayer:
         self.run_static = run_static
         self.max_tokens = max_tokens
 
-    def accepts(self, batch: ForwardBatch, num_decode: int) -> bool:
-        """A plain prefill step whose prompts and batch fit (decided from host values)."""
-        if batch.mode != ForwardMode.EXTEND or num_decode or self.max_tokens <= 0:
+    def accepts(self, batch: ForwardBatch) -> bool:
+        """A prefill step whose prompts and batch fit (decided from host values). A mixed
+        step's decoding rows are rows with a one-token prompt: they run in the first replay."""
+        if batch.mode != ForwardMode.EXTEND or self.max_tokens <= 0:
             return False
         if batch.cross_kv_ranges is not None or self.inputs.ranged:
             return False

@@ -51,7 +51,7 @@ class ModelRunner:
         prompts = getattr(graphs, "prompts", None)
         if sched.mode == ForwardMode.DECODE and graphs is not None and graphs.can_run(batch):
             logits = graphs.replay(batch, input_ids)
-        elif prompts is not None and prompts.accepts(batch, sched.num_decode):
+        elif prompts is not None and prompts.accepts(batch):
             if encoder_states is not None:  # the cross K/V into the pool, then the prompts
                 self.model.write_cross_kv(encoder_states, batch)
             picks = self._no_speech_picks(sched)

@@ -38,8 +38,8 @@ def _replayer(engine, max_tokens: int = 8) -> PromptReplayer:
                           max_tokens)
 
 
-def _requests(n: int) -> list[GenerateRequest]:
-    gen = torch.Generator().manual_seed(3)
+def _requests(n: int, seed: int = 3) -> list[GenerateRequest]:
+    gen = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         prompt = PROMPTS[i % len(PROMPTS)]
@@ -50,17 +50,30 @@ def _requests(n: int) -> list[GenerateRequest]:
     return out
 
 
-def _run(engine, reqs) -> dict:
-    outs = {}
+def _submit(engine, reqs, outs: dict) -> None:
     for r in reqs:
         engine.add_request(GenerateRequest(r.prompt_ids, r.encoder_input, r.sampling, rid=r.rid,
                                            no_speech_pos=r.no_speech_pos,
                                            no_speech_token=r.no_speech_token),
                            lambda d: outs.__setitem__(d.rid, d.output) if d.finished else None,
                            stream=False)
+
+
+def _run(engine, reqs, stagger: bool = False) -> dict:
+    """Outputs by rid; ``stagger``: the second half arrives while the first decodes (mixed
+    steps), else all at once. Integrity after every step."""
+    outs = {}
+    half = len(reqs) // 2 if stagger else len(reqs)
+    _submit(engine, reqs[:half], outs)
+    steps = 0
     while engine.has_work():
         engine.step()
         engine.check_integrity()
+        steps += 1
+        if steps == 2 and half < len(reqs):
+            _submit(engine, reqs[half:], outs)
+    if half < len(reqs) and steps < 2:
+        raise AssertionError("the first requests finished before the others arrived")
     return outs
 
 
@@ -68,27 +81,30 @@ def _run(engine, reqs) -> dict:
                                                 ("aligned", "16"), ("aligned", "128")])
 def test_prompt_replays_give_the_eager_outputs(random_whisper, strategy, page_size):
     reqs = _requests(7)  # 7 > MAX_BS: the first prefill batch is too large and runs eagerly
-    results, replays = {}, {"plain": 0, "fallback": 0}
+    late = _requests(6, seed=9)[:4]  # two arrive while two decode: mixed steps
+    results, seen = {}, {"plain": 0, "mixed": 0, "eager": 0}
     for graphs in (False, True):
         engine = build_engine(model=str(random_whisper), page_size=page_size, dtype="float32",
-                              encoder_kv=strategy, max_running_requests=8, mixed_steps=False)
+                              encoder_kv=strategy, max_running_requests=8, mixed_steps=True)
         if graphs:
             replayer = _replayer(engine, max_tokens=4)  # the 5-token prompt stays eager
-            accepts = replayer.accepts
+            run = engine.runner.run
 
-            def counted(batch, num_decode, accepts=accepts):
-                ok = accepts(batch, num_decode)
-                if batch.mode == ForwardMode.EXTEND:
-                    replays["plain" if ok else "fallback"] += 1
-                return ok
+            def watched(sched, run=run, replayer=replayer):
+                if sched.mode == ForwardMode.EXTEND:
+                    ok = replayer.accepts(sched.batch)
+                    seen["eager" if not ok else "mixed" if sched.num_decode else "plain"] += 1
+                return run(sched)
 
-            replayer.accepts = counted
+            engine.runner.run = watched
             engine.runner.graph_runner = SimpleNamespace(prompts=replayer,
                                                          can_run=lambda batch: False)
-        results[graphs] = _run(engine, reqs[:3]) | _run(engine, reqs[3:])
-    assert replays["plain"] >= 1 and replays["fallback"] >= 1
-    for r in reqs:
-        a, b = results[True][r.rid], results[False][r.rid]
+        results[graphs] = _run(engine, reqs[:3]) | _run(engine, reqs[3:]) \
+            | _run(engine, late, stagger=True)
+    assert seen["plain"] >= 1 and seen["eager"] >= 1 and seen["mixed"] >= 1, seen
+    assert results[True].keys() == results[False].keys()
+    for rid, b in results[False].items():
+        a = results[True][rid]
         assert a.error is None and a.token_ids == b.token_ids and len(a.token_ids) > 0
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
         assert a.no_speech_prob is not None
@@ -108,7 +124,7 @@ def test_replayed_logits_equal_the_extend_pass(random_whisper, strategy, page_si
     def compare(sched):
         if sched.mode == ForwardMode.EXTEND and "logits" not in seen:
             batch = sched.batch
-            assert replayer.accepts(batch, sched.num_decode)
+            assert replayer.accepts(batch)
             with torch.inference_mode():
                 states = runner._encode(list(sched.reqs))
                 batch.attn_backend.init_forward_metadata(batch)
@@ -143,15 +159,14 @@ def test_the_replayer_refuses_what_it_cannot_run(random_whisper):
     run = engine.runner.run
 
     def record(sched):
-        if sched.mode == ForwardMode.EXTEND:
-            b = sched.batch
-            decisions.append((b.max_q, replayer.accepts(b, sched.num_decode),
-                              replayer.accepts(b, 1), off.accepts(b, 0)))
+        b = sched.batch
+        decisions.append((b.mode.name, b.max_q, replayer.accepts(b), off.accepts(b)))
         return run(sched)
 
     engine.runner.run = record
     reqs = _requests(4)
-    _run(engine, reqs[:1])  # a 1-token prompt
-    _run(engine, reqs[2:3])  # 3 tokens > max_tokens
-    # mixed steps (decode rows first) and max_tokens 0 never replay
-    assert decisions == [(1, True, False, False), (3, False, False, False)]
+    _run(engine, reqs[:1])  # a 1-token prompt: replayed; its decode steps are not prompts
+    _run(engine, reqs[2:3])  # 3 tokens > max_tokens: eager
+    assert decisions[0] == ("EXTEND", 1, True, False)
+    assert decisions[1][:1] == ("DECODE",) and not any(d[2] for d in decisions[1:3])
+    assert ("EXTEND", 3, False, False) in decisions
