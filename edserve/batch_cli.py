@@ -160,7 +160,8 @@ def expand_inputs(items: list[str]) -> list[str]:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from edserve.config import EngineConfig, config_from_args
+    from edserve.config import EngineConfig
+    from edserve.config_args import config_from_args
 
     config = config_from_args(args, EngineConfig)
     # at least one file's beams or samples must fit (rows are per beam / sample)

@@ -19,7 +19,8 @@ from edserve.batch_cli import (
     wants_batch,
 )
 from edserve.bench.cli import add_bench
-from edserve.config import CPU_RUNNING_DEFAULT, EngineConfig, add_config_args, config_from_args
+from edserve.config import CPU_RUNNING_DEFAULT, EngineConfig
+from edserve.config_args import add_config_args, config_from_args
 from edserve.integrations.ray_cli import add_serve_ray
 
 OUTPUT_FORMATS = ("text", "json", "srt", "vtt", "verbose_json", "all")

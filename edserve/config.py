@@ -1,16 +1,16 @@
 """Frozen engine configuration.
 
-Every field carries its documentation in ``metadata["help"]``; :func:`add_config_args` turns
-those into ``--help`` text so the dataclass is the single source of defaults and docs.
+Every field carries its documentation in ``metadata["help"]``;
+:func:`edserve.config_args.add_config_args` turns those into ``--help`` text, so the dataclass
+is the single source of defaults and docs.
 ``"auto"`` values are resolved once, by :meth:`EngineConfig.resolved`, never mutated later.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_GROUP_ROWS = 16  # largest beam_size / best_of a request may ask for (rows per request)
@@ -271,46 +271,3 @@ class EngineConfig:
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
-
-
-def _int_or_auto(text: str) -> int | None:
-    """argparse type of fields that take ``auto`` (None) or a positive integer."""
-    if text == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
-
-
-def add_config_args(parser: argparse.ArgumentParser, cls: type = EngineConfig,
-                    skip: tuple[str, ...] = ()) -> None:
-    """Add one ``--flag`` per dataclass field, with the field's doc as help."""
-    for f in fields(cls):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        kw: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "")}
-        if f.metadata.get("auto"):
-            kw["type"] = _int_or_auto
-            kw["metavar"] = "{auto,N}"
-            kw["help"] += " (default: auto)"
-        elif f.metadata.get("choices"):
-            kw["choices"] = f.metadata["choices"]
-        if f.type in ("bool", bool, "bool | None"):
-            kw["action"] = argparse.BooleanOptionalAction
-        elif "type" in kw:
-            pass
-        elif f.type in ("int", int, "int | None"):
-            kw["type"] = int
-        elif f.type in ("float", float):
-            kw["type"] = float
-        if kw["default"] is not None:
-            kw["help"] += f" (default: {kw['default']})"
-        parser.add_argument(flag, **kw)
-
-
-def config_from_args(args: argparse.Namespace, cls: type = EngineConfig) -> Any:
-    """Build the frozen config from parsed ``--flags`` (absent fields keep their defaults)."""
-    values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
-    return cls(**values)

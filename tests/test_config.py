@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from edserve.config import EngineConfig, add_config_args, config_from_args
+from edserve.config import EngineConfig
+from edserve.config_args import add_config_args, config_from_args
 
 
 def test_help_comes_from_field_docs():

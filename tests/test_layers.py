@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("edserve.layers",),
     ("edserve.mem_cache",),
     ("edserve.kernels",),
-    ("edserve.audio", "edserve.tokenizer", "edserve.config"),
+    ("edserve.audio", "edserve.tokenizer", "edserve.config", "edserve.config_args"),
 ]
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from edserve.config import EngineConfig, add_config_args, config_from_args
+from edserve.config import EngineConfig
+from edserve.config_args import add_config_args, config_from_args
 
 
 def add_serve_ray(sub: argparse._SubParsersAction) -> None:

@@ -124,7 +124,7 @@ class ServerConfig:
 def server_flags_error(args: Any) -> str | None:
     """Why parsed ``serve``/``serve-ray`` flags cannot run (None when they can): the server
     config's own checks, and a beam/best_of group of rows that must fit the engine's rows."""
-    from edserve.config import config_from_args
+    from edserve.config_args import config_from_args
 
     try:
         config_from_args(args, ServerConfig)

@@ -52,7 +52,7 @@ def test_explicit_limit_is_kept_and_reported(caplog, random_whisper):
 def test_flag_parses_auto_and_integers():
     import argparse
 
-    from edserve.config import add_config_args, config_from_args
+    from edserve.config_args import add_config_args, config_from_args
 
     p = argparse.ArgumentParser()
     add_config_args(p)

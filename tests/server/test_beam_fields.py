@@ -15,7 +15,7 @@ from starlette.datastructures import FormData, UploadFile
 from whisper_fixtures import TINY_EN_TEXT
 
 from edserve.cli import build_parser
-from edserve.config import config_from_args
+from edserve.config_args import config_from_args
 from edserve.engine.request import MAX_GROUP_ROWS
 from edserve.server import config as server_config
 from edserve.server.config import ServerConfig

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from edserve.cli import build_parser
-from edserve.config import EngineConfig, config_from_args
+from edserve.config import EngineConfig
+from edserve.config_args import config_from_args
 from edserve.server.config import ServerConfig
 
 from .server_helpers import wait_healthy

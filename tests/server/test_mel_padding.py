@@ -13,7 +13,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from edserve.audio.decode import load_audio
 from edserve.cli import build_parser
-from edserve.config import config_from_args
+from edserve.config_args import config_from_args
 from edserve.server.config import ServerConfig
 from edserve.server.errors import APIError
 from edserve.server.params import parse_form
