@@ -14,7 +14,8 @@ from typing import Any
 from edserve.chat.mllama_chat import DEFAULT_DATE, ChatTokenizer, chat_prompt_ids
 from edserve.chat.mllama_request import make_mllama_request
 from edserve.engine.errors import RequestFailed
-from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, SamplingParams
+from edserve.engine.outputs import GenerateOutput
+from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
 
 MAX_STOP_STRINGS = 16
 

@@ -25,8 +25,9 @@ from edserve.dp.errors import WorkerLost
 from edserve.dp.router import WorkerState, pick
 from edserve.dp.supervisor import Supervisor
 from edserve.engine.errors import RequestFailed
+from edserve.engine.outputs import GenerateOutput, TokenDelta
 from edserve.engine.protocol import EngineClient, EngineStats
-from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.request import FinishReason, GenerateRequest
 
 CALL_TIMEOUT_S = 60.0
 

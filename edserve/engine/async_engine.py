@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 
 from edserve.engine.core import EngineCore
 from edserve.engine.errors import RequestFailed
-from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.outputs import GenerateOutput, TokenDelta
+from edserve.engine.request import GenerateRequest
 
 logger = logging.getLogger("edserve")
 T = TypeVar("T")

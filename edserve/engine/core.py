@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.outputs import GenerateOutput, TokenDelta
+from edserve.engine.request import FinishReason, GenerateRequest
 
 logger = logging.getLogger("edserve")
 Deliver = Callable[[TokenDelta], None]

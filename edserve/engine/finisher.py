@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 from edserve.engine.batch_builder import Pools, release
 from edserve.engine.group_ops import hold_encoder, release_encoder
+from edserve.engine.outputs import TokenDelta
 from edserve.engine.req import Req
-from edserve.engine.request import EncoderKV, FinishedKV, FinishReason, TokenDelta
+from edserve.engine.request import EncoderKV, FinishedKV, FinishReason
 from edserve.engine.row_group import RowGroup
 
 logger = logging.getLogger("edserve")

@@ -13,8 +13,9 @@ from typing import Any
 from edserve.engine.async_engine import AsyncEngine
 from edserve.engine.core import EngineStats
 from edserve.engine.errors import RequestFailed
+from edserve.engine.outputs import GenerateOutput, TokenDelta
 from edserve.engine.protocol import EngineClient
-from edserve.engine.request import FinishReason, GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.request import FinishReason, GenerateRequest
 
 
 class InProcessClient(EngineClient):

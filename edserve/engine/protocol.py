@@ -18,7 +18,8 @@ from typing import Any
 
 from edserve.engine.core import EngineStats
 from edserve.engine.errors import RequestFailed
-from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.outputs import GenerateOutput, TokenDelta
+from edserve.engine.request import GenerateRequest
 
 __all__ = ["EngineClient", "EngineStats", "RequestFailed"]
 

@@ -17,7 +17,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from edserve.engine.request import FinishedKV, GenerateRequest, TokenDelta
+from edserve.engine.outputs import TokenDelta
+from edserve.engine.request import FinishedKV, GenerateRequest
 
 
 class KVReadout(Protocol):

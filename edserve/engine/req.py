@@ -10,14 +10,8 @@ from typing import Any
 
 import torch
 
-from edserve.engine.request import (
-    EncoderKV,
-    FinishReason,
-    GenerateOutput,
-    GenerateRequest,
-    RequestTiming,
-    TokenDelta,
-)
+from edserve.engine.outputs import GenerateOutput, RequestTiming, TokenDelta
+from edserve.engine.request import EncoderKV, FinishReason, GenerateRequest
 from edserve.engine.row_group import RowGroup
 
 _serials = itertools.count()

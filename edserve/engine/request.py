@@ -1,4 +1,5 @@
-"""What callers hand the engine and what they get back (the engine's public request types)."""
+"""What callers hand the engine: requests, sampling parameters, held encoder regions (what
+they get back is in :mod:`edserve.engine.outputs`)."""
 
 from __future__ import annotations
 
@@ -264,43 +265,3 @@ class FinishedKV:
     def encoder_slots(self) -> torch.Tensor:
         """[encoder_len] int64 slots of the encoder (cross-attention) K/V."""
         return self.row_slots[:self.encoder_len]
-
-
-@dataclass(frozen=True)
-class RequestTiming:
-    """Where one request's time went in the engine (seconds, measured on the engine's
-    clock): submitted -> admitted (``queue_wait``), admitted -> first token committed
-    (``prefill``: encoder + prompt), first token -> finished (``decode``)."""
-
-    queue_wait: float
-    prefill: float
-    decode: float
-
-
-@dataclass
-class GenerateOutput:
-    rid: str
-    token_ids: list[int]  # generated tokens, stop token excluded
-    logprobs: list[float]  # log-probability of each generated token (after processors)
-    finish_reason: FinishReason
-    no_speech_prob: float | None = None
-    error: str | None = None
-    # log-probability of the end-of-text/stop token when the request stopped on one
-    stop_logprob: float | None = None
-    encoder_kv: EncoderKV | None = None  # set when the request asked for keep_encoder
-    timing: RequestTiming | None = None  # engine stage times (None: never admitted)
-    readout: Any = None  # the request's readout result (see GenerateRequest.readout)
-
-    @property
-    def sum_logprob(self) -> float:
-        return float(sum(self.logprobs))
-
-
-@dataclass
-class TokenDelta:
-    """One streamed step: the token(s) a request produced since the last delta."""
-
-    rid: str
-    token_ids: list[int]
-    finished: bool = False
-    output: GenerateOutput | None = None  # set on the last delta

@@ -46,8 +46,9 @@ from edserve.engine.group_ops import (
 )
 from edserve.engine.group_update import RowGroupSteps
 from edserve.engine.host_copy import to_device
+from edserve.engine.outputs import TokenDelta
 from edserve.engine.req import Req
-from edserve.engine.request import EncoderKV, FinishReason, TokenDelta
+from edserve.engine.request import EncoderKV, FinishReason
 from edserve.engine.sampler import SamplingPlan, plan_sampling
 from edserve.engine.step import ScheduledBatch, StepOutput
 from edserve.engine.token_history import HistoryEdits

@@ -45,13 +45,8 @@ from edserve.audio.mel import (
 )
 from edserve.audio.prepare import PreparedAudio, longform_mel
 from edserve.engine.errors import RequestFailed
-from edserve.engine.request import (
-    EncoderKV,
-    FinishReason,
-    GenerateOutput,
-    GenerateRequest,
-    SamplingParams,
-)
+from edserve.engine.outputs import GenerateOutput
+from edserve.engine.request import EncoderKV, FinishReason, GenerateRequest, SamplingParams
 from edserve.tokenizer import WhisperTokenizer
 from edserve.whisper.cross_weights import AlignmentReadout
 from edserve.whisper.language import detection_chain

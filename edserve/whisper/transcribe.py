@@ -19,7 +19,8 @@ from edserve.audio.decode import load_audio
 from edserve.audio.errors import EmptyAudioError, NonFiniteAudioError
 from edserve.audio.prepare import PreparedAudio
 from edserve.engine.errors import RequestFailed
-from edserve.engine.request import GenerateOutput, GenerateRequest, TokenDelta
+from edserve.engine.outputs import GenerateOutput, TokenDelta
+from edserve.engine.request import GenerateRequest
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions, temperature_schedule
 from edserve.whisper.result import Segment, Transcription

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edserve.engine.request import GenerateOutput, GenerateRequest
+from edserve.engine.outputs import GenerateOutput
+from edserve.engine.request import GenerateRequest
 from edserve.whisper.window_segments import INPUT_STRIDE
 
 

@@ -11,7 +11,8 @@ from whisper_fixtures import DATA
 from edserve.audio.decode import load_audio
 from edserve.engine.engine import Engine
 from edserve.engine.errors import RequestFailed
-from edserve.engine.request import EncoderKV, FinishReason, GenerateOutput
+from edserve.engine.outputs import GenerateOutput
+from edserve.engine.request import EncoderKV, FinishReason
 from edserve.runtime import build_engine
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions

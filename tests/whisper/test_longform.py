@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edserve.engine.request import FinishReason, GenerateOutput
+from edserve.engine.outputs import GenerateOutput
+from edserve.engine.request import FinishReason
 from edserve.whisper.longform import LongformTask, compression_ratio
 from edserve.whisper.options import TranscribeOptions
 

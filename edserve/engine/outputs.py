@@ -1,0 +1,49 @@
+"""What the engine hands back: finished outputs, streamed deltas and where a request's time
+went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from edserve.engine.request import EncoderKV, FinishReason
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """Where one request's time went in the engine (seconds, measured on the engine's
+    clock): submitted -> admitted (``queue_wait``), admitted -> first token committed
+    (``prefill``: encoder + prompt), first token -> finished (``decode``)."""
+
+    queue_wait: float
+    prefill: float
+    decode: float
+
+
+@dataclass
+class GenerateOutput:
+    rid: str
+    token_ids: list[int]  # generated tokens, stop token excluded
+    logprobs: list[float]  # log-probability of each generated token (after processors)
+    finish_reason: FinishReason
+    no_speech_prob: float | None = None
+    error: str | None = None
+    # log-probability of the end-of-text/stop token when the request stopped on one
+    stop_logprob: float | None = None
+    encoder_kv: EncoderKV | None = None  # set when the request asked for keep_encoder
+    timing: RequestTiming | None = None  # engine stage times (None: never admitted)
+    readout: Any = None  # the request's readout result (see GenerateRequest.readout)
+
+    @property
+    def sum_logprob(self) -> float:
+        return float(sum(self.logprobs))
+
+
+@dataclass
+class TokenDelta:
+    """One streamed step: the token(s) a request produced since the last delta."""
+
+    rid: str
+    token_ids: list[int]
+    finished: bool = False
+    output: GenerateOutput | None = None  # set on the last delta
