@@ -91,7 +91,8 @@ class EngineConfig:
         "Capture the encoder in CUDA graphs for batches of 1, 2, 4, ... up to N clips (Whisper, "
         "CUDA; larger batches run eagerly): small prefill batches are bound by kernel "
         "launches (large-v3 on an H200, batch 1: 9.3 -> 5.7 ms per clip). Default: 4 where "
-        "decode steps use CUDA graphs (Whisper, no --compile-encoder), else off; 0: off. "
+        "decode steps use CUDA graphs (Whisper, without --compile-encoder or --encoder-dtype "
+        "fp8), else off; 0: off. "
         "Captured at start-up (after --compile-encoder's compilation).",
     )
     threads: int | None = _f(

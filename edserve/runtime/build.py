@@ -88,8 +88,9 @@ def _encoder_options(model: Any, config: EngineConfig, s: RuntimeSettings) -> No
     graphs). Whisper only."""
     graph_bs = config.encoder_cuda_graph_max_bs
     if graph_bs is None:
+        # measured for the plain encoder only: not with --compile-encoder or fp8 linears
         auto = hasattr(model, "capture_encoder_graphs") and not config.compile_encoder \
-            and use_cuda_graph(config, s)
+            and config.encoder_dtype == "auto" and use_cuda_graph(config, s)
         graph_bs = ENCODER_GRAPH_MAX_BS_AUTO if auto else 0
     wanted = [flag for flag, on in (("--compile-encoder", config.compile_encoder),
                                     ("--encoder-cuda-graph-max-bs", graph_bs)) if on]
