@@ -82,16 +82,22 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         graphs=graphs))
 
 
+def encoder_graph_max_bs(config: EngineConfig, s: RuntimeSettings, whisper: bool) -> int:
+    """``--encoder-cuda-graph-max-bs`` resolved: as given, or (unset)
+    :data:`ENCODER_GRAPH_MAX_BS_AUTO` for a Whisper encoder where decode steps use CUDA graphs,
+    measured for the plain encoder only (not with --compile-encoder or fp8 linears), else 0."""
+    if config.encoder_cuda_graph_max_bs is not None:
+        return config.encoder_cuda_graph_max_bs
+    auto = whisper and not config.compile_encoder and config.encoder_dtype == "auto" \
+        and use_cuda_graph(config, s)
+    return ENCODER_GRAPH_MAX_BS_AUTO if auto else 0
+
+
 def _encoder_options(model: Any, config: EngineConfig, s: RuntimeSettings) -> None:
     """``--compile-encoder``, then ``--encoder-cuda-graph-max-bs`` (which captures the
     compiled encoder; unset: :data:`ENCODER_GRAPH_MAX_BS_AUTO` where decode steps use CUDA
     graphs). Whisper only."""
-    graph_bs = config.encoder_cuda_graph_max_bs
-    if graph_bs is None:
-        # measured for the plain encoder only: not with --compile-encoder or fp8 linears
-        auto = hasattr(model, "capture_encoder_graphs") and not config.compile_encoder \
-            and config.encoder_dtype == "auto" and use_cuda_graph(config, s)
-        graph_bs = ENCODER_GRAPH_MAX_BS_AUTO if auto else 0
+    graph_bs = encoder_graph_max_bs(config, s, hasattr(model, "capture_encoder_graphs"))
     wanted = [flag for flag, on in (("--compile-encoder", config.compile_encoder),
                                     ("--encoder-cuda-graph-max-bs", graph_bs)) if on]
     if not wanted:

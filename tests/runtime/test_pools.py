@@ -73,3 +73,25 @@ def test_cuda_auto_sizes_from_the_pool(random_whisper):
     rows = engine.config.max_running_requests
     assert rows > CPU_RUNNING_DEFAULT and rows <= 256
     assert engine.runner.graph_runner is None or engine.runner.graph_runner.max_bs == rows
+
+
+def test_encoder_graphs_default_to_small_batches_where_decode_graphs_run():
+    from edserve.runtime.build import ENCODER_GRAPH_MAX_BS_AUTO, encoder_graph_max_bs
+    from edserve.runtime.settings import RuntimeSettings
+
+    def settings(device: str, ops: str = "triton") -> RuntimeSettings:
+        return RuntimeSettings(torch.device(device), torch.bfloat16, None, ops, 128,
+                               torch.bfloat16)
+
+    gpu, cpu = settings("cuda"), settings("cpu", "torch")
+    base = EngineConfig(encoder_kv="flat")
+    assert encoder_graph_max_bs(base, gpu, whisper=True) == ENCODER_GRAPH_MAX_BS_AUTO == 4
+    for config, s, whisper in ((base, cpu, True), (base, gpu, False),
+                               (base.replace(cuda_graph=False), gpu, True),
+                               (base.replace(encoder_kv="ragged"), gpu, True),
+                               (base.replace(compile_encoder=True), gpu, True),
+                               (base.replace(encoder_dtype="fp8"), gpu, True),
+                               (base.replace(tensor_parallel_size=2), gpu, True)):
+        assert encoder_graph_max_bs(config, s, whisper) == 0, config
+    assert encoder_graph_max_bs(base.replace(encoder_cuda_graph_max_bs=0), gpu, True) == 0
+    assert encoder_graph_max_bs(base.replace(encoder_cuda_graph_max_bs=8), cpu, True) == 8
