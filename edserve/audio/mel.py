@@ -23,6 +23,11 @@ HOP_LENGTH = 160
 CHUNK_LENGTH = 30
 N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 frames in a 30 s window
+# Appended zeros after which a frame's window (N_FFT samples around its centre, reflected at the
+# signal's end) holds only zeros: the last computed frame ends >= N_FFT // 2 + 1 zeros before
+# the end, and every frame after it starts past the audio.
+ZERO_TAIL = 2 * N_FFT
+FRAME_QUANTUM = 64
 
 # Slaney's mel scale: linear below 1 kHz (3 mels per 200 Hz), logarithmic above.
 _F_SP = 200.0 / 3
@@ -111,12 +116,22 @@ def log_mel_spectrogram(
     if device is not None:
         audio = audio.to(device)
     audio = audio.float()
-    if padding > 0:
-        audio = F.pad(audio, (0, padding))
+    frames = (audio.shape[0] + padding) // HOP_LENGTH
+    # Frames whose window lies wholly in the appended zeros have power exactly 0: the STFT runs
+    # over the audio + at least ZERO_TAIL zeros only (the frames it gives see the same samples
+    # as with all the padding, end reflection included), the other frames stay 0 (30 s of
+    # padding: 73 % of an 11 s clip's frames). Bit-identical to the STFT over all of it
+    # (tested): the computed frames are a multiple of FRAME_QUANTUM, at least
+    # 2 * FRAME_QUANTUM, so the FFT's and the filterbank product's vector blocks do not change.
+    keep = -(-((audio.shape[0] + ZERO_TAIL) // HOP_LENGTH + 1) // FRAME_QUANTUM) * FRAME_QUANTUM
+    tail = max(2 * FRAME_QUANTUM, keep) * HOP_LENGTH - audio.shape[0]
+    audio = F.pad(audio, (0, min(padding, tail)))
     window = torch.hann_window(N_FFT, device=audio.device)
-    stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)  # [201, T+1]
-    magnitudes = stft[..., :-1].abs() ** 2  # [201, T]
-    mel_spec = mel_filters(n_mels, audio.device) @ magnitudes  # [n_mels, T]
+    stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)  # [201, T'+1]
+    magnitudes = stft[..., :-1].abs() ** 2  # [201, T']
+    mel_spec = mel_filters(n_mels, audio.device) @ magnitudes  # [n_mels, T']
+    if mel_spec.shape[1] < frames:
+        mel_spec = F.pad(mel_spec, (0, frames - mel_spec.shape[1]))  # [n_mels, T]
     log_spec = torch.clamp(mel_spec, min=1e-10).log10()
     log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
     return (log_spec + 4.0) / 4.0

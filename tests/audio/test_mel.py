@@ -97,6 +97,23 @@ def test_filters_and_log_mel_equal_openai_whisper_bit_for_bit(jfk, n_mels):
                        whisper.log_mel_spectrogram(jfk, n_mels, padding=N_SAMPLES))
 
 
+def test_padding_frames_skipped_by_the_stft_change_no_bit(jfk):
+    """The STFT runs over the audio + a short zero tail; frames wholly in the padding are
+    filled in. Bit-equal to openai-whisper's STFT over all the padding, at lengths around the
+    frame and tail boundaries (speech and noise), for every padding size."""
+    import whisper
+
+    rng = np.random.default_rng(0)
+    lengths = [201, 399, 801, 1600, 10_239, 10_240, 10_241, 20_481, 47_999] + \
+        [int(n) for n in rng.integers(300, len(jfk), 6)] + [len(jfk)]
+    for n in lengths:
+        for audio in (jfk[:n], (rng.standard_normal(n) * 0.1).astype(np.float32)):
+            for padding in (0, 801, 30_000, N_SAMPLES):
+                want = whisper.log_mel_spectrogram(audio, 80, padding=padding)
+                assert torch.equal(log_mel_spectrogram(audio, 80, padding=padding), want), \
+                    (n, padding)
+
+
 def test_window_layouts_of_a_short_clip(jfk):
     mel = log_mel_spectrogram(jfk, 80, padding=N_SAMPLES)  # [80, 1100 + 3000]
     size = mel.shape[-1] - N_FRAMES
