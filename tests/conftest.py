@@ -30,6 +30,7 @@ torch.set_num_threads(_threads)
 os.environ.setdefault("EDSERVE_THREADS", str(_threads))  # engines keep the test thread count
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config) -> int:
     """``pytest -n auto``: one worker per usable core (the affinity mask, not the host's count),
     at most one per 3 GiB of memory (a worker holds torch, models and live servers) and 8."""
@@ -68,13 +69,17 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``pytest -n``: whole modules to a worker (``--dist loadfile``), so each module-scoped
     fixture (engines, oracles, converted models) is built once instead of on every worker
     that runs one of its tests; modules go out in collection order (the slow ones first,
-    above) so that no long module starts last while the other workers idle."""
+    above) so that no long module starts last while the other workers idle. Another ``--dist``
+    given on the command line is kept."""
     from xdist.scheduler import LoadFileScheduling
 
+    if config.option.dist != "load":  # -n's default
+        return None
     config.option.loadscopereorder = False  # keep the order above (not by test count)
     return LoadFileScheduling(config, log)
 
