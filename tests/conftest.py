@@ -30,11 +30,58 @@ torch.set_num_threads(_threads)
 os.environ.setdefault("EDSERVE_THREADS", str(_threads))  # engines keep the test thread count
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config) -> int:
     """``pytest -n auto``: one worker per usable core (the affinity mask, not the host's count),
     at most one per 3 GiB of memory (a worker holds torch, models and live servers) and 8."""
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return max(1, min(_cores or 1, int(mem_gib // 3), 8))
+
+
+# The slowest test modules on 2 CPU workers, slowest first (measured single-threaded; this only
+# orders the run, a module missing here just runs in collection order after them).
+SLOW_MODULES = (
+    "whisper/test_beam_reference.py",
+    "integrations/test_ray_serve.py",
+    "whisper/test_openai_parity.py",
+    "whisper/test_beam_faster_whisper.py",
+    "dp/test_dp_server.py",
+    "whisper/test_language.py",
+    "test_batch_cli.py",
+    "whisper/test_fallback_reuse.py",
+    "engine/test_cpu_modes.py",
+    "server/test_load.py",
+    "bench/test_soak.py",
+    "engine/test_overlap.py",
+    "parallel/test_tp_engine.py",
+    "engine/test_mixed_steps.py",
+    "engine/test_cpu_compile.py",
+    "models/mllama/test_engine.py",
+    "server/test_openapi_fuzz.py",
+    "dp/test_dp_shutdown.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow modules first (a stable sort: every module stays in one piece, in order)."""
+    here = os.path.dirname(__file__)
+    rank = {os.path.join(here, m): i for i, m in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n``: whole modules to a worker (``--dist loadfile``), so each module-scoped
+    fixture (engines, oracles, converted models) is built once instead of on every worker
+    that runs one of its tests; modules go out in collection order (the slow ones first,
+    above) so that no long module starts last while the other workers idle. Another ``--dist``
+    given on the command line is kept."""
+    from xdist.scheduler import LoadFileScheduling
+
+    if config.option.dist != "load":  # -n's default
+        return None
+    config.option.loadscopereorder = False  # keep the order above (not by test count)
+    return LoadFileScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

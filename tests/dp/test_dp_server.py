@@ -70,15 +70,15 @@ def idle_integrity(http: httpx.Client) -> dict:
     return report
 
 
-def test_40_concurrent_requests_match_one_engine_and_use_both_workers(dp_server, http, oai):
+def test_20_concurrent_requests_match_one_engine_and_use_both_workers(dp_server, http, oai):
     expected = single_engine_texts()
-    clips = [CLIPS[i % len(CLIPS)] for i in range(40)]
-    with ThreadPoolExecutor(40) as pool:
+    clips = [CLIPS[i % len(CLIPS)] for i in range(20)]
+    with ThreadPoolExecutor(20) as pool:
         texts = list(pool.map(lambda c: transcribe(oai, c), clips))
     assert texts == [expected[c] for c in clips]
     body = http.get("/metrics").text
     routed = [metric(body, "edserve_worker_requests_total", w) for w in (0, 1)]
-    assert sum(routed) == 40 and min(routed) >= 10, routed  # least-loaded: both busy
+    assert sum(routed) == 20 and min(routed) >= 5, routed  # least-loaded: both busy
     assert all(metric(body, "edserve_worker_generated_tokens_total", w) > 0 for w in (0, 1))
     assert metric(body, "edserve_worker_up", 0) == metric(body, "edserve_worker_up", 1) == 1
     health = http.get("/health")

@@ -17,11 +17,11 @@ import torch
 
 from .server_helpers import API_KEY, CLIPS, DATA, integrity
 
-# 48 requests at concurrency 32 (~1.5 req/s on 2 cores: ~35 s; benchmarks/soak.py runs the
-# thousands-request soak); override with
+# 32 requests at concurrency 16 (the server's batch: ~1.5 req/s on 2 cores, ~25 s;
+# benchmarks/soak.py runs the thousands-request soak); override with
 # EDSERVE_LOAD_REQUESTS / EDSERVE_LOAD_CONCURRENCY.
-REQUESTS = int(os.environ.get("EDSERVE_LOAD_REQUESTS", "48"))
-CONCURRENCY = int(os.environ.get("EDSERVE_LOAD_CONCURRENCY", "32"))
+REQUESTS = int(os.environ.get("EDSERVE_LOAD_REQUESTS", "32"))
+CONCURRENCY = int(os.environ.get("EDSERVE_LOAD_CONCURRENCY", "16"))
 DISCONNECT_FRACTION = 0.3  # of the requests leave at a random moment
 
 

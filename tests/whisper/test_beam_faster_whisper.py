@@ -58,7 +58,10 @@ SEARCH_DIFFERS = {"espeak_es": CT2_SEARCH}
 def fw_model():
     from faster_whisper import WhisperModel
 
-    return WhisperModel(str(tiny_en_folder()), device="cpu", compute_type="float32")
+    # the worker's torch thread count (tests/conftest.py): CTranslate2's default 4 threads
+    # would oversubscribe the cores shared with the other pytest -n workers
+    return WhisperModel(str(tiny_en_folder()), device="cpu", compute_type="float32",
+                        cpu_threads=torch.get_num_threads())
 
 
 @pytest.fixture(scope="module")

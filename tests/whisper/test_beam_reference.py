@@ -197,17 +197,26 @@ def test_clips_match_oracle(tiny_hf, clip_mels, clip_encs, clip_oracle, oracle_f
     engine.check_integrity()
 
 
+PATIENCE = dict(patience=2.0, length_penalty=1.0)
+
+
+@pytest.fixture(scope="module")
+def patience_oracle(tiny_hf, clip_mels, clip_encs, oracle_filters):
+    """The oracle with patience 2 and length penalty 1.0 on espeak_es (once for both tests)."""
+    i = ALL_CLIPS.index("espeak_es")
+    return reference_beam(tiny_hf, clip_mels[i], PROMPT, beam_size=BEAM,
+                          max_new_tokens=REAL_STEPS, processors=oracle_filters,
+                          enc=clip_encs[i], **PATIENCE)
+
+
 @pytest.mark.parametrize("on_device", [False, True])
 def test_patience_and_length_penalty_match_oracle(tiny_hf, clip_mels, clip_encs,
                                                   oracle_filters, engine_filter_chain, tok,
-                                                  on_device):
+                                                  patience_oracle, on_device):
     """patience 2 (collect 10 finished candidates) with the GNMT length penalty 1.0: same
     sequence as the oracle (on espeak_es, where patience changes the chosen text)."""
     i = ALL_CLIPS.index("espeak_es")
-    kw = dict(patience=2.0, length_penalty=1.0)
-    ref = reference_beam(tiny_hf, clip_mels[i], PROMPT, beam_size=BEAM,
-                         max_new_tokens=REAL_STEPS, processors=oracle_filters,
-                         enc=clip_encs[i], **kw)
+    kw, ref = PATIENCE, patience_oracle
     assert len(ref.finished) == 2 * BEAM
     engine = build_engine(encoder_kv="aligned", page_size="16", max_running_requests=8,
                           beam_on_device=on_device)
