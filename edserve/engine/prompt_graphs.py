@@ -83,8 +83,10 @@ class PromptReplayer:
         for k in range(max(lens)):
             sel = [i for i in range(B) if lens[i] > k]
             ends = [(j, i) for j, i in enumerate(sel) if lens[i] == k + 1]
-            got = [(j, p) for p, (i, at) in enumerate(picks) for j, r in enumerate(sel)
-                   if r == i and at == k]
+            # a pick's position lies inside its row's prompt (GenerateRequest checks it), so
+            # its row is still in `sel` at replay `at`
+            where = {i: j for j, i in enumerate(sel)}
+            got = [(where[i], p) for p, (i, at) in enumerate(picks) if at == k]
             plan.append((len(sel), len(ends), len(got), len(flat)))
             flat += sel + [starts[i] + k for i in sel]
             flat += [j for j, _ in ends] + [i for _, i in ends]
