@@ -174,7 +174,8 @@ class EngineConfig:
         "Prefill prompts of at most N tokens per request (Whisper's <|startoftranscript|> "
         "sequence: 1-4) run through the decode CUDA graphs, one replay per prompt position, "
         "instead of an eager decoder pass, whose kernel launches bound small prefill batches "
-        "(plain prefill steps; longer prompts and mixed steps stay eager). 0: off.",
+        "(mixed steps too: their decoding rows run in the first replay; longer prompts stay "
+        "eager). 0: off.",
     )
     cpu_compile: str = _f(
         os.environ.get("EDSERVE_CPU_COMPILE", "auto"),
