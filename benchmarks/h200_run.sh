@@ -2,7 +2,7 @@
 # One device call: GPU tests, kernel checks/timings, and the Whisper benchmark.
 #   bash benchmarks/h200_run.sh tests|real|kernels|tiny|large|beam|tp|prefill|prefill-small|prompt-tests|prefill-tests|arrivals   (several allowed, in order;
 #   tp needs a host with >= 2 GPUs)
-#   beam-device (~6 min), serve (~9 min: audio pool in-process vs --engine-process), soak (10,000 requests at 256)
+#   beam-device (~6 min), serve-ab (~7 min: admission batching), serve (~9 min: audio pool in-process vs --engine-process), soak (10,000 requests at 256)
 #   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min),
 #   mllama-kernels (~0.5 min), chat (~3 min)
 set -uo pipefail
@@ -59,6 +59,10 @@ for part in "$@"; do
            done ;;
     serve) (cd benchmarks && timeout 560 python3 -W ignore serve_gpu.py --json "$OUT/serve_gpu.json" --serve-flags= --serve-flags=--engine-process 2>&1 \
              | tee "$OUT/serve_gpu.log" | grep -v "^#   ") ;;
+    # admission batching A/B: short clips only, three servers (~7 min)
+    serve-ab) (cd benchmarks && timeout 560 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
+             --json "$OUT/serve_ab.json" --serve-flags= --serve-flags='--admission-wait-ms 15' \
+             --serve-flags='--admission-wait-ms 40' 2>&1 | tee "$OUT/serve_ab.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     soak) (cd benchmarks && timeout 400 python3 -W ignore soak_gpu.py --requests 10000 --concurrency 256 \
              --json "$OUT/soak_gpu.json" 2>&1 | tee "$OUT/soak_gpu.log" | tail -30) ;;
     mllama-tests) timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \

@@ -42,7 +42,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(  # the server subprocess runs this c
 from edserve.audio.decode import load_audio  # noqa: E402
 from edserve.bench.client import BenchTarget, LoadPlan, run_load  # noqa: E402
 from edserve.bench.load import AudioItem  # noqa: E402
-from edserve.bench.report import scrape_stages, stage_delta, summarize  # noqa: E402
+from edserve.bench.report import (  # noqa: E402
+    scrape_stages,
+    scrape_steps,
+    stage_delta,
+    step_delta,
+    summarize,
+)
 
 DATA = ROOT / "tests" / "data"
 CONTEXT = 34  # decoder positions: n_ctx // 2 = 17 new tokens per window
@@ -103,7 +109,8 @@ def engine_figures(folder: Path, clip: np.ndarray, n_short: int, long_audio: lis
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return {"requests_per_s": n_short / short_s, "short_s": short_s,
-            "longform_audio_s_per_s": sum(len(a) for a in long_audio) / 16000 / long_s,
+            "longform_audio_s_per_s": sum(len(a) for a in long_audio) / 16000 / long_s
+            if long_audio else float("nan"),
             "longform_s": long_s}
 
 
@@ -130,11 +137,12 @@ def long_files(folder: Path, n: int, seconds: float) -> list[tuple[Path, np.ndar
 
 def bench(url: str, items: list[AudioItem], concurrency: int, pid: int) -> dict:
     target = BenchTarget(url, timeout=1800)
-    before, cpu0 = scrape_stages(url), thread_cpu(pid)
+    before, steps0, cpu0 = scrape_stages(url), scrape_steps(url), thread_cpu(pid)
     results, wall = asyncio.run(run_load(target, LoadPlan(items, concurrency)))
     cpu = cpu_delta(cpu0, thread_cpu(pid))
     s = summarize(results, wall, {"concurrency": concurrency, "num_requests": len(items)},
-                  stage_delta(before, scrape_stages(url)))
+                  stage_delta(before, scrape_stages(url)),
+                  step_delta(steps0, scrape_steps(url), wall))
     s["api_cpu_ms_per_request"] = 1000 * cpu["api"] / max(1, len(items))
     s["engine_cpu_ms_per_request"] = 1000 * cpu["engine"] / max(1, len(items))
     s["helpers_cpu_ms_per_request"] = 1000 * cpu["helpers"] / max(1, len(items))
@@ -167,7 +175,14 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
                   f"{s['helpers_cpu_ms_per_request']:18.2f}  {s['failed']}", flush=True)
             for stage, d in (s["stages"] or {}).items():
                 print(f"#   {stage:12s} {d['mean_ms']:9.2f} ms (n={d['count']})")
+            print(f"#   engine thread CPU {s['engine_cpu_ms_per_request']:.2f} ms/req")
+            for kind, d in (s["engine_steps"] or {}).items():
+                print(f"#   steps {kind:8s} {d['steps_per_s']:7.1f}/s {d['ms_per_step']:7.2f} ms "
+                      f"rows {d['rows_per_step']:5.1f} new {d['new_rows_per_step']:5.1f} "
+                      f"({100 * d['share']:.0f} % of the run)", flush=True)
         items = [AudioItem(p.name, p.read_bytes(), len(a) / 16000) for p, a in longs]
+        if not items:  # --longform 0
+            return out
         s = bench(url, items, len(items), proc.pid)
         s["ratio_to_engine"] = s["audio_seconds_per_s"] / eng["longform_audio_s_per_s"]
         out["longform"] = s
@@ -186,7 +201,7 @@ def main() -> None:
     ap.add_argument("--arch", default="large-v3", choices=sorted(wg.ARCHS))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 64, 128])
     ap.add_argument("--requests", type=int, default=256, help="short-clip requests per level")
-    ap.add_argument("--longform", type=int, default=16, help="concurrent long files")
+    ap.add_argument("--longform", type=int, default=16, help="concurrent long files (0: none)")
     ap.add_argument("--longform-seconds", type=float, default=600.0)
     ap.add_argument("--rows", type=int, default=64, help="--max-running-requests")
     ap.add_argument("--serve-flags", action="append", default=[],

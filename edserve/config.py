@@ -141,6 +141,16 @@ class EngineConfig:
         "encoder work (whole 30 s windows: an encoder input is never split) per token. "
         "--no-mixed-steps: a prefill step carries only the new requests and decoding waits.",
     )
+    admission_wait_ms: float = _f(
+        0.0,
+        "Admission batching: while rows are decoding, hold a new arrival up to this many ms "
+        "so that arrivals share one prefill step (one encoder batch, one set of prompt "
+        "replays) instead of one small prefill each; decoding goes on meanwhile. A step admits "
+        "at once when --admission-batch requests wait or nothing is decoding. 0: admit every "
+        "arrival at the next step.",
+    )
+    admission_batch: int = _f(
+        8, "With --admission-wait-ms: admit as soon as this many requests wait.")
     max_total_tokens: int | None = _f(
         None, "Cap on KV-cache slots (tokens); default: as many as the memory budget allows."
     )
@@ -268,6 +278,9 @@ class EngineConfig:
         if self.prompt_cuda_graph_max_tokens < 0:
             raise ValueError(f"--prompt-cuda-graph-max-tokens must be >= 0 (0: off), "
                              f"got {self.prompt_cuda_graph_max_tokens}")
+        if self.admission_wait_ms < 0 or self.admission_batch < 1:
+            raise ValueError("--admission-wait-ms must be >= 0 and --admission-batch >= 1, got "
+                             f"{self.admission_wait_ms} / {self.admission_batch}")
         if self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
 

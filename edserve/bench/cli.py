@@ -70,7 +70,14 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from edserve.bench.client import BenchTarget, LoadPlan, run_load
     from edserve.bench.load import arrival_offsets, load_items, request_plan
-    from edserve.bench.report import format_summary, scrape_stages, stage_delta, summarize
+    from edserve.bench.report import (
+        format_summary,
+        scrape_stages,
+        scrape_steps,
+        stage_delta,
+        step_delta,
+        summarize,
+    )
 
     try:
         items = request_plan(load_items(args.inputs), args.num_requests)
@@ -89,12 +96,15 @@ def run_bench(args: argparse.Namespace) -> int:
         "fields": dict(args.field), "num_requests": len(items), "concurrency": concurrency,
         "request_rate": args.request_rate, "seed": args.seed}
     before = scrape_stages(args.base_url, target.headers())
+    steps0 = scrape_steps(args.base_url, target.headers())
     with tqdm(total=len(items), desc="requests", unit="req", file=sys.stderr,
               disable=args.no_progress) as bar:
         plan.on_done.append(lambda _: bar.update())
         results, wall = asyncio.run(run_load(target, plan))
     after = scrape_stages(args.base_url, target.headers()) if before is not None else None
-    summary = summarize(results, wall, config, stage_delta(before, after))
+    steps1 = scrape_steps(args.base_url, target.headers()) if steps0 is not None else None
+    summary = summarize(results, wall, config, stage_delta(before, after),
+                        step_delta(steps0, steps1, wall))
     if args.json != "-":
         print(format_summary(summary))
     if args.json:

@@ -13,13 +13,15 @@ import numpy as np
 from edserve.bench.client import RequestResult
 
 STAGE_METRIC = "edserve_request_stage_seconds"
+STEP_METRICS = {"edserve_engine_steps": "steps", "edserve_engine_step_rows": "rows",
+                "edserve_engine_step_new_rows": "new_rows",
+                "edserve_engine_step_seconds": "seconds"}
 PERCENTILES = (50, 95, 99)
 
 
-def scrape_stages(base_url: str, headers: dict[str, str] | None = None
-                  ) -> dict[str, tuple[float, float]] | None:
-    """``stage -> (sum seconds, count)`` from the server's ``/metrics``; None when the server
-    has no such endpoint or histogram (vLLM, Speaches, ...)."""
+def _families(base_url: str, headers: dict[str, str] | None) -> list | None:
+    """The metric families of the server's ``/metrics``; None when it has no such endpoint
+    or does not answer in Prometheus text."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -28,23 +30,64 @@ def scrape_stages(base_url: str, headers: dict[str, str] | None = None
         return None
     if r.status_code != 200:
         return None
-    stages: dict[str, list[float]] = {}
     try:
-        for family in text_string_to_metric_families(r.text):
-            if family.name != STAGE_METRIC:
-                continue
-            for s in family.samples:
-                stage = s.labels.get("stage")
-                if stage is None:
-                    continue
-                acc = stages.setdefault(stage, [0.0, 0.0])
-                if s.name.endswith("_sum"):
-                    acc[0] = s.value
-                elif s.name.endswith("_count"):
-                    acc[1] = s.value
+        return list(text_string_to_metric_families(r.text))
     except ValueError:  # not Prometheus text
         return None
+
+
+def scrape_stages(base_url: str, headers: dict[str, str] | None = None
+                  ) -> dict[str, tuple[float, float]] | None:
+    """``stage -> (sum seconds, count)`` from the server's ``/metrics``; None when the server
+    has no such endpoint or histogram (vLLM, Speaches, ...)."""
+    stages: dict[str, list[float]] = {}
+    for family in _families(base_url, headers) or []:
+        if family.name != STAGE_METRIC:
+            continue
+        for s in family.samples:
+            stage = s.labels.get("stage")
+            if stage is None:
+                continue
+            acc = stages.setdefault(stage, [0.0, 0.0])
+            if s.name.endswith("_sum"):
+                acc[0] = s.value
+            elif s.name.endswith("_count"):
+                acc[1] = s.value
     return {k: (v[0], v[1]) for k, v in stages.items()} or None
+
+
+def scrape_steps(base_url: str, headers: dict[str, str] | None = None
+                 ) -> dict[str, dict[str, float]] | None:
+    """``kind -> {steps, rows, new_rows, seconds}``: an edserve server's engine step totals
+    (``edserve_engine_step*``); None for other servers."""
+    out: dict[str, dict[str, float]] = {}
+    for family in _families(base_url, headers) or []:
+        field = STEP_METRICS.get(family.name)
+        if field is None:
+            continue
+        for s in family.samples:
+            if s.name.endswith("_total") and "kind" in s.labels:
+                out.setdefault(s.labels["kind"], {})[field] = s.value
+    return out or None
+
+
+def step_delta(before: dict | None, after: dict | None, wall: float
+               ) -> dict[str, dict[str, float]] | None:
+    """Per kind of engine step over a run of ``wall`` seconds: steps/s, mean rows and new rows
+    per step, mean ms per step and the share of the run spent in such steps."""
+    if before is None or after is None or wall <= 0:
+        return None
+    out = {}
+    for kind, a in after.items():
+        b = before.get(kind, {})
+        d = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in STEP_METRICS.values()}
+        n = d["steps"]
+        out[kind] = {"steps": int(n), "steps_per_s": n / wall,
+                     "rows_per_step": d["rows"] / n if n else 0.0,
+                     "new_rows_per_step": d["new_rows"] / n if n else 0.0,
+                     "ms_per_step": 1000 * d["seconds"] / n if n else 0.0,
+                     "share": d["seconds"] / wall}
+    return out
 
 
 def stage_delta(before: dict | None, after: dict | None) -> dict[str, dict[str, float]] | None:
@@ -70,7 +113,7 @@ def _dist(values: list[float]) -> dict[str, float] | None:
 
 
 def summarize(results: list[RequestResult], wall: float, config: dict[str, Any],
-              stages: dict | None = None) -> dict[str, Any]:
+              stages: dict | None = None, steps: dict | None = None) -> dict[str, Any]:
     """The machine-readable result (``--json``); throughput counts successful requests."""
     good = [r for r in results if r.ok]
     failures = Counter(r.status for r in results if not r.ok)
@@ -88,6 +131,7 @@ def summarize(results: list[RequestResult], wall: float, config: dict[str, Any],
         "latency_ms": _dist([r.latency for r in good]),
         "ttft_ms": _dist([r.ttft for r in good if r.ttft is not None]),
         "stages": stages,
+        "engine_steps": steps,
         "errors": sorted({r.error for r in results if r.error})[:10],
     }
 
@@ -112,5 +156,11 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"{'-' * 12}Server stages (mean ms per request)")
         for stage, d in s["stages"].items():
             lines.append(f"{stage + ':':<36}{d['mean_ms']:.2f}  (n={d['count']})")
+    if s.get("engine_steps"):
+        lines.append(f"{'-' * 12}Engine steps (per kind)")
+        for kind, d in s["engine_steps"].items():
+            lines.append(f"{kind + ':':<12}{d['steps_per_s']:7.1f}/s  {d['ms_per_step']:6.2f} ms  "
+                         f"rows {d['rows_per_step']:5.1f}  new {d['new_rows_per_step']:5.1f}  "
+                         f"{100 * d['share']:5.1f} % of the run")
     lines.append("=" * 46)
     return "\n".join(lines)

@@ -28,6 +28,7 @@ from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput, TokenDelta
 from edserve.engine.protocol import EngineClient, EngineStats
 from edserve.engine.request import FinishReason, GenerateRequest
+from edserve.engine.step_stats import sum_steps
 
 CALL_TIMEOUT_S = 60.0
 
@@ -78,7 +79,8 @@ class DataParallelClient(EngineClient):
         total = {k: sum(getattr(s, k) for s in snaps) for k in
                  ("waiting", "running", "kv_used", "kv_free", "kv_total", "generated_tokens")}
         return EngineStats(**total, taken_at=min((s.taken_at for s in snaps),
-                                                 default=time.monotonic()))
+                                                 default=time.monotonic()),
+                           steps=sum_steps([s.steps for s in snaps]))
 
     @property
     def num_inflight(self) -> int:

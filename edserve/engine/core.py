@@ -23,11 +23,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edserve.engine.outputs import GenerateOutput, TokenDelta
 from edserve.engine.request import FinishReason, GenerateRequest
+from edserve.engine.step_stats import StepTotals
 
 logger = logging.getLogger("edserve")
 Deliver = Callable[[TokenDelta], None]
@@ -44,6 +45,7 @@ class EngineStats:
     kv_total: int
     generated_tokens: int
     taken_at: float  # time.monotonic() of the snapshot
+    steps: dict[str, StepTotals] = field(default_factory=dict)  # by kind (engine/step_stats)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,7 +137,8 @@ class EngineCore:
         return EngineStats(waiting=len(sched.waiting), running=len(sched.running),
                            kv_used=total - free, kv_free=free, kv_total=total,
                            generated_tokens=int(sched.num_generated_tokens),
-                           taken_at=time.monotonic())
+                           taken_at=time.monotonic(),
+                           steps=self.engine.step_counters.snapshot())
 
     def validate(self, request: GenerateRequest) -> None:
         """Dry run of the engine's admission checks (any thread): ``ValueError`` when the

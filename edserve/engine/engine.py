@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from collections.abc import Callable
 from typing import Any
 
 from edserve.engine import readout
+from edserve.engine.admission import AdmissionPolicy
 from edserve.engine.beam_rows import is_device_row
 from edserve.engine.groups import make_group, reserved_slots
 from edserve.engine.outputs import GenerateOutput, TokenDelta
@@ -24,7 +26,9 @@ from edserve.engine.runner import ModelRunner
 from edserve.engine.sampler import make_generator
 from edserve.engine.scheduler import Scheduler, SchedulerLimits
 from edserve.engine.step import ScheduledBatch, StepOutput
+from edserve.engine.step_stats import StepCounters, step_kind
 from edserve.engine.token_history import TokenHistory
+from edserve.layers.forward_batch import ForwardMode
 
 logger = logging.getLogger("edserve")
 
@@ -46,7 +50,9 @@ class Engine:
             eos_token_id=self.model.config.eos_token_id,
             max_decoder_len=self.max_decoder_len,
             mixed_steps=self.config.mixed_steps,
-            beam_on_device=self.config.beam_on_device)
+            beam_on_device=self.config.beam_on_device,
+            admission=AdmissionPolicy(self.config.admission_wait_ms / 1000,
+                                      self.config.admission_batch))
         history = TokenHistory(self.pools.req_to_token_pool.size, self.max_decoder_len,
                                self.device)
         self.runner = ModelRunner(self.model, self.device, history, parts.graphs)
@@ -55,6 +61,7 @@ class Engine:
             self.config.overlap_schedule == "auto" and self.device.type == "cuda")
         self._in_flight: tuple[ScheduledBatch, StepOutput] | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.step_counters = StepCounters()  # per kind of step (read between steps)
 
     @property
     def is_mllama(self) -> bool:
@@ -140,6 +147,7 @@ class Engine:
         """schedule -> run -> update. With overlap, step N's update (which waits for its
         tokens) runs after step N+1 has been scheduled and launched, so the host prepares the
         next batch while the device computes this one."""
+        started = time.perf_counter()
         self._drain_inbox()
         previous, self._in_flight = self._in_flight, None
         sched = self.scheduler.schedule()
@@ -159,6 +167,11 @@ class Engine:
                     self.scheduler.update(sched, output)
         if previous is not None:
             self.scheduler.update(*previous)
+        if sched is not None:
+            rows = len(sched.reqs)
+            new = rows - sched.num_decode if sched.mode == ForwardMode.EXTEND else 0
+            self.step_counters.record(step_kind(rows, new), rows, new,
+                                      time.perf_counter() - started)
 
     def generate(self, requests: list[GenerateRequest],
                  on_finish: Callable[[GenerateOutput], None] | None = None

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from edserve.config import MAX_GROUP_ROWS
+from edserve.engine.admission import AdmissionPolicy
 from edserve.engine.batch_builder import Pools, build_decode, build_prefill
 from edserve.engine.beam_rows import DeviceBeams, is_device_row
 from edserve.engine.finisher import Finisher
@@ -65,6 +66,7 @@ class SchedulerLimits:
     max_decoder_len: int  # model's decoder position limit
     mixed_steps: bool = False  # running rows decode in every prefill step (see schedule)
     beam_on_device: bool = False  # beam groups on fixed rows, chosen on the device
+    admission: AdmissionPolicy = AdmissionPolicy()  # hold arrivals to batch their prefill
 
 
 class Scheduler(RowGroupSteps):
@@ -234,6 +236,8 @@ class Scheduler(RowGroupSteps):
         budget = self.pools.allocator.available_size() - owed_slots
         rows = min(self.pools.req_to_token_pool.available_size(),
                    self.limits.max_running_requests - len(self.running)) - owed_rows
+        if self.limits.admission.hold(self.waiting, len(self.running), rows):
+            return []
         tokens = 0
         admitted: list[Req] = []
         while self.waiting:

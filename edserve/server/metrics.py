@@ -49,6 +49,27 @@ class EngineCollector:
         yield GaugeMetricFamily("edserve_kv_slots_total", "KV-cache slots.", value=s.kv_total)
         yield CounterMetricFamily("edserve_generated_tokens", "Tokens generated (all requests); "
                                   "rate() gives tokens/s.", value=s.generated_tokens)
+        yield from step_metrics(s.steps)
+
+
+def step_metrics(steps: dict[str, Any]) -> Iterator[Metric]:
+    """The engine's step totals by kind (``decode``, ``prefill``, ``mixed``; see
+    :mod:`edserve.engine.step_stats`) as four counters."""
+    families = {
+        "steps": CounterMetricFamily("edserve_engine_steps", "Engine steps by kind.",
+                                     labels=["kind"]),
+        "rows": CounterMetricFamily("edserve_engine_step_rows", "Rows carried by engine steps "
+                                    "(running + admitted), by kind of step.", labels=["kind"]),
+        "new_rows": CounterMetricFamily("edserve_engine_step_new_rows", "Rows admitted "
+                                        "(prefilled) by engine steps, by kind of step.",
+                                        labels=["kind"]),
+        "seconds": CounterMetricFamily("edserve_engine_step_seconds", "Wall seconds inside "
+                                       "engine steps, by kind.", labels=["kind"]),
+    }
+    for kind, totals in sorted(steps.items()):
+        for name, fam in families.items():
+            fam.add_metric([kind], getattr(totals, name))
+    yield from families.values()
 
 
 class ServerMetrics:

@@ -77,6 +77,15 @@ def test_concurrency_mode_json_failures_and_stages(server, tmp_path, capsys):
     assert 0 < inside <= server_s + 1e-3
     assert server_s <= 2 * lat["p99"] / 1000
     assert after["edserve_request_stage_seconds_countprefill"] >= 2
+    # the engine's step totals: each good request (one window) was admitted by one prefill or
+    # mixed step, and the steps' wall time fits in the run
+    steps = s["engine_steps"]
+    assert set(steps) == {"decode", "prefill", "mixed"}
+    admitted = sum(d["steps"] * d["new_rows_per_step"] for d in steps.values())
+    assert admitted == pytest.approx(2)
+    assert steps["decode"]["steps"] > 0 and steps["decode"]["new_rows_per_step"] == 0
+    assert 0 < sum(d["share"] for d in steps.values()) <= 1.0
+    assert "Engine steps (per kind)" in printed
 
 
 def test_rate_mode_stream_records_ttft(server, tmp_path):
