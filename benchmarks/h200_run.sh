@@ -18,7 +18,7 @@ for part in "$@"; do
   echo "=== $part $(date -u +%H:%M:%S)"
   case $part in
     tests) timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/engine/test_gpu_syncs.py tests/engine/test_gpu.py \
-             tests/engine/test_triton_engine.py tests/kernels/test_write_req_to_token.py \
+             tests/engine/test_triton_engine.py tests/kernels/test_write_req_to_token.py tests/kernels/test_kv_copy.py \
              -rs 2>&1 | tee "$OUT/tests.log" | tail -25 ;;
     real) for spec in "large-v3 64 flat:128 on" "large-v3 64 flat:128 off" "large-v3 64 aligned:128 on" "tiny.en 256 flat:128 on" "tiny.en 256 flat:128 off"; do
             set -- $spec
@@ -63,6 +63,10 @@ for part in "$@"; do
     serve-ab) (cd benchmarks && timeout 560 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
              --json "$OUT/serve_ab.json" --serve-flags= --serve-flags='--admission-wait-ms 15' \
              --serve-flags='--admission-wait-ms 40' 2>&1 | tee "$OUT/serve_ab.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # in-process vs --engine-process, short clips only, with the engine's step/idle totals (~5 min)
+    serve-proc) (cd benchmarks && timeout 400 python3 -W ignore serve_gpu.py --concurrency 32 64 --longform 0 \
+             --json "$OUT/serve_proc.json" --serve-flags= --serve-flags=--engine-process 2>&1 \
+             | tee "$OUT/serve_proc.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     soak) (cd benchmarks && timeout 400 python3 -W ignore soak_gpu.py --requests 10000 --concurrency 256 \
              --json "$OUT/soak_gpu.json" 2>&1 | tee "$OUT/soak_gpu.log" | tail -30) ;;
     mllama-tests) timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \

@@ -74,7 +74,8 @@ def scrape_steps(base_url: str, headers: dict[str, str] | None = None
 def step_delta(before: dict | None, after: dict | None, wall: float
                ) -> dict[str, dict[str, float]] | None:
     """Per kind of engine step over a run of ``wall`` seconds: steps/s, mean rows and new rows
-    per step, mean ms per step and the share of the run spent in such steps."""
+    per step, mean ms per step and the share of the run spent in such steps (``idle``: the
+    engine loop asleep with no work)."""
     if before is None or after is None or wall <= 0:
         return None
     out = {}

@@ -134,8 +134,11 @@ class WorkerLoop:
         parent_checked = time.monotonic()
         while True:
             busy = self.engine.has_work()
+            asleep = time.perf_counter()
             if poller.poll(0 if busy else 100):
                 self._drain_messages()
+            if not busy:
+                self.engine.step_counters.idle_seconds += time.perf_counter() - asleep
             if self.engine.has_work():
                 self.core.step()  # a failed step fails what was in flight; we keep serving
             now = time.monotonic()

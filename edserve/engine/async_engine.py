@@ -17,6 +17,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -76,8 +77,10 @@ class AsyncEngine:
                 if called:  # a call (e.g. releasing a held encoder) may have freed KV
                     self._run_hooks()
                 if self._calls.empty():
+                    asleep = time.perf_counter()
                     self._wake.wait(self._idle_poll_s)
                     self._wake.clear()
+                    self.engine.step_counters.idle_seconds += time.perf_counter() - asleep
 
     def _run_one_call(self) -> bool:
         """At most one queued call per loop turn: one per engine step while there is work.

@@ -3,7 +3,9 @@
 A server under load is bound either by its engine or by what feeds it; these counters say which
 from ``/metrics`` alone: per kind of step (``decode``: running rows only; ``prefill``: newly
 admitted rows only; ``mixed``: both in one forward) the steps taken, the rows they carried, the
-rows admitted and the wall seconds spent in ``Engine.step`` (with overlap scheduling that
+rows admitted and the wall seconds spent in ``Engine.step``, and the seconds the engine loop
+slept with no work (``idle``; what is left of a run is the loop's own overhead: hooks, calls,
+waiting for the GIL) (with overlap scheduling that
 includes waiting for the previous step's tokens, so it tracks device time when the device is
 the bound). Rates over an interval give steps/s, rows per step and new rows per prefill (how
 well arrivals are batched); seconds/s near 1 means the engine loop never idles.
@@ -34,6 +36,7 @@ class StepCounters:
 
     totals: dict[str, StepTotals] = field(
         default_factory=lambda: {k: StepTotals() for k in STEP_KINDS})
+    idle_seconds: float = 0.0  # the engine loop asleep with no work (added by the loop)
 
     def record(self, kind: str, rows: int, new_rows: int, seconds: float) -> None:
         t = self.totals[kind]
@@ -41,7 +44,8 @@ class StepCounters:
                                        t.seconds + seconds)
 
     def snapshot(self) -> dict[str, StepTotals]:
-        return dict(self.totals)
+        """The totals by kind, plus ``idle`` (``seconds``: the loop asleep with no work)."""
+        return {**self.totals, "idle": StepTotals(seconds=self.idle_seconds)}
 
 
 def step_kind(num_rows: int, num_new: int) -> str:

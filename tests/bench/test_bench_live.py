@@ -80,11 +80,12 @@ def test_concurrency_mode_json_failures_and_stages(server, tmp_path, capsys):
     # the engine's step totals: each good request (one window) was admitted by one prefill or
     # mixed step, and the steps' wall time fits in the run
     steps = s["engine_steps"]
-    assert set(steps) == {"decode", "prefill", "mixed"}
+    assert set(steps) == {"decode", "prefill", "mixed", "idle"}
     admitted = sum(d["steps"] * d["new_rows_per_step"] for d in steps.values())
     assert admitted == pytest.approx(2)
     assert steps["decode"]["steps"] > 0 and steps["decode"]["new_rows_per_step"] == 0
-    assert 0 < sum(d["share"] for d in steps.values()) <= 1.0
+    assert 0 < sum(steps[k]["share"] for k in ("decode", "prefill", "mixed")) <= 1.0
+    assert steps["idle"]["share"] > 0 and steps["idle"]["steps"] == 0
     assert "Engine steps (per kind)" in printed
 
 

@@ -85,3 +85,4 @@ def test_arrivals_share_a_prefill_and_outputs_do_not_change(random_whisper):
         assert sum(t.new_rows for t in steps.values()) == 4
         assert steps["prefill"].steps + steps["mixed"].steps == admissions
         assert steps["decode"].new_rows == 0 and steps["decode"].steps > 0
+        assert steps["idle"].steps == 0 and steps["idle"].seconds == 0  # Engine.step only
