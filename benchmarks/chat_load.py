@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--url", help="base URL of a running server")
     ap.add_argument("--serve", help="start a server in this process on this HF folder")
     ap.add_argument("--save-random", help="write a random-weight Mllama folder here and exit")
-    ap.add_argument("--size", default="small", choices=("small", "toy"))
+    ap.add_argument("--size", default="small", choices=("small", "11b", "toy"))
     ap.add_argument("--model-name", default="mllama")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--clients", type=int, default=32)

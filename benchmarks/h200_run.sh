@@ -67,6 +67,10 @@ for part in "$@"; do
     serve-proc) (cd benchmarks && timeout 400 python3 -W ignore serve_gpu.py --concurrency 32 64 --longform 0 \
              --json "$OUT/serve_proc.json" --serve-flags= --serve-flags=--engine-process 2>&1 \
              | tee "$OUT/serve_proc.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # chat under load at the real 11B size (random weights saved once, ~21 GB)
+    chat11b) timeout 200 python3 benchmarks/chat_load.py --save-random /tmp/mllama_11b --size 11b 2>&1 | tail -2
+          PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 300 python3 -W ignore benchmarks/chat_load.py --serve /tmp/mllama_11b \
+             --clients 32 --requests 256 --max-tokens 64 --json "$OUT/chat_load_11b.json" 2>&1 | tee "$OUT/chat_load_11b.log" | tail -5 ;;
     soak) (cd benchmarks && timeout 400 python3 -W ignore soak_gpu.py --requests 10000 --concurrency 256 \
              --json "$OUT/soak_gpu.json" 2>&1 | tee "$OUT/soak_gpu.log" | tail -30) ;;
     mllama-tests) timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \

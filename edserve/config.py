@@ -204,11 +204,13 @@ class EngineConfig:
         "grouped Triton kernel, CUDA graphs included; flat and aligned); "
         "--no-grouped-cross-attention reads it once per row (for measurement).",
     )
-    beam_on_device: bool = _f(
-        False,
+    beam_on_device: bool | None = _f(
+        None,
         "Beam search on fixed rows with the beams chosen on the device (the host reads only "
         "which requests finished), so batches with beam requests keep overlap scheduling; "
-        "off: beams are chosen on the host after every step (each such step synchronous).",
+        "off: beams are chosen on the host after every step (each such step synchronous). "
+        "Default: on where steps overlap (CUDA; measured 1.5-1.8x the host path's beam "
+        "throughput on an H200), off on CPU.",
     )
     overlap_schedule: str = _f(
         "auto",

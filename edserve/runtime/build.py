@@ -28,6 +28,7 @@ from edserve.runtime.settings import (
     cpu_compile_after,
     resolve_settings,
     use_cuda_graph,
+    use_device_beams,
 )
 
 logger = logging.getLogger("edserve")
@@ -74,7 +75,9 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         graphs = CompiledDecodeRunner(model, sizing.pools, running, model.max_encoder_len,
                                       max_decoder_len, after, model_cache_dir())
     return Engine(EngineParts(
-        config=config.replace(max_running_requests=running), device=s.device, dtype=s.dtype,
+        config=config.replace(max_running_requests=running,
+                              beam_on_device=use_device_beams(config, s)),
+        device=s.device, dtype=s.dtype,
         threads=s.threads, page_size=s.page_size, model=model, tokenizer=tokenizer,
         pools=sizing.pools, max_decoder_len=max_decoder_len,
         max_prefill_tokens=max(config.max_prefill_tokens or DEFAULT_PREFILL_TOKENS[s.on_cuda],

@@ -108,3 +108,12 @@ def cpu_compile_after(config: EngineConfig, settings: RuntimeSettings,
             raise ValueError(f"--cpu-compile on: {why}")
         return None
     return 0 if config.cpu_compile == "on" else CPU_COMPILE_AFTER
+
+
+def use_device_beams(config: EngineConfig, settings: RuntimeSettings) -> bool:
+    """``--beam-on-device`` unset: on where steps overlap (CUDA, overlap not off; one rank),
+    where choosing beams without a sync pays; the host path on CPU."""
+    if config.beam_on_device is not None:
+        return config.beam_on_device
+    return settings.on_cuda and config.overlap_schedule != "off" \
+        and config.tensor_parallel_size == 1
