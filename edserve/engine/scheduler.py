@@ -35,13 +35,12 @@ from dataclasses import dataclass
 import torch
 
 from edserve.config import MAX_GROUP_ROWS
-from edserve.engine.admission import AdmissionPolicy
+from edserve.engine.admission import AdmissionPolicy, admit
 from edserve.engine.batch_builder import Pools, build_decode, build_prefill
 from edserve.engine.beam_rows import DeviceBeams, is_device_row
 from edserve.engine.finisher import Finisher
 from edserve.engine.group_ops import (
     groups_side_by_side,
-    held_at_least,
     hold_encoder,
     release_encoder,
 )
@@ -212,46 +211,8 @@ class Scheduler(RowGroupSteps):
         return tokens >= req.max_new_tokens \
             or len(req.prompt_ids) + tokens >= self.limits.max_decoder_len
 
-    def _outstanding(self) -> tuple[int, int]:
-        """(KV slots, rows) promised to running requests and not taken yet. A group's pages
-        are at least its longest row's own pages (its other rows may share them)."""
-        ps = self.pools.kv_pool.page_size
-        slots = rows = 0
-        seen: set[int] = set()
-        for r in self.running:
-            if r.group is None:
-                slots += r.reserved_slots - held_at_least(r, r.row_len, ps)
-            elif r.group.id not in seen:
-                seen.add(r.group.id)
-                g = r.group
-                longest = max(m.row_len for m in g.members)
-                slots += max(0, g.leader.reserved_slots - held_at_least(g.leader, longest, ps))
-                rows += g.size - len(g.members)
-        return slots, rows
-
     def _admit(self) -> list[Req]:
-        if not self.waiting:
-            return []
-        owed_slots, owed_rows = self._outstanding()
-        budget = self.pools.allocator.available_size() - owed_slots
-        rows = min(self.pools.req_to_token_pool.available_size(),
-                   self.limits.max_running_requests - len(self.running)) - owed_rows
-        if self.limits.admission.hold(self.waiting, len(self.running), rows):
-            return []
-        tokens = 0
-        admitted: list[Req] = []
-        while self.waiting:
-            req = self.waiting[0]
-            need = req.enc_region + len(req.prompt_ids)
-            size = req.group.size if req.group is not None else 1
-            if size > rows or req.reserved_slots > budget or (
-                    admitted and tokens + need > self.limits.max_prefill_tokens):
-                break  # back-pressure: wait for running requests to free KV
-            admitted.append(self.waiting.popleft())
-            budget -= req.reserved_slots
-            rows -= size
-            tokens += need
-        return admitted
+        return admit(self.waiting, self.running, self.pools, self.limits)
 
     # ---- update -----------------------------------------------------------------------
     def fail(self, sched: ScheduledBatch, error: str) -> None:
