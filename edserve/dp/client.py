@@ -142,7 +142,8 @@ class DataParallelClient(EngineClient):
                 self.release_encoder(pending.handle)
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
-        """Submit to the least-loaded worker and yield its deltas (last: ``finished`` with
+        """Submit to the least-loaded worker (``encoder_kv``: the handle's worker; see
+        :meth:`_route`) and yield its deltas (last: ``finished`` with
         ``output``); closing early aborts it there. ``ValueError`` when the worker's engine
         refuses the request, :class:`WorkerLost` (503) when the worker dies."""
         return self._deltas(request, True)
@@ -175,9 +176,9 @@ class DataParallelClient(EngineClient):
             return
         with self.supervisor.lock:
             w = self.workers[ref.worker]
-            if w.generation != ref.generation:
-                logger.info("release_encoder: worker %d restarted; handle %d went with it",
-                            ref.worker, handle.id)
+            if w.generation != ref.generation or not w.ready:
+                logger.info("release_encoder: worker %d restarted (or is stopping); handle %d "
+                            "went with its process", ref.worker, handle.id)
             elif not self.supervisor.send(w, P.ReleaseEncoder(ref.worker_id)):
                 logger.warning("release_encoder: worker %d is not accepting messages",
                                ref.worker)

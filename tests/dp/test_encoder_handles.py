@@ -43,6 +43,10 @@ def encoder_counts(client) -> list[dict]:
     return [client.supervisor.call(w, "encoder").result(60) for w in client.workers]
 
 
+def worker_reports(client) -> list[dict]:
+    return [client.supervisor.call(w, "integrity").result(60) for w in client.workers]
+
+
 def assert_clean(client) -> None:
     """No handle held anywhere, every KV slot free, every worker's KV consistent."""
     report = asyncio.run(client.integrity())
@@ -110,9 +114,10 @@ def test_handle_of_a_restarted_worker_re_encodes(client, jfk):
     assert_clean(client)
 
 
-def test_handle_of_a_closed_stream_is_released(client, jfk):
-    """The caller stops listening after its request finished with a handle it never saw."""
-    req = first_window(client, jfk)
+def test_handle_nobody_takes_is_released(client, jfk):
+    """The caller stops listening after its request finished with a handle it never saw
+    (released by the client), or before it finished (released by the I/O thread)."""
+    req, dropped = first_window(client, jfk), first_window(client, jfk)
 
     async def run() -> None:
         deltas = client.stream(req)
@@ -120,10 +125,17 @@ def test_handle_of_a_closed_stream_is_released(client, jfk):
         await asyncio.to_thread(wait_for, lambda: len(client.supervisor.handles) == 1, 60,
                                 "the finished output's handle")
         await deltas.aclose()
+        assert len(client.supervisor.handles) == 0
+        deltas = client.stream(dropped)
+        await deltas.__anext__()
+        client.supervisor.forget(dropped.rid, abort=False)  # it runs on, nobody listens
+        await deltas.aclose()
 
     asyncio.run(run())
+    wait_for(lambda: all(r["running"] + r["waiting"] == 0 for r in worker_reports(client)),
+             60, "the dropped request's end")
     assert len(client.supervisor.handles) == 0
-    wait_for(lambda: sum(c["held"] for c in encoder_counts(client)) == 0, 30, "the release")
+    wait_for(lambda: sum(c["held"] for c in encoder_counts(client)) == 0, 30, "the releases")
     assert_clean(client)
 
 
