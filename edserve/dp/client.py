@@ -3,9 +3,10 @@ N engine worker processes, so ``create_app`` and every route work unchanged.
 
 Requests must pickle (prompt ids, the log-mel tensor, sampling params and the batched logits
 filters and a ``readout``, e.g. word timestamps' alignment, all do); a request with an
-``on_finished_kv`` callback (it would run in the worker) or a ``keep_encoder``/``encoder_kv``
-handle (a region of one worker's pool) cannot run in another process and is refused with
-:class:`~edserve.engine.errors.RequestFailed`. A request whose worker dies fails with
+``on_finished_kv`` callback (it would run in the worker) is refused with
+:class:`~edserve.engine.errors.RequestFailed`. A ``keep_encoder`` handle is an id valid on the
+worker that made it: a request passing it as ``encoder_kv`` runs there, or re-encodes when that
+worker has restarted since (:mod:`edserve.dp.handles`). A request whose worker dies fails with
 :class:`~edserve.dp.errors.WorkerLost` (503). Also used with one worker
 (``--engine-process``).
 """
@@ -13,6 +14,8 @@ handle (a region of one worker's pool) cannot run in another process and is refu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import pickle
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +25,7 @@ from edserve.config import EngineConfig
 from edserve.dp import placement as placement_mod
 from edserve.dp import protocol as P
 from edserve.dp.errors import WorkerLost
+from edserve.dp.handles import id_view
 from edserve.dp.router import WorkerState, pick
 from edserve.dp.supervisor import Supervisor
 from edserve.engine.errors import RequestFailed
@@ -31,6 +35,7 @@ from edserve.engine.request import FinishReason, GenerateRequest
 from edserve.engine.step_stats import sum_steps
 
 CALL_TIMEOUT_S = 60.0
+logger = logging.getLogger("edserve.dp")
 
 
 class DataParallelClient(EngineClient):
@@ -59,7 +64,11 @@ class DataParallelClient(EngineClient):
 
     @property
     def supports_kv_hooks(self) -> bool:
-        return False  # the KV lives in the workers: no on_finished_kv callbacks or handles
+        return False  # the KV lives in the workers: no on_finished_kv callbacks
+
+    @property
+    def supports_encoder_handles(self) -> bool:
+        return True  # ids of the worker that holds the region (dp/handles.py)
 
     @property
     def workers(self) -> list[WorkerState]:
@@ -92,18 +101,32 @@ class DataParallelClient(EngineClient):
         if request.on_finished_kv is not None:
             raise RequestFailed("word timestamps (and other on_finished_kv hooks) are not "
                                 "supported with engine worker processes", request.rid)
-        if request.keep_encoder or request.encoder_kv is not None:
-            raise RequestFailed("encoder handles (keep_encoder, encoder_kv) are not supported "
-                                "with engine worker processes", request.rid)
         try:
             return pickle.dumps(P.Generate(request, stream), protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ValueError(f"request {request.rid} cannot be sent to a worker process: "
                              f"{exc}") from None
 
+    def _route(self, request: GenerateRequest) -> tuple[GenerateRequest, int | None]:
+        """The request as sent and the worker it must run on (None: any). ``encoder_kv``
+        becomes the holding worker's id; when that worker restarted since (or does not serve)
+        the request goes without it and re-encodes. ValueError for an unknown handle. The
+        caller holds the supervisor's lock (no restart in between)."""
+        held = request.encoder_kv
+        if held is None:
+            return request, None
+        ref = self.supervisor.handles.get(held)
+        w = self.workers[ref.worker]
+        if w.ready and w.generation == ref.generation:
+            return dataclasses.replace(request, encoder_kv=id_view(held, ref.worker_id)), w.index
+        logger.info("encoder handle %d: worker %d restarted, its KV is gone; re-encoding",
+                    held.id, ref.worker)
+        return dataclasses.replace(request, encoder_kv=None), None
+
     async def _deltas(self, request: GenerateRequest, stream: bool) -> AsyncIterator[TokenDelta]:
-        data = self._pickled(request, stream)
-        pending = self.supervisor.submit(request.rid, data)
+        with self.supervisor.lock:
+            request, worker = self._route(request)
+            pending = self.supervisor.submit(request.rid, self._pickled(request, stream), worker)
         finished = False
         try:
             while not finished:
@@ -115,9 +138,12 @@ class DataParallelClient(EngineClient):
                 yield item
         finally:
             self.supervisor.forget(request.rid, abort=not finished)
+            if not finished and pending.handle is not None:  # kept, but nobody took it
+                self.release_encoder(pending.handle)
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
-        """Submit to the least-loaded worker and yield its deltas (last: ``finished`` with
+        """Submit to the least-loaded worker (``encoder_kv``: the handle's worker; see
+        :meth:`_route`) and yield its deltas (last: ``finished`` with
         ``output``); closing early aborts it there. ``ValueError`` when the worker's engine
         refuses the request, :class:`WorkerLost` (503) when the worker dies."""
         return self._deltas(request, True)
@@ -142,9 +168,20 @@ class DataParallelClient(EngineClient):
         self.supervisor.forget(rid, abort=True)
 
     def release_encoder(self, handle: Any) -> None:
-        """Never valid here: no request can ask for a handle (see the module doc)."""
-        raise RequestFailed("encoder handles (keep_encoder) are not supported with engine "
-                            "worker processes; there is none to release")
+        """Hand ``handle`` back to the worker holding it (run between its steps); only logged
+        when that worker restarted since (its KV went with the process) or when the handle is
+        not held (released twice). TypeError for anything but an EncoderKV."""
+        ref = self.supervisor.handles.pop(handle)
+        if ref is None:
+            return
+        with self.supervisor.lock:
+            w = self.workers[ref.worker]
+            if w.generation != ref.generation or not w.ready:
+                logger.info("release_encoder: worker %d restarted (or is stopping); handle %d "
+                            "went with its process", ref.worker, handle.id)
+            elif not self.supervisor.send(w, P.ReleaseEncoder(ref.worker_id)):
+                logger.warning("release_encoder: worker %d is not accepting messages",
+                               ref.worker)
 
     def validate(self, request: GenerateRequest) -> None:
         """The engine's admission checks, run on a worker (blocking; call it off the event

@@ -10,8 +10,8 @@ Sockets (all ``ipc://`` endpoints in a private temporary folder; the API process
   :class:`Call`, :class:`Bye` on exit.
 - ``down-<worker>-<generation>``: one PUSH per worker incarnation in the API process (a
   restarted worker gets a fresh endpoint, so nothing meant for its predecessor reaches it);
-  the worker's PULL receives :class:`Generate`, :class:`Abort`, :class:`Call` (``integrity``,
-  ``validate``) and :class:`Stop`.
+  the worker's PULL receives :class:`Generate`, :class:`Abort`, :class:`ReleaseEncoder`,
+  :class:`Call` (``integrity``, ``validate``, ``encoder``) and :class:`Stop`.
 
 Each side dispatches by the message's type through a table (:func:`dispatch`). Messages are
 pickled (``send_pyobj``) between processes of one host started by the same user (never across
@@ -43,9 +43,17 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class ReleaseEncoder:
+    """Hand back the worker's ``keep_encoder`` handle ``handle_id`` (see
+    :mod:`edserve.dp.handles`); run between two steps."""
+
+    handle_id: int
+
+
+@dataclass(frozen=True)
 class Call:
-    """Run the engine-side call ``name`` (``integrity``, ``validate``) on ``arg`` between two
-    steps; answered by a :class:`Reply` with the same ``call_id``."""
+    """Run the engine-side call ``name`` (``integrity``, ``validate``, ``encoder``) on
+    ``arg`` between two steps; answered by a :class:`Reply` with the same ``call_id``."""
 
     call_id: int
     name: str

@@ -26,6 +26,7 @@ import zmq
 from edserve.dp import procs
 from edserve.dp import protocol as P
 from edserve.dp.errors import WorkerLost
+from edserve.dp.handles import EncoderHandles
 from edserve.dp.placement import Placement
 from edserve.dp.router import WorkerState, pick
 
@@ -34,10 +35,12 @@ MAX_FAILED_STARTS = 3
 
 
 class Pending:
-    """A request waiting for deltas: its worker and a thread-safe way to reach its queue."""
+    """A request waiting for deltas: its worker and a thread-safe way to reach its queue;
+    ``handle``: the caller's encoder handle its final output carries (``keep_encoder``)."""
 
     def __init__(self, worker: int) -> None:
         self.worker = worker
+        self.handle: Any = None
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -57,6 +60,7 @@ class Supervisor:
         self.lock = threading.RLock()
         self.pending: dict[str, Pending] = {}
         self.calls: dict[int, tuple[int, concurrent.futures.Future]] = {}
+        self.handles = EncoderHandles()  # keep_encoder handles given out (dp/handles.py)
         self._call_ids = itertools.count()
         self._dir = tempfile.mkdtemp(prefix="edserve-dp-")
         self._ctx = zmq.Context()
@@ -112,7 +116,7 @@ class Supervisor:
             time.sleep(0.05)
         with self.lock:
             for w in self.workers:
-                self._send(w, P.Stop(0.0))
+                self.send(w, P.Stop(0.0))
         for w in self.workers:
             if w.proc is not None:
                 procs.stop(w.proc, max(1.0, deadline - time.monotonic()) + 5.0)
@@ -130,7 +134,7 @@ class Supervisor:
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # ---- sending ------------------------------------------------------------------------
-    def _send(self, w: WorkerState, msg: Any) -> bool:
+    def send(self, w: WorkerState, msg: Any) -> bool:
         """Send (caller holds the lock); False when the worker cannot take it now."""
         if w.down is None:
             return False
@@ -140,11 +144,12 @@ class Supervisor:
         except zmq.Again:
             return False
 
-    def submit(self, rid: str, data: bytes) -> Pending:
-        """Route one pickled :class:`~edserve.dp.protocol.Generate` to the least-loaded
-        worker."""
+    def submit(self, rid: str, data: bytes, worker: int | None = None) -> Pending:
+        """Route one pickled :class:`~edserve.dp.protocol.Generate` to ``worker`` (the one
+        holding its encoder handle) or else the least-loaded worker."""
         with self.lock:
-            w = None if self.closing else pick(self.workers)
+            w = None if self.closing else pick(self.workers if worker is None
+                                               else [self.workers[worker]])
             if w is None:
                 raise WorkerLost("the server is shutting down" if self.closing else
                                  "no engine worker is available (restarting)", "no_worker")
@@ -168,7 +173,7 @@ class Supervisor:
             w = self.workers[p.worker]
             w.inflight.discard(rid)
             if abort:
-                self._send(w, P.Abort(rid))
+                self.send(w, P.Abort(rid))
 
     def call(self, w: WorkerState, name: str, arg: Any = None) -> concurrent.futures.Future:
         """Run ``name`` (``integrity``, ``validate``) on worker ``w`` between its steps."""
@@ -176,7 +181,7 @@ class Supervisor:
         with self.lock:
             call_id = next(self._call_ids)
             self.calls[call_id] = (w.index, fut)
-            if not (w.ready and self._send(w, P.Call(call_id, name, arg))):
+            if not (w.ready and self.send(w, P.Call(call_id, name, arg))):
                 self.calls.pop(call_id)
                 fut.set_exception(WorkerLost(f"engine worker {w.index} is not ready"))
         return fut
@@ -216,12 +221,18 @@ class Supervisor:
 
     def _on_delta(self, msg: P.Delta) -> None:
         w, p = self.workers[msg.worker], self.pending.get(msg.rid)
+        out = msg.delta.output
+        held = out.encoder_kv if out is not None else None
         if p is None or p.worker != w.index:
+            if held is not None:  # nobody takes the handle: release it now
+                self.send(w, P.ReleaseEncoder(held.id))
             return
         if msg.delta.finished:
             del self.pending[msg.rid]
             w.inflight.discard(msg.rid)
             w.finished += 1
+            if held is not None:
+                out.encoder_kv = p.handle = self.handles.adopt(w.index, w.generation, held)
         p.put(msg.delta)
 
     def _on_reject(self, msg: P.Reject) -> None:

@@ -7,6 +7,8 @@ steps), sends deltas and throttled stats ``up``, else waits up to 100 ms for a m
 exits when asked to stop (the ``stop`` message or SIGTERM: finish in-flight requests within the
 drain timeout, then abort the rest) or when its parent dies (``PR_SET_PDEATHSIG`` plus a
 parent-pid check: no orphans). SIGINT is ignored: the API process owns shutdown.
+A ``keep_encoder`` handle stays in the scheduler's ``held``; its output carries an id-only view
+and a request's ``encoder_kv`` (that id) is resolved there (see :mod:`edserve.dp.handles`).
 In-flight bookkeeping, the failed-step rule, the stats snapshot, ``validate`` and
 ``integrity`` are the :class:`~edserve.engine.core.EngineCore`'s (shared with the in-process
 ``AsyncEngine``).
@@ -26,11 +28,20 @@ from typing import Any
 import zmq
 
 from edserve.dp import protocol as P
+from edserve.dp.handles import id_view
 from edserve.engine.core import EngineCore, failed_delta
 
 logger = logging.getLogger("edserve.dp")
 PARENT_CHECK_S = 1.0
 IDLE_STATS_S = 1.0
+
+
+def _sendable(delta: Any) -> Any:
+    """The final output's encoder handle as an id-only view: its slots stay here."""
+    out = delta.output
+    if out is not None and out.encoder_kv is not None:
+        out.encoder_kv = id_view(out.encoder_kv, out.encoder_kv.id)
+    return delta
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -60,9 +71,10 @@ class WorkerLoop:
         self._stats_at = 0.0
 
         self._handlers = {P.Generate: self._on_generate, P.Abort: self._on_abort,
-                          P.Call: self._on_call, P.Stop: self._on_stop}
+                          P.ReleaseEncoder: self._on_release, P.Call: self._on_call,
+                          P.Stop: self._on_stop}
         self._calls = {"integrity": lambda _: self.core.integrity(),
-                       "validate": self.core.validate}
+                       "validate": self.core.validate, "encoder": lambda _: self._encoder()}
 
     def send(self, msg: Any) -> None:
         self.up.send_pyobj(msg)
@@ -84,10 +96,31 @@ class WorkerLoop:
             return
         request.logits_processors = [self._intern(f) for f in request.logits_processors]
         try:
-            self.core.submit(request, lambda d: self.send(P.Delta(self.index, rid, d)),
-                             msg.stream)
+            if request.encoder_kv is not None:
+                request.encoder_kv = self._held(request.encoder_kv.id)
+            self.core.submit(request, lambda d: self.send(P.Delta(self.index, rid,
+                                                                  _sendable(d))), msg.stream)
         except ValueError as exc:
             self.send(P.Reject(self.index, rid, str(exc)))
+
+    def _held(self, handle_id: int) -> Any:
+        held = self.engine.scheduler.held.get(handle_id)
+        if held is None:
+            raise ValueError(f"encoder_kv handle {handle_id} is not held by engine worker "
+                             f"{self.index} (released already?)")
+        return held
+
+    def _on_release(self, msg: P.ReleaseEncoder) -> None:
+        held = self.engine.scheduler.held.get(msg.handle_id)
+        if held is None:
+            logger.warning("release_encoder: handle %d is not held", msg.handle_id)
+        else:
+            self.engine.scheduler.release_encoder(held)
+
+    def _encoder(self) -> dict[str, int]:
+        """``held``: keep_encoder handles not released; ``encoded``: encoder inputs run."""
+        return {"held": len(self.engine.scheduler.held),
+                "encoded": self.engine.runner.num_encoded_inputs}
 
     def _intern(self, f: Any) -> Any:
         """One instance per distinct filter, so the sampler's per-filter caches are shared."""

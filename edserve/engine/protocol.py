@@ -34,8 +34,14 @@ class EngineClient(ABC):
     @abstractmethod
     def supports_kv_hooks(self) -> bool:
         """True when the engine runs in this process, so requests may carry callbacks that
-        read the KV (``on_finished_kv``) and ``keep_encoder`` handles (encoder reuse across
-        fallback). A ``readout`` (word timestamps) works with every client."""
+        read the KV (``on_finished_kv``). A ``readout`` (word timestamps) works with every
+        client."""
+
+    @property
+    def supports_encoder_handles(self) -> bool:
+        """True when requests may ask for ``keep_encoder`` handles and pass them back as
+        ``encoder_kv`` (encoder reuse across temperature fallback)."""
+        return self.supports_kv_hooks
 
     # ---- stats ------------------------------------------------------------------------
     @abstractmethod

@@ -51,7 +51,7 @@ def make_task(engine: Any, audio: np.ndarray | PreparedAudio, options: Transcrib
         from edserve.whisper.cross_weights import Aligner, model_alignment_heads
 
         aligner = Aligner(engine.model, model_alignment_heads(engine))
-    reuse = getattr(engine, "supports_kv_hooks", True)  # handles live in this process
+    reuse = getattr(engine, "supports_encoder_handles", True)  # an Engine: yes
     return LongformTask(audio, engine.tokenizer, engine.model.config.num_mel_bins, options,
                         engine.max_decoder_len, source, aligner, reuse_encoder=reuse)
 

@@ -70,11 +70,12 @@ def test_engine_process_serves_like_the_in_process_engine(in_process_words):
             assert health.status_code == 200
             body = health.json()
             assert body["status"] == "ok" and [w["worker"] for w in body["workers"]] == [0]
-        with pytest.raises(RequestFailed, match="encoder handles"):
+        with pytest.raises(TypeError, match="EncoderKV"):
             client.release_encoder(object())
-        kept = GenerateRequest([50257], torch.zeros(80, 3000), keep_encoder=True)
-        with pytest.raises(RequestFailed, match="encoder handles"):
-            client.validate(kept)
+        client.validate(GenerateRequest([50257], torch.zeros(80, 3000), keep_encoder=True))
+        hooked = GenerateRequest([50257], torch.zeros(80, 3000), on_finished_kv=print)
+        with pytest.raises(RequestFailed, match="on_finished_kv"):
+            client.validate(hooked)
     finally:
         server.stop()
         client.shutdown(5.0)

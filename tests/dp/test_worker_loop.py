@@ -4,6 +4,7 @@ only the in-flight requests, stop drains."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 
@@ -139,3 +140,43 @@ def test_failed_step_fails_in_flight_requests_and_keeps_serving(model_dir):
         assert reply.ok and reply.value["kv_slots_used"] == 0 and reply.value["inflight"] == 0
     finally:
         h.close()
+
+
+def test_encoder_handle_stays_in_the_worker(model_dir):
+    """keep_encoder: the output carries an id-only view, the region stays held in the worker;
+    a request passing that id reuses it (no encoder run), an unknown id is rejected, and
+    ReleaseEncoder frees it (twice: only logged)."""
+    engine = build_engine(model=str(model_dir))
+    h = Harness(engine, "handles")
+    try:
+        kept = _request(5)
+        kept.keep_encoder = True
+        h.send(P.Generate(kept, False))
+        out = h.recv_until(_finished(kept.rid))[-1].delta.output
+        view = out.encoder_kv
+        assert view.slots.numel() == 0 and view.id in engine.scheduler.held
+        assert engine.scheduler.held[view.id].slots.numel() > 0
+        encoded = engine.runner.num_encoded_inputs
+        retry, unknown = _request(5), _request(5)
+        retry.encoder_kv = view
+        unknown.encoder_kv = dataclasses.replace(view, id=view.id + 1000)
+        h.send(P.Generate(retry, False))
+        h.send(P.Generate(unknown, False))
+        got = h.recv_until(lambda g: _finished(retry.rid)(g)
+                           and any(isinstance(m, P.Reject) for m in g))
+        assert [m.delta.output.token_ids for m in got if isinstance(m, P.Delta)] == \
+            [out.token_ids]
+        assert engine.runner.num_encoded_inputs == encoded  # the held K/V, not a new encode
+        assert [(m.rid, "not held" in m.message) for m in got if isinstance(m, P.Reject)] == \
+            [(unknown.rid, True)]
+        h.send(P.ReleaseEncoder(view.id))
+        h.send(P.ReleaseEncoder(view.id))
+        h.send(P.Call(1, "integrity"))
+        h.send(P.Call(2, "encoder"))
+        got = h.recv_until(lambda g: sum(isinstance(m, P.Reply) for m in g) == 2)
+        replies = {m.call_id: m.value for m in got if isinstance(m, P.Reply)}
+        assert replies[1]["ok"] and replies[1]["kv_slots_used"] == 0
+        assert replies[2] == {"held": 0, "encoded": encoded}
+    finally:
+        h.close()
+    engine.check_integrity()
