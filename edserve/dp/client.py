@@ -33,6 +33,7 @@ from edserve.engine.outputs import GenerateOutput, TokenDelta
 from edserve.engine.protocol import EngineClient, EngineStats
 from edserve.engine.request import FinishReason, GenerateRequest
 from edserve.engine.step_stats import sum_steps
+from edserve.models.mllama.inputs import MllamaFacts
 
 CALL_TIMEOUT_S = 60.0
 logger = logging.getLogger("edserve.dp")
@@ -55,11 +56,6 @@ class DataParallelClient(EngineClient):
     def start(self, timeout: float = 600.0) -> DataParallelClient:
         """Start the workers; returns once every one has loaded its engine."""
         self.supervisor.start(timeout)
-        if self._facts.is_mllama:
-            self.supervisor.shutdown(0.0)
-            raise ValueError("engine worker processes (--data-parallel-size > 1 or "
-                             "--engine-process) serve Whisper models only (Mllama chat "
-                             "prepares images with the model, which lives in the workers)")
         return self
 
     @property
@@ -220,7 +216,11 @@ class DataParallelClient(EngineClient):
 
     @property
     def model(self) -> Any:
-        """Only ``model.config`` (see :class:`~edserve.dp.protocol.ModelFacts`)."""
+        """The model's facts without weights: for Mllama what chat requests are prepared
+        with (:class:`~edserve.models.mllama.inputs.MllamaFacts`), else only ``config``
+        (:class:`~edserve.dp.protocol.ModelFacts`)."""
+        if self._facts.is_mllama:
+            return MllamaFacts(self._facts.model_config)
         return P.ModelFacts(self._facts.model_config)
 
     @property

@@ -19,7 +19,6 @@ Engine contract (as ``edserve.engine.runner.ModelRunner`` calls it):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 from torch import nn
@@ -27,6 +26,7 @@ from torch import nn
 from edserve.layers.elementwise import elementwise_ops
 from edserve.layers.forward_batch import ForwardBatch
 from edserve.models.mllama.config import MllamaConfig, MllamaTextConfig
+from edserve.models.mllama.inputs import MllamaInputs
 from edserve.models.mllama.rope import RotaryEmbedding
 from edserve.models.mllama.text import (
     CrossAttentionDecoderLayer,
@@ -34,9 +34,7 @@ from edserve.models.mllama.text import (
     SelfAttentionDecoderLayer,
 )
 from edserve.models.mllama.vision import MllamaVisionModel
-from edserve.multimodal.errors import ImageInputError
-from edserve.multimodal.mllama_image import MllamaImageConfig, MllamaImageInput
-from edserve.multimodal.mllama_prompt import CrossAttentionLayout, build_cross_attention_layout
+from edserve.multimodal.mllama_image import MllamaImageInput
 
 
 class MllamaTextModel(nn.Module):
@@ -52,7 +50,7 @@ class MllamaTextModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(cfg.rope, cfg.head_dim)
 
 
-class MllamaModel(nn.Module):
+class MllamaModel(MllamaInputs, nn.Module):
     model_type = "mllama"  # the registry key (edserve.models.registry)
     # Decode batches carry per-row cross-attention key ranges (image requests); CUDA graphs
     # keep a static range buffer so image and text-only rows replay one graph.
@@ -82,18 +80,6 @@ class MllamaModel(nn.Module):
         return self.config.text.head_dim
 
     @property
-    def patches_per_tile(self) -> int:
-        return self.config.vision.num_patches
-
-    @property
-    def image_token_id(self) -> int:
-        return self.config.image_token_index
-
-    @property
-    def max_encoder_len(self) -> int:
-        return self.config.max_images * self.config.vision.max_num_tiles * self.patches_per_tile
-
-    @property
     def max_decoder_len(self) -> int:
         return self.config.text.max_position_embeddings
 
@@ -101,43 +87,6 @@ class MllamaModel(nn.Module):
     def input_vocab_size(self) -> int:
         """Token ids a prompt may hold (embedding rows: the vocabulary, <|image|>, spares)."""
         return self.language_model.embed_tokens.num_embeddings
-
-    def encoder_len(self, image_input: Any) -> int:
-        """Encoder-region keys of a request: sum(valid tiles) * P (N_img * T * P when padding
-        tiles are stored for ``cross_attention_empty_rows == "hf"``); 0 for text-only.
-        Raises :class:`ImageInputError` for an input this model cannot take."""
-        if image_input is None:
-            return 0
-        if not isinstance(image_input, MllamaImageInput):
-            raise ImageInputError(f"Mllama expects preprocessed images (MllamaImageInput), got "
-                                  f"{type(image_input).__name__}")
-        n, vc = image_input.num_images, self.config.vision
-        if n > self.config.max_images:
-            raise ImageInputError(f"too many images: {n} given, at most "
-                                  f"{self.config.max_images} per request")
-        if tuple(image_input.pixel_values.shape[1:]) != (vc.max_num_tiles, vc.num_channels,
-                                                         vc.image_size, vc.image_size):
-            raise ImageInputError(f"pixel_values of shape {list(image_input.pixel_values.shape)}"
-                                  f" do not fit the model's {vc.max_num_tiles} tiles of "
-                                  f"{vc.image_size}px")
-        if self.config.cross_attention_empty_rows == "hf":
-            return n * vc.max_num_tiles * self.patches_per_tile
-        return sum(image_input.num_tiles) * self.patches_per_tile
-
-    @property
-    def image_config(self) -> MllamaImageConfig:
-        """Preprocessing settings that fit this model (CLIP mean/std, bilinear)."""
-        vc = self.config.vision
-        return MllamaImageConfig(image_size=vc.image_size, max_image_tiles=vc.max_num_tiles,
-                                 max_images=self.config.max_images,
-                                 aspect_ratios=vc.aspect_ratios)
-
-    def cross_attention_layout(self, prompt_ids: list[int],
-                               image_input: MllamaImageInput | None) -> CrossAttentionLayout:
-        """Per-token visible encoder ranges of a prompt (checks the ``<|image|>`` count)."""
-        tiles = image_input.num_tiles if image_input is not None else ()
-        return build_cross_attention_layout(prompt_ids, self.image_token_id, tiles,
-                                            self.patches_per_tile)
 
     # ---- encoder -----------------------------------------------------------------------
     def encode(self, images: list[MllamaImageInput | None]) -> list[torch.Tensor]:
