@@ -27,7 +27,12 @@ _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else o
 _threads = int(os.environ.get("EDSERVE_TEST_THREADS", "0")) or max(
     1, min(4, (_cores or 1) // _workers))
 torch.set_num_threads(_threads)
-os.environ.setdefault("EDSERVE_THREADS", str(_threads))  # engines keep the test thread count
+# engines keep the test thread count; an xdist worker inherits the controller's value, which
+# counted one process (2 threads per worker on 2 cores: oversubscribed, several times slower)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["EDSERVE_THREADS"] = str(_threads)
+else:
+    os.environ.setdefault("EDSERVE_THREADS", str(_threads))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,7 +1,9 @@
 """An independent beam-search oracle: openai-whisper's ``BeamSearchDecoder`` (``update`` +
 ``finalize``) and ``MaximumLikelihoodRanker``, re-implemented over HF transformers'
-``WhisperForConditionalGeneration`` with no KV cache (the decoder is recomputed in full from the
-encoder output at every step, like ``hf_greedy`` in ``tests/whisper_fixtures.py``).
+``WhisperForConditionalGeneration`` with no self-attention KV cache (the decoder is recomputed in
+full at every step, like ``hf_greedy`` in ``tests/whisper_fixtures.py``); only the cross-attention
+keys and values of one audio, which do not depend on the tokens, are projected once by HF's own
+cache path and shared by every beam and step (:class:`CrossKV`).
 
 The rules kept exactly (openai-whisper ``whisper/decoding.py``):
 
@@ -84,16 +86,47 @@ def encode(model, mel: torch.Tensor) -> torch.Tensor:
     return model.model.encoder(mel[None].float()).last_hidden_state
 
 
+class CrossKV:
+    """The cross-attention keys and values of one encoder output, as HF's decoder caches them
+    (one decoder call with ``use_cache``): they do not depend on the tokens, so every beam and
+    step reads them instead of projecting the encoder output again."""
+
+    @torch.no_grad()
+    def __init__(self, model, enc: torch.Tensor):
+        cache = model.model.decoder(input_ids=torch.tensor([[EOT]]), encoder_hidden_states=enc,
+                                    use_cache=True).cache.cross_attention_cache
+        self.enc = enc
+        self.kv = [(layer.keys, layer.values) for layer in cache.layers]  # [1, H, T, hd] each
+        self._rows: dict[int, object] = {}
+
+    def cache(self, n: int):
+        """A fresh ``EncoderDecoderCache`` for ``n`` rows: an empty self-attention cache (the
+        decoder recomputes every position) and these cross keys/values repeated per row (HF
+        only reads them, so one copy per row count is reused)."""
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        if n not in self._rows:
+            self._rows[n] = DynamicCache([(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1))
+                                          for k, v in self.kv])
+        cache = EncoderDecoderCache(DynamicCache(), self._rows[n])
+        assert all(cache.is_updated.values())  # HF reads the cross keys, does not project enc
+        return cache
+
+
 @torch.no_grad()
 def next_logprobs(model, enc: torch.Tensor, prompt: Sequence[int],
                   generated: Sequence[Sequence[int]],
-                  processors: Sequence[Processor] = ()) -> torch.Tensor:
+                  processors: Sequence[Processor] = (),
+                  cross: CrossKV | None = None) -> torch.Tensor:
     """[n, V] ``log_softmax`` of each row's filtered next-token logits; all rows share one
-    length, so they run as one batch (full decoder recompute from the encoder output, no
-    cache)."""
+    length, so they run as one batch (full decoder recompute from the encoder output, with no
+    self-attention cache; ``cross``: a :class:`CrossKV` of ``enc`` to reuse)."""
+    n = len(generated)
+    cross = CrossKV(model, enc) if cross is None else cross
+    assert cross.enc is enc
     ids = torch.tensor([list(prompt) + list(g) for g in generated])
-    hidden = model.model.decoder(input_ids=ids, use_cache=False,
-                                 encoder_hidden_states=enc.expand(len(generated), -1, -1))
+    hidden = model.model.decoder(input_ids=ids, use_cache=True, cache=cross.cache(n),
+                                 encoder_hidden_states=enc.expand(n, -1, -1))
     # the full model's logits, only at the last position (the vocab projection of every
     # position would dominate the cost)
     logits = model.proj_out(hidden.last_hidden_state[:, -1]).float()
@@ -119,11 +152,13 @@ def reference_beam(model, mel: torch.Tensor, prompt: Sequence[int], *, beam_size
     assert max_candidates > 0
     if enc is None:
         enc = encode(model, mel)
+    cross = CrossKV(model, enc)
     beams = [Hypothesis((), (), np.float32(0.0))]
     finished: dict[tuple[int, ...], Hypothesis] = {}
     steps: list[list[Hypothesis]] = []
     for _ in range(max_new_tokens):
-        logprobs = next_logprobs(model, enc, prompt, [b.tokens for b in beams], processors)
+        logprobs = next_logprobs(model, enc, prompt, [b.tokens for b in beams], processors,
+                                 cross)
         candidates: dict[tuple[int, ...], Hypothesis] = {}
         for beam, row in zip(beams, logprobs, strict=True):
             top_lp, top_tok = row.topk(beam_size + 1)
@@ -168,9 +203,9 @@ def score_tokens(model, enc: torch.Tensor, prompt: Sequence[int], tokens: Sequen
     """Forced decoding: the oracle's per-token logprobs of ``tokens`` (and of end-of-text after
     them when ``eot`` is given), to tell a near-tie from a real divergence."""
     seq = list(tokens) + ([eot] if eot is not None else [])
-    lps = []
+    lps, cross = [], CrossKV(model, enc)
     for i, tok in enumerate(seq):
-        lps.append(float(next_logprobs(model, enc, prompt, [seq[:i]], processors)[0, tok]))
+        lps.append(float(next_logprobs(model, enc, prompt, [seq[:i]], processors, cross)[0, tok]))
     if eot is None:
         return lps, None
     return lps[:-1], lps[-1]
