@@ -21,10 +21,17 @@ def output_paths(src: str, fmt: str, output_dir: str) -> dict[str, Path]:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """``path`` gets ``text`` whole or not at all: written to a hidden temporary file, then
+    renamed over it. An interruption (Ctrl-C, or SIGTERM, which the batch CLI turns into one)
+    between the two removes the temporary file before it propagates."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def rtf_postfix(audio_s: float, started: float) -> dict[str, str]:

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from dp.reference import CLIPS, DATA, single_engine_texts
 
 from edserve.batch_cli import expand_inputs
@@ -64,3 +65,19 @@ def test_manifest_dp2_resume_after_interruption_equals_one_pass(tmp_path):
         a, b = (one / f"{p.stem}.json").read_text(), (two / f"{p.stem}.json").read_text()
         assert a == b
         assert json.loads(a)["text"] == expected[CLIPS[i % len(CLIPS)]]
+
+
+def test_write_atomic_leaves_no_temporary_file_when_interrupted(tmp_path, monkeypatch):
+    from edserve import batch_output
+
+    target = tmp_path / "out" / "clip.json"
+    batch_output.write_atomic(target, "first")
+
+    def interrupted(src, dst):  # SIGTERM (as Ctrl-C) lands between the write and the rename
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(batch_output.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        batch_output.write_atomic(target, "second")
+    assert target.read_text() == "first"  # the old output is whole
+    assert not list(target.parent.glob(".*.tmp"))
