@@ -42,13 +42,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(  # the server subprocess runs this c
 from edserve.audio.decode import load_audio  # noqa: E402
 from edserve.bench.client import BenchTarget, LoadPlan, run_load  # noqa: E402
 from edserve.bench.load import AudioItem  # noqa: E402
-from edserve.bench.report import (  # noqa: E402
-    scrape_stages,
-    scrape_steps,
-    stage_delta,
-    step_delta,
-    summarize,
-)
+from edserve.bench.report import scrape, stage_delta, step_delta, summarize  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
 CONTEXT = 34  # decoder positions: n_ctx // 2 = 17 new tokens per window
@@ -137,12 +131,12 @@ def long_files(folder: Path, n: int, seconds: float) -> list[tuple[Path, np.ndar
 
 def bench(url: str, items: list[AudioItem], concurrency: int, pid: int) -> dict:
     target = BenchTarget(url, timeout=1800)
-    before, steps0, cpu0 = scrape_stages(url), scrape_steps(url), thread_cpu(pid)
+    (before, steps0), cpu0 = scrape(url), thread_cpu(pid)
     results, wall = asyncio.run(run_load(target, LoadPlan(items, concurrency)))
     cpu = cpu_delta(cpu0, thread_cpu(pid))
+    after, steps1 = scrape(url)
     s = summarize(results, wall, {"concurrency": concurrency, "num_requests": len(items)},
-                  stage_delta(before, scrape_stages(url)),
-                  step_delta(steps0, scrape_steps(url), wall))
+                  stage_delta(before, after), step_delta(steps0, steps1, wall))
     s["api_cpu_ms_per_request"] = 1000 * cpu["api"] / max(1, len(items))
     s["engine_cpu_ms_per_request"] = 1000 * cpu["engine"] / max(1, len(items))
     s["helpers_cpu_ms_per_request"] = 1000 * cpu["helpers"] / max(1, len(items))

@@ -72,8 +72,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from edserve.bench.load import arrival_offsets, load_items, request_plan
     from edserve.bench.report import (
         format_summary,
-        scrape_stages,
-        scrape_steps,
+        scrape,
         stage_delta,
         step_delta,
         summarize,
@@ -95,14 +94,13 @@ def run_bench(args: argparse.Namespace) -> int:
         "response_format": args.response_format, "stream": args.stream,
         "fields": dict(args.field), "num_requests": len(items), "concurrency": concurrency,
         "request_rate": args.request_rate, "seed": args.seed}
-    before = scrape_stages(args.base_url, target.headers())
-    steps0 = scrape_steps(args.base_url, target.headers())
+    before, steps0 = scrape(args.base_url, target.headers())
     with tqdm(total=len(items), desc="requests", unit="req", file=sys.stderr,
               disable=args.no_progress) as bar:
         plan.on_done.append(lambda _: bar.update())
         results, wall = asyncio.run(run_load(target, plan))
-    after = scrape_stages(args.base_url, target.headers()) if before is not None else None
-    steps1 = scrape_steps(args.base_url, target.headers()) if steps0 is not None else None
+    after, steps1 = scrape(args.base_url, target.headers()) \
+        if before is not None or steps0 is not None else (None, None)
     summary = summarize(results, wall, config, stage_delta(before, after),
                         step_delta(steps0, steps1, wall))
     if args.json != "-":

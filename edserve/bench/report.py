@@ -36,12 +36,25 @@ def _families(base_url: str, headers: dict[str, str] | None) -> list | None:
         return None
 
 
+def scrape(base_url: str, headers: dict[str, str] | None = None
+           ) -> tuple[dict[str, tuple[float, float]] | None, dict[str, dict[str, float]] | None]:
+    """One read of the server's ``/metrics``: (:func:`scrape_stages`'s stages,
+    the engine step totals, ``kind -> {steps, rows, new_rows, seconds}`` from edserve's
+    ``edserve_engine_step*``); each None when the server has none (vLLM, Speaches, ...)."""
+    families = _families(base_url, headers) or []
+    return _stages(families), _steps(families)
+
+
 def scrape_stages(base_url: str, headers: dict[str, str] | None = None
                   ) -> dict[str, tuple[float, float]] | None:
     """``stage -> (sum seconds, count)`` from the server's ``/metrics``; None when the server
     has no such endpoint or histogram (vLLM, Speaches, ...)."""
+    return _stages(_families(base_url, headers) or [])
+
+
+def _stages(families: list) -> dict[str, tuple[float, float]] | None:
     stages: dict[str, list[float]] = {}
-    for family in _families(base_url, headers) or []:
+    for family in families:
         if family.name != STAGE_METRIC:
             continue
         for s in family.samples:
@@ -56,12 +69,9 @@ def scrape_stages(base_url: str, headers: dict[str, str] | None = None
     return {k: (v[0], v[1]) for k, v in stages.items()} or None
 
 
-def scrape_steps(base_url: str, headers: dict[str, str] | None = None
-                 ) -> dict[str, dict[str, float]] | None:
-    """``kind -> {steps, rows, new_rows, seconds}``: an edserve server's engine step totals
-    (``edserve_engine_step*``); None for other servers."""
+def _steps(families: list) -> dict[str, dict[str, float]] | None:
     out: dict[str, dict[str, float]] = {}
-    for family in _families(base_url, headers) or []:
+    for family in families:
         field = STEP_METRICS.get(family.name)
         if field is None:
             continue

@@ -3,12 +3,13 @@
 A server under load is bound either by its engine or by what feeds it; these counters say which
 from ``/metrics`` alone: per kind of step (``decode``: running rows only; ``prefill``: newly
 admitted rows only; ``mixed``: both in one forward) the steps taken, the rows they carried, the
-rows admitted and the wall seconds spent in ``Engine.step``, and the seconds the engine loop
-slept with no work (``idle``; what is left of a run is the loop's own overhead: hooks, calls,
-waiting for the GIL) (with overlap scheduling that
+rows admitted and the wall seconds spent in ``Engine.step`` (with overlap scheduling that
 includes waiting for the previous step's tokens, so it tracks device time when the device is
-the bound). Rates over an interval give steps/s, rows per step and new rows per prefill (how
-well arrivals are batched); seconds/s near 1 means the engine loop never idles.
+the bound); and the seconds the engine loop slept with no work (``idle``, added when the loop
+wakes: an interval that starts while the loop sleeps also counts that sleep's earlier part, so
+short intervals overstate it). What a run spends in neither is the loop's own overhead (hooks,
+calls, waiting for the GIL). Rates over an
+interval give steps/s, rows per step and new rows per prefill (how well arrivals are batched).
 
 Only host integers and one ``perf_counter`` per step: no device reads.
 """
@@ -29,6 +30,10 @@ class StepTotals:
     new_rows: int = 0  # rows admitted (prefilling), summed over steps
     seconds: float = 0.0  # wall seconds inside Engine.step
 
+    def __add__(self, other: StepTotals) -> StepTotals:
+        return StepTotals(self.steps + other.steps, self.rows + other.rows,
+                          self.new_rows + other.new_rows, self.seconds + other.seconds)
+
 
 @dataclass
 class StepCounters:
@@ -39,9 +44,7 @@ class StepCounters:
     idle_seconds: float = 0.0  # the engine loop asleep with no work (added by the loop)
 
     def record(self, kind: str, rows: int, new_rows: int, seconds: float) -> None:
-        t = self.totals[kind]
-        self.totals[kind] = StepTotals(t.steps + 1, t.rows + rows, t.new_rows + new_rows,
-                                       t.seconds + seconds)
+        self.totals[kind] += StepTotals(1, rows, new_rows, seconds)
 
     def snapshot(self) -> dict[str, StepTotals]:
         """The totals by kind, plus ``idle`` (``seconds``: the loop asleep with no work)."""
@@ -60,7 +63,5 @@ def sum_steps(snapshots: list[dict[str, StepTotals]]) -> dict[str, StepTotals]:
     out: dict[str, StepTotals] = {}
     for snap in snapshots:
         for kind, t in snap.items():
-            o = out.get(kind, StepTotals())
-            out[kind] = StepTotals(o.steps + t.steps, o.rows + t.rows,
-                                   o.new_rows + t.new_rows, o.seconds + t.seconds)
+            out[kind] = out.get(kind, StepTotals()) + t
     return out

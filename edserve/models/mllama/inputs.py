@@ -22,7 +22,6 @@ class MllamaInputs:
     """Request preparation and validation from ``self.config`` (an :class:`MllamaConfig`)."""
 
     config: MllamaConfig
-    model_type = "mllama"
 
     @property
     def patches_per_tile(self) -> int:
