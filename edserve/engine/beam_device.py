@@ -89,6 +89,10 @@ class BeamBatch:
         self.fin_n = torch.zeros(G, dtype=i64, device=dev)
         self.done = torch.ones(G, dtype=torch.bool, device=dev)  # free slots count as done
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every state tensor by name (a graph's warm-up saves and restores them)."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
+
     def admit(self, slot: int, beam: int, patience: float | None,
               stop_ids: frozenset[int]) -> None:
         """Start a group in ``slot``: one live beam (the prefilled row), nothing finished."""

@@ -27,6 +27,7 @@ import torch
 
 from edserve.engine.batch_builder import Pools
 from edserve.engine.beam_device import BeamBatch
+from edserve.engine.beam_graph import make_beam_stepper
 from edserve.engine.beam_search import BeamGroup
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
@@ -78,9 +79,12 @@ class BeamStepPlan:
 class DeviceBeams:
     """The scheduler's side: group slots, own pages, admission and release of rows."""
 
-    def __init__(self, pools: Pools, capacity: int, max_beam: int, max_tokens: int) -> None:
+    def __init__(self, pools: Pools, capacity: int, max_beam: int, max_tokens: int,
+                 stepper: str | None = None) -> None:
         self.pools = pools
         self.state = BeamBatch(capacity, max_beam, max_tokens, pools.device)
+        # the choice's launches: a CUDA graph on CUDA (beam_graph.make_beam_stepper)
+        self.stepper = make_beam_stepper(self.state, max_beam + 1, stepper)
         self.own = torch.zeros_like(pools.req_to_token_pool.req_to_token)  # [rows + 1, C]
         self._free = list(range(capacity - 1, -1, -1))
 
@@ -206,16 +210,15 @@ class DeviceBeams:
         """After sampling (device ops only): choose the beams, move the rows; returns the
         ``[capacity]`` done flags. ``cand_*``: the sampler's flat top-k candidates, the
         device rows' first (``k`` per row, in batch order)."""
-        st = self.state
-        R, T = plan.cand_g.numel(), st.B + 1
+        R, T = plan.cand_g.numel(), self.state.B + 1
         kk = min(k, T)
         toks = cand_tokens[:R * k].view(R, k)[:, :kk]
         lps = cand_logprobs[:R * k].view(R, k)[:, :kk]
-        ct = torch.zeros(st.G, st.B, T, dtype=torch.int64, device=toks.device)
-        cl = torch.full((st.G, st.B, T), float("-inf"), dtype=torch.float32, device=toks.device)
+        ct, cl, at_limit = self.stepper.inputs()  # [G, B, T], [G, B, T], [G]
         ct[plan.cand_g, plan.cand_b, :kk] = toks
         cl[plan.cand_g, plan.cand_b, :kk] = lps.float()
-        choice = st.step(ct, cl, plan.at_limit)
+        at_limit.copy_(plan.at_limit)
+        choice = self.stepper.step()
         par = choice.parents[plan.g, plan.b]  # [P] slot, -1: dead or done
         first = choice.lead[plan.g]  # dead rows mirror the best beam
         par = torch.where(par >= 0, par, torch.where(first >= 0, first, plan.b))

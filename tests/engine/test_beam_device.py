@@ -14,6 +14,7 @@ import torch
 from cuda_syncs import count_syncs
 
 from edserve.engine.beam_device import BeamBatch
+from edserve.engine.beam_graph import make_beam_stepper
 from edserve.engine.beam_search import BeamGroup
 from edserve.engine.row_group import StepResult, best
 
@@ -55,8 +56,9 @@ def _candidates(gen: torch.Generator, G: int, B: int, T: int, vocab: int
     return toks.reshape(G, B, T), lps.reshape(G, B, T)
 
 
-def _replay(seed: int, G: int, device: str = "cpu") -> int:
-    """Replay random steps through both; returns the steps taken (all asserts inside)."""
+def _replay(seed: int, G: int, device: str = "cpu", stepper: str = "eager") -> int:
+    """Replay random steps through both (the device side through the engine's stepper
+    interface: ``stepper`` names it); returns the steps taken (all asserts inside)."""
     gen = torch.Generator().manual_seed(seed)
     beams = torch.randint(1, 6, (G,), generator=gen).tolist()
     patience = [None if torch.rand(1, generator=gen) < 0.5 else
@@ -74,6 +76,7 @@ def _replay(seed: int, G: int, device: str = "cpu") -> int:
     dev = BeamBatch(G + 1, B, max(limits) + 1, device=device)  # one slot stays free
     for g in range(G):
         dev.admit(g, beams[g], patience[g], stops[g])
+    run = make_beam_stepper(dev, T, stepper)
     done = [False] * G
     step = 0
     while not all(done):
@@ -90,8 +93,11 @@ def _replay(seed: int, G: int, device: str = "cpu") -> int:
         slots = dev.rank_slot.cpu()  # the device reads candidates per slot (row)
         toks = torch.zeros_like(toks).scatter_(1, slots[:, :, None].expand_as(toks), toks)
         lps = torch.zeros_like(lps).scatter_(1, slots[:, :, None].expand_as(lps), lps)
-        choice = dev.step(toks.to(device), lps.to(device),
-                          torch.tensor(at_limit + [False], device=device))
+        ct, cl, lim = run.inputs()
+        ct.copy_(toks)
+        cl.copy_(lps)
+        lim.copy_(torch.tensor(at_limit + [False]))
+        choice = run.step()
         assert choice.done.tolist() == done + [True], f"step {step}"
         assert not dev.live[G].any() and int(dev.fin_n[G]) == 0  # the free slot
         for g, h in enumerate(hosts):
@@ -174,3 +180,41 @@ def test_device_step_matches_and_never_syncs():
     at_limit = torch.zeros(64, dtype=torch.bool, device="cuda")
     dev.step(toks, lps, at_limit)  # warm-up
     assert count_syncs(lambda: dev.step(toks, lps, at_limit)) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_stepper_matches_host_and_recaptures_when_widened():
+    """The CUDA-graph replay of the choice equals the host groups (the same random replay as
+    on the CPU), and a group admitted mid-run that widens the finished buffer and the stop
+    table makes the graph capture again, after which it still equals the eager steps."""
+    assert _replay(3, G=8, device="cuda", stepper="graph") >= 1
+    G, B, L = 6, 4, 12
+    states = [BeamBatch(G, B, L, device="cuda") for _ in range(2)]
+    runs = [make_beam_stepper(st, B + 1, name)
+            for st, name in zip(states, ("eager", "graph"), strict=True)]
+    gen = torch.Generator().manual_seed(7)
+    for st in states:
+        for g in range(3):
+            st.admit(g, 3, None, frozenset({0}))
+    for step in range(8):
+        if step == 3:  # F 4 -> 8, stop table 1 -> 2 columns
+            for st in states:
+                st.admit(4, 4, 2.0, frozenset({0, 3}))
+        toks, lps = _candidates(gen, G, B, B + 1, 10)
+        choices = []
+        for run in runs:
+            ct, cl, lim = run.inputs()
+            ct.copy_(toks)
+            cl.copy_(lps)
+            lim[4] = step >= 6  # the widened group reaches its length limit
+            choices.append(run.step())
+        for a, b in zip(*(vars(c).values() for c in choices), strict=True):
+            assert torch.equal(a, b), f"step {step}"
+        for k, t in states[0].tensors().items():
+            assert torch.equal(t, states[1].tensors()[k]), f"{k} at step {step}"
+    assert runs[1].captures == 2
+    ct, cl, lim = runs[1].inputs()
+    ct.copy_(toks)
+    cl.copy_(lps)
+    assert count_syncs(runs[1].step) == 0
