@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from edserve.models.whisper_config import WhisperConfig
-from edserve.models.whisper_encoder import WhisperEncoder
+from edserve.models.whisper_encoder import WhisperEncoder, run_unfused_layer
 
 CFG = WhisperConfig(d_model=32, encoder_layers=3, encoder_attention_heads=2, encoder_ffn_dim=128,
                     decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=128,
@@ -35,19 +35,21 @@ def _mel(n: int) -> torch.Tensor:
 
 def _transposed_layout_forward(enc: WhisperEncoder, mel: torch.Tensor) -> torch.Tensor:
     """The forward before the fix: the positions added to the conv output's transposed view,
-    so the residual stream kept the conv's [N, d, S] memory layout through every layer."""
+    so the residual stream kept the conv's [N, d, S] memory layout through every layer (and
+    every add was its own op, before the add + norm fusion)."""
     x = F.gelu(enc.conv2(F.gelu(enc.conv1(mel)))).transpose(1, 2)
     x = x + enc.embed_positions.weight[: x.shape[1]]
     assert not x.is_contiguous()
     for layer in enc.layers:
-        x = layer(x)
+        x = run_unfused_layer(layer, x)
     return enc.layer_norm(x)
 
 
 def test_residual_stream_is_contiguous_and_output_unchanged(encoder):
     seen = []
     hooks = [layer.register_forward_hook(
-        lambda _m, args, out: seen.append((args[0].is_contiguous(), out.is_contiguous())))
+        lambda _m, args, out: seen.append((args[0].is_contiguous(), out[0].is_contiguous(),
+                                           out[1].is_contiguous())))
         for layer in encoder.layers]
     try:
         with torch.inference_mode():
@@ -57,7 +59,7 @@ def test_residual_stream_is_contiguous_and_output_unchanged(encoder):
             h.remove()
     with torch.inference_mode():
         ref = _transposed_layout_forward(encoder, _mel(3))
-    assert seen == [(True, True)] * CFG.encoder_layers
+    assert seen == [(True, True, True)] * CFG.encoder_layers
     assert ours.shape == (3, CFG.max_source_positions, CFG.d_model) and ours.is_contiguous()
     assert torch.equal(ours, ref)
 
