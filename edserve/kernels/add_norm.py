@@ -14,7 +14,8 @@
 With ``delta=None`` it is a plain LayerNorm (``new_x`` is ``x`` itself): :func:`layer_norm`.
 Results match the torch ops to the last bit of x's dtype except for fp32 sum-order and
 sqrt/rsqrt differences. ``new_x`` and ``normed`` are fresh contiguous tensors (x is never
-written). One program holds one row (``d <= MAX_NORM_DIM``, any ``d``: masked lanes).
+written). A program holds whole rows (``d <= MAX_NORM_DIM``, any ``d``: masked lanes): one
+row when ``d >= 1024``, else ``1024 // next_pow2(d)`` rows.
 No host syncs and no data-dependent shapes: safe under CUDA graph capture.
 """
 
@@ -26,33 +27,37 @@ import triton.language as tl
 
 from edserve.kernels.norm_act import MAX_NORM_DIM, _rows
 
+ROW_ELEMENTS = 1024  # narrow rows are packed into a program up to this many elements
+
 
 @triton.jit
 def _add_layer_norm_kernel(X, Delta, Gate, W, B, NewX, Out, stride_x, stride_d, stride_n,
-                           stride_o, n_cols, eps, HAS_DELTA: tl.constexpr,
+                           stride_o, n_rows, n_cols, eps, HAS_DELTA: tl.constexpr,
                            HAS_GATE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                           BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+                           ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # [ROWS]
+    cols = tl.arange(0, BLOCK)  # [BLOCK]
+    cmask = cols < n_cols
+    mask = (rows < n_rows)[:, None] & cmask[None, :]  # [ROWS, BLOCK]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
     if HAS_DELTA:
-        d = tl.load(Delta + row * stride_d + cols, mask=mask, other=0.0)
+        d = tl.load(Delta + rows[:, None] * stride_d + cols[None, :], mask=mask, other=0.0)
         if HAS_GATE:
             g = tl.load(Gate).to(tl.float32)
             d = (g * d.to(tl.float32)).to(X.dtype.element_ty)  # torch rounds gate * delta
         x = (x.to(tl.float32) + d.to(tl.float32)).to(X.dtype.element_ty)  # ... and the sum
-        tl.store(NewX + row * stride_n + cols, x, mask=mask)
+        tl.store(NewX + rows[:, None] * stride_n + cols[None, :], x, mask=mask)
     xf = x.to(tl.float32)  # the rounded new_x, as LayerNorm reads it
-    mean = tl.sum(xf, 0) / n_cols
-    diff = tl.where(mask, xf - mean, 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, 0) / n_cols + eps)
-    y = diff * rstd
+    mean = tl.sum(xf, 1) / n_cols  # [ROWS]
+    diff = tl.where(mask, xf - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, 1) / n_cols + eps)  # [ROWS]
+    y = diff * rstd[:, None]
     if HAS_W:
-        y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        y = y * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if HAS_B:
-        y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + row * stride_o + cols, y.to(Out.dtype.element_ty), mask=mask)
+        y = y + tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(Out + rows[:, None] * stride_o + cols[None, :], y.to(Out.dtype.element_ty),
+             mask=mask)
 
 
 def _check_param(p: torch.Tensor | None, name: str, x: torch.Tensor) -> None:
@@ -88,14 +93,16 @@ def add_layer_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Te
     n2 = x2 if delta is None else new_x.view(-1, N)  # [R, d]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     o2 = out.view(-1, N)  # [R, d]
-    if x2.shape[0]:
+    R = x2.shape[0]
+    if R:
         block = triton.next_power_of_2(N)
-        _add_layer_norm_kernel[(x2.shape[0],)](
+        rows = max(1, ROW_ELEMENTS // block)  # rows per program: one for d >= 1024
+        _add_layer_norm_kernel[(triton.cdiv(R, rows),)](
             x2, d2, x2 if gate is None else gate, x2 if weight is None else weight,
             x2 if bias is None else bias, n2, o2, x2.stride(0), d2.stride(0), n2.stride(0),
-            o2.stride(0), N, float(eps), HAS_DELTA=delta is not None,
+            o2.stride(0), R, N, float(eps), HAS_DELTA=delta is not None,
             HAS_GATE=gate is not None, HAS_W=weight is not None, HAS_B=bias is not None,
-            BLOCK=block, num_warps=min(16, max(1, block // 256)))
+            ROWS=rows, BLOCK=block, num_warps=min(16, max(1, rows * block // 256)))
     return new_x, out
 
 

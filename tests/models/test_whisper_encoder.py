@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from edserve.layers.add_norm import TORCH_ADD_NORM, TRITON_ADD_NORM, AddNormOps
 from edserve.models.whisper_config import WhisperConfig
 from edserve.models.whisper_encoder import WhisperEncoder, run_unfused_layer
 
@@ -80,6 +81,36 @@ def test_compiled_layers_share_one_graph_and_match_eager(encoder):
     for n, r in ref.items():
         torch.testing.assert_close(got[n], r, rtol=1e-6, atol=1e-6)
     assert not encoder.compiled
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_fused_add_norm_kernel_gives_the_eager_output(encoder, dtype, tol):
+    """The layer loop with the Triton add + LayerNorm (interpreter on CPU): every add fused
+    into the next norm, the last into the final norm; the torch ops' output within fp32 /
+    bf16 rounding. The torch set is what the encoder picks on CPU."""
+    pytest.importorskip("triton")
+    calls = []
+
+    def counted(norm, x, delta=None, gate=None):
+        calls.append(delta is not None)
+        return TRITON_ADD_NORM.add_layer_norm(norm, x, delta, gate)
+
+    enc = encoder.to(dtype)
+    mel = _mel(2).to(dtype)
+    try:
+        with torch.inference_mode():
+            ref = enc(mel)
+            enc.add_norm = TORCH_ADD_NORM
+            assert torch.equal(enc(mel), ref)
+            enc.add_norm = AddNormOps("counted", counted)
+            got = enc(mel)
+    finally:
+        enc.add_norm = None
+        encoder.float()
+    # one plain norm (layer 0), then every norm adds: 2 per layer + the final one
+    assert calls == [False] + [True] * (2 * CFG.encoder_layers)
+    assert got.shape == ref.shape and got.dtype == dtype and got.is_contiguous()
+    torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
 
 
 def _greedy(engine, mels):
