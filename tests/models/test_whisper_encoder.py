@@ -167,3 +167,36 @@ def test_inductor_compiled_encoder_on_gpu(random_whisper):
     assert runs[1][0] == runs[0][0]
     for a, b in zip(runs[1][1], runs[0][1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fused_add_norm_matches_torch_ops():
+    """On CUDA the encoder picks the Triton add + LayerNorm; at tiny.en's width (384, not a
+    power of two) and 1500 positions its output is the separate torch ops' within fp32
+    rounding, and within bf16 rounding in bf16."""
+    from edserve.layers.add_norm import add_norm_ops
+
+    cfg = WhisperConfig(d_model=384, encoder_layers=4, encoder_attention_heads=6,
+                        encoder_ffn_dim=1536, decoder_layers=1, decoder_attention_heads=6,
+                        decoder_ffn_dim=1536, num_mel_bins=80, max_source_positions=1500,
+                        max_target_positions=16, vocab_size=50)
+    torch.manual_seed(0)
+    enc = WhisperEncoder(cfg).eval().cuda()
+    with torch.no_grad():
+        for name, p in enc.named_parameters():
+            if "layer_norm" not in name:
+                p.normal_(0, 0.05)
+    mel = torch.randn(3, 80, 3000, device="cuda")
+    assert add_norm_ops(mel).name == "torch"  # gradients recorded: no kernel
+    with torch.inference_mode():
+        assert add_norm_ops(mel).name == "triton"
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        enc.to(dtype)
+        with torch.inference_mode():
+            got = enc(mel.to(dtype))
+            enc.add_norm = TORCH_ADD_NORM
+            ref = enc(mel.to(dtype))
+            enc.add_norm = None
+        err = float((got.float() - ref.float()).norm() / ref.float().norm())
+        assert err < tol, (dtype, err)
