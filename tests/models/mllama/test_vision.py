@@ -133,7 +133,8 @@ def test_gpu_fused_add_norm_matches_torch_ops(tiny_folder):
     rounding of the separate torch ops (fp32: 1e-5)."""
     from edserve.layers.add_norm import TORCH_ADD_NORM, add_norm_ops
 
-    assert add_norm_ops(torch.zeros(1, device="cuda")).name == "triton"
+    with torch.inference_mode():
+        assert add_norm_ops(torch.zeros(1, device="cuda")).name == "triton"
     inp = preprocess_images([synthetic_image(*SIZES[4], seed=6)], MllamaImageConfig(image_size=56))
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
         vm = load_mllama(tiny_folder, dtype=dtype, device="cuda").vision_model
