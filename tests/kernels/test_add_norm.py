@@ -52,7 +52,8 @@ def _ref64(x, delta, w, b, gate, eps):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-@pytest.mark.parametrize("shape", [(3, 64), (2, 5, 80), (1, 384), (4, 100), (0, 32)], ids=str)
+@pytest.mark.parametrize("shape", [(3, 64), (2, 5, 80), (1, 384), (4, 100), (0, 32), (3, 1100),
+                                   (2, 8192), (70, 24)], ids=str)
 def test_add_layer_norm_vs_float64_and_torch(dtype, gated, shape):
     x, delta, w, b, gate = _inputs(shape, dtype, sum(shape) + gated, gated)
     new_x, normed = add_layer_norm(x, delta, w, b, 1e-5, gate)
