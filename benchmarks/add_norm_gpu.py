@@ -9,7 +9,11 @@ float64, and whether the new residual equals torch's bit for bit.
 
     python benchmarks/add_norm_gpu.py                      # H200: Whisper large-v3 rows
     python benchmarks/add_norm_gpu.py --rows 24000 48000 --dims 1280 384
+    python benchmarks/add_norm_gpu.py --sweep              # + the kernel's launch shapes
     python benchmarks/add_norm_gpu.py --dry-run            # CPU: tiny sizes, interpreter
+
+``--sweep`` also times the raw kernel (plain add) at every (rows per program, num_warps)
+pair, to tune ``ROW_ELEMENTS`` and the warp count of :mod:`edserve.kernels.add_norm`.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ def main() -> int:
     p.add_argument("--rows", type=int, nargs="+", default=[16 * 1500, 32 * 1500])
     p.add_argument("--dims", type=int, nargs="+", default=[1280, 384])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--sweep", action="store_true", help="time the kernel's launch shapes")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU (interpreter)")
     args = p.parse_args()
     if args.dry_run:
@@ -89,7 +94,32 @@ def main() -> int:
                     print(f"{R:6d} {d:5d} {name:24} {ms * 1e3:9.1f} {gbs:7.0f} "
                           f"{100 * gbs / copy_gbs:5.0f}% {err:9.2e} "
                           f"{str(torch.equal(new_x, same)):>8}", flush=True)
+                if args.sweep:
+                    sweep(bench, x, delta, norm, copy_gbs, [1, 2] if args.dry_run
+                          else [1, 2, 4, 8], [1, 2] if args.dry_run else [2, 4, 8, 16])
     return 0
+
+
+def sweep(bench, x, delta, norm, copy_gbs, rows_options, warps_options) -> None:
+    """The raw kernel (add + LN, no gate) at each rows-per-program and warp count."""
+    import triton
+
+    from edserve.kernels.add_norm import _add_layer_norm_kernel
+
+    R, N = x.shape
+    new_x, out = x.new_empty(R, N), x.new_empty(R, N)
+    block = triton.next_power_of_2(N)
+    for rows in rows_options:
+        for warps in warps_options:
+            def launch(rows=rows, warps=warps):
+                _add_layer_norm_kernel[(triton.cdiv(R, rows),)](
+                    x, delta, x, norm.weight, norm.bias, new_x, out, N, N, N, N, R, N,
+                    norm.eps, HAS_DELTA=True, HAS_GATE=False, HAS_W=True, HAS_B=True,
+                    ROWS=rows, BLOCK=block, num_warps=warps)
+            ms = bench(launch)
+            gbs = 4 * x.numel() * x.element_size() / ms / 1e6
+            print(f"{R:6d} {N:5d}   kernel rows={rows} warps={warps:<2d}  {ms * 1e3:9.1f} "
+                  f"{gbs:7.0f} {100 * gbs / copy_gbs:5.0f}%", flush=True)
 
 
 def ref64(torch, new_x, norm):
