@@ -12,10 +12,12 @@
     * rstd * weight + bias`` in fp32, rounded once to x's dtype (as torch's CUDA kernel).
 
 With ``delta=None`` it is a plain LayerNorm (``new_x`` is ``x`` itself): :func:`layer_norm`.
-Results match the torch ops to the last bit of x's dtype except for fp32 sum-order and
-sqrt/rsqrt differences. ``new_x`` and ``normed`` are fresh contiguous tensors (x is never
-written). A program holds whole rows (``d <= MAX_NORM_DIM``, any ``d``: masked lanes): one
-row when ``d >= 1024``, else ``1024 // next_pow2(d)`` rows.
+On the GPU ``new_x`` equals torch's bit for bit; ``normed`` differs from torch's only by fp32
+sum order and sqrt vs rsqrt (a rounding of x's dtype, here and there). The CPU interpreter
+truncates fp32 -> bf16 casts (the GPU rounds to nearest even): an ulp off in bf16.
+``new_x`` and ``normed`` are fresh contiguous tensors (x is never written). A program holds
+whole rows (``d <= MAX_NORM_DIM``, any ``d``: masked lanes): one row when ``d >= 1024``, else
+``1024 // next_pow2(d)`` rows.
 No host syncs and no data-dependent shapes: safe under CUDA graph capture.
 """
 
