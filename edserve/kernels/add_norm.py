@@ -64,8 +64,9 @@ def _add_layer_norm_kernel(X, Delta, Gate, W, B, NewX, Out, stride_x, stride_d, 
 
 def _check_param(p: torch.Tensor | None, name: str, x: torch.Tensor) -> None:
     N = x.shape[-1]
-    if p is not None and (p.shape != (N,) or p.dtype != x.dtype or p.device != x.device):
-        raise ValueError(f"{name} must be [{N}] {x.dtype} on {x.device}, got "
+    if p is not None and (p.shape != (N,) or not p.is_floating_point() or p.device != x.device
+                          or not p.is_contiguous()):
+        raise ValueError(f"{name} must be a contiguous float [{N}] on {x.device}, got "
                          f"{tuple(p.shape)} {p.dtype} {p.device}")
 
 
@@ -73,9 +74,10 @@ def add_layer_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Te
                    bias: torch.Tensor | None, eps: float,
                    gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x, delta ``[..., d]`` (one shape and dtype; rows evenly strided, last dim contiguous);
-    weight, bias ``[d]`` in x's dtype or None; gate: None or a 1-element tensor in x's dtype
-    (used as given: pass it tanh'ed). -> ``(new_x, normed)``, both ``[..., d]`` contiguous in
-    x's dtype (module doc); ``new_x`` is ``x`` when ``delta`` is None."""
+    weight, bias ``[d]`` or None (any float dtype: read as fp32, as torch's mixed-dtype
+    LayerNorm); gate: None or a 1-element tensor in x's dtype (used as given: pass it
+    tanh'ed). -> ``(new_x, normed)``, both ``[..., d]`` contiguous in x's dtype (module doc);
+    ``new_x`` is ``x`` when ``delta`` is None."""
     N = x.shape[-1] if x.dim() else 0
     if not 1 <= N <= MAX_NORM_DIM:
         raise ValueError(f"add_layer_norm: last dimension {N} not in [1, {MAX_NORM_DIM}]")

@@ -84,6 +84,16 @@ def test_plain_layer_norm_matches_torch(dtype):
                                rtol=TOL[dtype])
 
 
+def test_fp32_weights_with_bf16_rows():
+    """Norm parameters kept in fp32 next to bf16 activations: read as fp32, as torch's mixed
+    dtype LayerNorm (output in x's dtype)."""
+    x, delta, w, b, _ = _inputs((5, 72), torch.bfloat16, 9, False)
+    new_x, normed = add_layer_norm(x, delta, w.float(), b.float(), 1e-5)
+    assert normed.dtype == torch.bfloat16
+    _, ref = _ref64(x, delta, w, b, None, 1e-5)
+    torch.testing.assert_close(normed.double(), ref, atol=2e-2, rtol=2e-2)
+
+
 def test_strided_and_flattened_rows():
     """Rows 80 apart (a column slice) and a flattened [N * S, d] view of a 3-D stream."""
     g = torch.Generator().manual_seed(5)
@@ -130,7 +140,9 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="weight must be"):
         add_layer_norm(x, x, torch.ones(4, device=DEVICE), w, 1e-5)
     with pytest.raises(ValueError, match="bias must be"):
-        add_layer_norm(x, x, w, w.half(), 1e-5)
+        add_layer_norm(x, x, w, w.long(), 1e-5)
+    with pytest.raises(ValueError, match="bias must be"):
+        add_layer_norm(x, x, w, torch.ones(16, device=DEVICE)[::2], 1e-5)
     with pytest.raises(ValueError, match="contiguous"):
         add_layer_norm(x.t(), None, None, None, 1e-5)
     with pytest.raises(ValueError, match="last dimension"):
