@@ -4,10 +4,11 @@ Random weights (HF's init, gates U(0.5, 1.5), zero tensors N(0, in^-0.5)) in HF
 ``MllamaVisionModel``; edserve's vision model loads the same weights. For each tile count
 1..4, a batch of ``--images`` images of that many tiles, then a mixed batch (4, 1, 2, 3, ...
 tiles): median wall time of ``--runs`` runs after a warm-up, per image and per real tile, for
-edserve's "grouped" (mask-free) and "masked" (HF's mask) attention plans and for HF (which
-always runs and projects all 4 tile slots). On the mixed batch it also times the grouped plan
-with each SDPA backend alone (CUDA) and prints the largest difference of the kept tiles'
-projected states between the plans and against HF.
+edserve's "grouped" (mask-free) and "masked" (HF's mask) attention plans, "unfused" (grouped,
+the residual adds and LayerNorms as separate torch ops, not the fused Triton add + LayerNorm)
+and HF (which always runs and projects all 4 tile slots). On the mixed batch it also times
+the grouped plan with each SDPA backend alone (CUDA) and prints the largest difference of the
+kept tiles' projected states between the plans and against HF.
 
   python benchmarks/mllama_vision.py                 # H200, 11B vision tower: ~1 minute
   python benchmarks/mllama_vision.py --dry-run       # toy sizes on CPU
@@ -72,9 +73,11 @@ def batch(n: int, tiles: list[int], image: int, device: str, dtype: torch.dtype,
 
 
 @torch.inference_mode()
-def run_ours(ours, proj, plan: str, b) -> torch.Tensor:
+@torch.inference_mode()  # as the engine runs it (the fused add + LayerNorm: no autograd)
+def run_ours(ours, proj, plan: str, b, add_norm=None) -> torch.Tensor:
+    """``add_norm``: the encoder's add + LayerNorm ops (None: by device, the engine's)."""
     pv, ids, mask, keep = b
-    ours.attention_plan = plan
+    ours.attention_plan, ours.add_norm = plan, add_norm
     return proj(ours(pv, ids, mask, tiles=keep))  # [kept tiles, P, hidden]
 
 
@@ -124,6 +127,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip HF's vision model")
     ap.add_argument("--dry-run", action="store_true", help="toy sizes on CPU (fp32)")
     args = ap.parse_args(argv)
+    from edserve.layers.add_norm import TORCH_ADD_NORM
+
     device = "cpu" if args.dry_run else "cuda"
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     if args.dry_run:
@@ -135,7 +140,8 @@ def main(argv=None) -> int:
             return 2
     hf, ours, proj = build(d, device, dtype)
     runners = {"grouped": lambda b: run_ours(ours, proj, "grouped", b),
-               "masked": lambda b: run_ours(ours, proj, "masked", b)}
+               "masked": lambda b: run_ours(ours, proj, "masked", b),
+               "unfused": lambda b: run_ours(ours, proj, "grouped", b, TORCH_ADD_NORM)}
     if not args.no_hf:
         runners["hf"] = lambda b: run_hf(hf, proj, b)
     print(f"# vision {'toy' if args.dry_run else args.size} on {device} {dtype}, "

@@ -1,7 +1,8 @@
 """Prefill speed on the GPU: edserve's Whisper encoder and prefill step, per prefill path
 (``prefill_variants.VARIANTS``: the path before issue 19's fusion work, the contiguous residual
-stream, Triton cross-K/V writes, ``--compile-encoder``, encoder CUDA graphs, fp8 encoder eager
-and compiled) vs HF's WhisperEncoder on the same random weights, in one process (runs
+stream, Triton cross-K/V writes, separate vs fused residual add + LayerNorm,
+``--compile-encoder``, encoder CUDA graphs, fp8 encoder eager and compiled) vs HF's
+WhisperEncoder on the same random weights, in one process (runs
 alternate; medians of ``--repeats``).
 
 Per batch size (30 s clips), per clip:

@@ -3,9 +3,12 @@
   before        the encoder as it was (positions added to the conv output's transposed view:
                 a strided residual stream, every layer norm copying it) + ``index_put`` cross
                 K/V writes: the path measured in benchmarks/RESULTS.md on 2026-12-01
-  contiguous    the contiguous residual stream, ``index_put`` writes
+  contiguous    the contiguous residual stream, ``index_put`` writes, torch add + LayerNorm
+  unfused       eager, but every residual add and LayerNorm as separate torch ops (the path
+                before the fused Triton add + LayerNorm, ``edserve.layers.add_norm``)
   eager         the engine's default now: contiguous + the Triton row-copy cross K/V writes +
                 the prompt through the decode CUDA graphs (``--prompt-cuda-graph-max-tokens``)
+                + each residual add fused into the next LayerNorm (one Triton kernel)
   prompt-eager  eager, but the prompt through an eager decoder pass (the default of wave 4)
   compiled      eager + ``--compile-encoder`` (one torch.compile graph for all layers)
   graphs        eager + ``--encoder-cuda-graph-max-bs`` (the eager encoder in CUDA graphs at
@@ -24,11 +27,14 @@ import types
 import torch
 import torch.nn.functional as F
 
+from edserve.layers.add_norm import TORCH_ADD_NORM
 from edserve.models.encoder_graphs import EncoderGraphs
 from edserve.models.fp8 import fp8_encoder_layers
+from edserve.models.whisper_encoder import run_unfused_layer
 
-VARIANTS = ("before", "contiguous", "eager", "prompt-eager", "compiled", "graphs", "fp8",
-            "fp8-compiled")
+VARIANTS = ("before", "contiguous", "unfused", "eager", "prompt-eager", "compiled", "graphs",
+            "fp8", "fp8-compiled")
+TORCH_NORM_VARIANTS = ("before", "contiguous", "unfused")  # separate torch adds and norms
 
 
 def transposed_layout_forward(self, mel: torch.Tensor) -> torch.Tensor:
@@ -37,7 +43,7 @@ def transposed_layout_forward(self, mel: torch.Tensor) -> torch.Tensor:
     x = F.gelu(self.conv2(x)).transpose(1, 2)
     x = x + self.embed_positions.weight[: x.shape[1]]
     for layer in self.layers:
-        x = layer(x)
+        x = run_unfused_layer(layer, x)
     return self.layer_norm(x)
 
 
@@ -71,6 +77,7 @@ class Variants:
             raise ValueError("build Variants with fp8=True to use the fp8 variants")
         self.inner.encoder = enc
         enc.__dict__.pop("forward", None)
+        enc.add_norm = TORCH_ADD_NORM if name in TORCH_NORM_VARIANTS else None
         if name == "before":
             enc.forward = types.MethodType(transposed_layout_forward, enc)
         self.engine.pools.kv_pool.write_kernel = self.can_write_kernel and \

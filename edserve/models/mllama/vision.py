@@ -1,6 +1,13 @@
 """Mllama vision encoder: tiled ViT with gated tile/position embeddings, a local and a gated
 global transformer, and intermediate-layer features. Plain nn.Module, HF parameter names
-except the fused ``self_attn.qkv_proj``."""
+except the fused ``self_attn.qkv_proj``.
+
+Every residual add is fused into the LayerNorm that reads its sum next
+(:mod:`edserve.layers.add_norm`: one Triton kernel on CUDA, the eager torch ops elsewhere): a
+layer takes the stream and the previous layer's pending MLP output (with its tanh'ed gate in
+the global layers), and leaves its own MLP output pending. Where the full stream is needed
+without a norm (an intermediate feature saved, the global transformer's output) the pending
+output is added first (``add_pending``)."""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edserve.layers.add_norm import NO_PENDING, AddNormOps, Pending, add_norm_ops, add_pending
 from edserve.models.mllama.config import MllamaVisionConfig
 from edserve.models.mllama.vision_plan import VISION_PLANS, VisionPlan
 from edserve.models.weights.fused import FusedLinear
@@ -59,11 +67,15 @@ class VisionEncoderLayer(nn.Module):
             self.gate_attn = nn.Parameter(torch.full((1,), math.pi / 4))
             self.gate_ffn = nn.Parameter(torch.full((1,), math.pi / 4))
 
-    def forward(self, x: torch.Tensor, plan: VisionPlan) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x), plan)
-        x = x + (self.gate_attn.tanh() * h if self.is_gated else h)
-        h = self.mlp(self.post_attention_layernorm(x))
-        return x + (self.gate_ffn.tanh() * h if self.is_gated else h)
+    def forward(self, x: torch.Tensor, pending: Pending, plan: VisionPlan,
+                ops: AddNormOps) -> tuple[torch.Tensor, Pending]:
+        # x: [N, L, D]; pending: the previous layer's (MLP output [N, L, D], gate) not yet
+        # added -> (x + pending + gated attention output, this layer's pending MLP output)
+        x, h = ops.add_layer_norm(self.input_layernorm, x, *pending)
+        h = self.self_attn(h, plan)
+        x, h = ops.add_layer_norm(self.post_attention_layernorm, x, h,
+                                  self.gate_attn.tanh() if self.is_gated else None)
+        return x, (self.mlp(h), self.gate_ffn.tanh() if self.is_gated else None)
 
 
 class VisionEncoder(nn.Module):
@@ -140,6 +152,8 @@ class MllamaVisionModel(nn.Module):
         self.layernorm_post = nn.LayerNorm(D)
         self.transformer = VisionEncoder(cfg, cfg.num_hidden_layers, is_gated=False)
         self.global_transformer = VisionEncoder(cfg, cfg.num_global_layers, is_gated=True)
+        # The add + norm ops; None: chosen by the stream's device (add_norm_ops)
+        self.add_norm: AddNormOps | None = None
 
     def embed(self, pixel_values: torch.Tensor, ar_ids: torch.Tensor) -> torch.Tensor:
         """Patch, class and position embeddings, pre-LN, pad to 8: ``[N, T * Ppad, D]``."""
@@ -178,21 +192,33 @@ class MllamaVisionModel(nn.Module):
         out = x.new_empty(keep.numel(), D * (1 + K))  # channel = D + d * K + k: d-major
         inter = out[:, D:].view(-1, D, K)
 
-        def save(i: int, h: torch.Tensor) -> None:  # kept tokens of h: intermediate(s) i
+        saved = set(cfg.intermediate_layers_indices)
+
+        def save(i: int, x: torch.Tensor, pending: Pending) -> tuple[torch.Tensor, Pending]:
+            """Kept tokens of the full stream as intermediate(s) ``i`` (pending added first)."""
+            if i not in saved:
+                return x, pending
+            x = add_pending(x, *pending)
             for k, j in enumerate(cfg.intermediate_layers_indices):
                 if j == i:
-                    inter[:, :, k] = h.view(-1, D).index_select(0, keep)
+                    inter[:, :, k] = x.view(-1, D).index_select(0, keep)
+            return x, NO_PENDING
 
+        ops = self.add_norm or add_norm_ops(x)
+        pending = NO_PENDING
         for i, layer in enumerate(self.transformer.layers):
             if self.intermediate_semantics == "meta":
-                save(i, x)  # input of layer i
-            x = layer(x, plan)
+                x, pending = save(i, x, pending)  # input of layer i
+            x, pending = layer(x, pending, plan, ops)
             if self.intermediate_semantics == "hf":
-                save(i, x)  # output of layer i
+                x, pending = save(i, x, pending)  # output of layer i
 
         tile_emb = self.post_tile_positional_embedding.per_tile(ar_ids).reshape(N * T, D)
-        x = self.layernorm_post(x) + tile_emb.index_select(0, plan.tile_index()).view_as(x)
+        _, x = ops.add_layer_norm(self.layernorm_post, x, *pending)
+        x = x + tile_emb.index_select(0, plan.tile_index()).view_as(x)
+        pending = NO_PENDING
         for layer in self.global_transformer.layers:
-            x = layer(x, plan)
+            x, pending = layer(x, pending, plan, ops)
+        x = add_pending(x, *pending)
         out[:, :D] = x.view(-1, D).index_select(0, keep)
         return out.view(N, T, P, -1) if tiles is None else out.view(len(tiles), P, -1)

@@ -77,3 +77,70 @@ def test_meta_intermediate_semantics(tiny_folder, hf_tiny):
     # channel D + d*K + k: k = 1 is Meta index 1 -> HF index 0
     torch.testing.assert_close(ours[..., D + 1::2], ref[..., D + 1::2], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(ours[..., D::2], ref[..., D::2], atol=1e-3)  # index 0 differs
+
+
+# (semantics, intermediate layers) -> (adds delta, gated) of every add_layer_norm call
+FUSED_CASES = {
+    ("hf", (1, 1)): [(False, False), (True, False),  # local 0
+                     (True, False), (True, False),  # local 1: its input add fused; then saved
+                     (False, False),  # layernorm_post: nothing pending
+                     (False, False), (True, True), (True, True), (True, True)],  # global 0, 1
+    ("meta", (0, 1)): [(False, False), (True, False),  # local 0 (its input saved)
+                       (False, False), (True, False),  # local 1 (its input saved: added)
+                       (True, False),  # layernorm_post adds local 1's MLP output
+                       (False, False), (True, True), (True, True), (True, True)],
+}
+
+
+@pytest.mark.parametrize("semantics,saved", list(FUSED_CASES), ids=str)
+def test_fused_add_norm_kernel_gives_the_eager_features(tiny_folder, semantics, saved):
+    """The vision encoder with the Triton add + LayerNorm (interpreter on CPU) vs its torch
+    ops: every add fused into the next norm (tanh-gated in the global layers, one more global
+    layer so a gated add reaches the next layer's norm), pending adds flushed where a feature
+    is saved; the features and the output within fp32 rounding."""
+    import copy
+    import dataclasses
+
+    from edserve.layers.add_norm import TRITON_ADD_NORM, AddNormOps
+
+    pytest.importorskip("triton")
+    vm = load_mllama(tiny_folder, vision_intermediate_semantics=semantics).vision_model
+    vm.cfg = dataclasses.replace(vm.cfg, intermediate_layers_indices=saved)
+    vm.global_transformer.layers.append(copy.deepcopy(vm.global_transformer.layers[0]))
+    with torch.no_grad():
+        vm.global_transformer.layers[1].gate_ffn.fill_(-0.7)
+    calls = []
+
+    def counted(norm, x, delta=None, gate=None):
+        calls.append((delta is not None, gate is not None))
+        return TRITON_ADD_NORM.add_layer_norm(norm, x, delta, gate)
+
+    inp = preprocess_images([synthetic_image(*SIZES[2], seed=5)], MllamaImageConfig(image_size=56))
+    args = (inp.pixel_values, inp.aspect_ratio_ids, inp.aspect_ratio_mask)
+    with torch.inference_mode():
+        ref = vm(*args)
+        vm.add_norm = AddNormOps("counted", counted)
+        got = vm(*args)
+    assert calls == FUSED_CASES[semantics, saved]
+    assert got.shape == ref.shape == (1, 4, 17, 96)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_fused_add_norm_matches_torch_ops(tiny_folder):
+    """On CUDA the vision encoder picks the Triton add + LayerNorm; bf16 features within bf16
+    rounding of the separate torch ops (fp32: 1e-5)."""
+    from edserve.layers.add_norm import TORCH_ADD_NORM, add_norm_ops
+
+    with torch.inference_mode():
+        assert add_norm_ops(torch.zeros(1, device="cuda")).name == "triton"
+    inp = preprocess_images([synthetic_image(*SIZES[4], seed=6)], MllamaImageConfig(image_size=56))
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        vm = load_mllama(tiny_folder, dtype=dtype, device="cuda").vision_model
+        args = (inp.pixel_values.cuda(), inp.aspect_ratio_ids.cuda(), inp.aspect_ratio_mask)
+        with torch.inference_mode():
+            got = vm(*args)
+            vm.add_norm = TORCH_ADD_NORM
+            ref = vm(*args)
+        torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
