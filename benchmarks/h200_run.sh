@@ -81,6 +81,16 @@ for part in "$@"; do
              | tee "$OUT/mllama_11b.log" ;;
     mllama-kernels) timeout 120 python3 -W ignore benchmarks/mllama_kernels.py 2>&1 \
              | tee "$OUT/mllama_kernels.log" ;;
+    # wave 7: fused add + LayerNorm (issue 19/24) and the beam-choice graph (issue 22)
+    addnorm-tests) timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_add_norm.py \
+             tests/models/test_whisper_encoder.py tests/models/test_encoder_graphs.py tests/models/mllama/test_vision.py \
+             tests/engine/test_beam_device.py tests/engine/test_beam_rows.py tests/engine/test_gpu_beam.py -rs 2>&1 \
+             | tee "$OUT/addnorm_tests.log" | tail -15 ;;
+    addnorm) timeout 120 python3 benchmarks/add_norm_gpu.py --sweep 2>&1 | tee "$OUT/add_norm.log" | tail -40
+             timeout 300 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --variants eager unfused \
+               --repeats 5 2>&1 | tee "$OUT/prefill_addnorm.log" | grep -v "^ *[0-9]* *0.000" | head -80 ;;
+    beam-graph) (cd benchmarks && timeout 280 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 aligned:128 \
+                --beam 5 --no-hf --profile 12 --beam-on-device 2>&1 | grep -v "custom logits" | tee "$OUT/beam_graph.log" | tail -40) ;;
     mllama-vision) timeout 240 python3 -W ignore benchmarks/mllama_vision.py --size 11b 2>&1 \
              | tee "$OUT/mllama_vision.log" ;;
     chat) timeout 120 python3 benchmarks/chat_load.py --save-random /tmp/mllama_small --size small 2>&1 | tail -2
