@@ -50,10 +50,24 @@ def filters(tok):
     return [SuppressBlank.of(tok), SuppressTokens.of(default_suppress_tokens(tok))]
 
 
-def make_requests(engine, feats, n_new: int, beam: int) -> list[GenerateRequest]:
-    sp = SamplingParams(max_new_tokens=n_new, ignore_eos=True, beam_size=beam)
-    procs = filters(engine.tokenizer)
-    return [GenerateRequest(list(PROMPT), f, sp, logits_processors=list(procs)) for f in feats]
+#: ``--eos-timestamps``: the transcription path's decoding (set by main)
+MODE = {"timestamps": False}
+
+
+def make_requests(engine, feats, n_new: int, beam: int, eos: bool = False
+                  ) -> list[GenerateRequest]:
+    """Forced length (``ignore_eos``) unless ``eos``; with ``--eos-timestamps`` the prompt is
+    ``<|startoftranscript|>`` alone and openai-whisper's timestamp rules filter too."""
+    tok = engine.tokenizer
+    sp = SamplingParams(max_new_tokens=n_new, ignore_eos=not eos, beam_size=beam)
+    procs = filters(tok)
+    prompt = list(PROMPT)
+    if MODE["timestamps"]:
+        from edserve.whisper.logits import ApplyTimestampRules
+
+        procs.append(ApplyTimestampRules.of(tok))
+        prompt = prompt[:1]
+    return [GenerateRequest(list(prompt), f, sp, logits_processors=list(procs)) for f in feats]
 
 
 def make_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, ps: str,
@@ -81,7 +95,8 @@ def run_ours(engine, feats, n_new: int, beam: int) -> tuple[float, int]:
     outs = {}
     wg.sync(dev)
     t0 = time.perf_counter()
-    reqs = make_requests(engine, feats, n_new, beam)
+    eos = MODE["timestamps"]  # the transcription path stops at end-of-text
+    reqs = make_requests(engine, feats, n_new, beam, eos=eos)
     for r in reqs:
         engine.add_request(r, lambda d: outs.__setitem__(d.rid, d.output) if d.finished
                            else None, stream=False)
@@ -91,8 +106,10 @@ def run_ours(engine, feats, n_new: int, beam: int) -> tuple[float, int]:
         peak = max(peak, engine.pools.allocator.num_used())  # host counter: no sync
     wg.sync(dev)
     dt = time.perf_counter() - t0
-    bad = [o for o in outs.values() if o.error is not None or len(o.token_ids) != n_new]
+    bad = [o for o in outs.values() if o.error is not None
+           or not (0 < len(o.token_ids) <= n_new if eos else len(o.token_ids) == n_new)]
     assert len(outs) == len(reqs) and not bad, [(o.error, len(o.token_ids)) for o in bad[:3]]
+    MODE[f"tokens {beam}"] = sum(len(o.token_ids) for o in outs.values()) / len(outs)
     return dt, peak
 
 
@@ -244,6 +261,9 @@ def measure(args, hf, procs, arch, conc, spec, dev, dtype, with_hf: bool) -> lis
     assert engine.pools.allocator.num_used() == 0, engine.pools.allocator.num_used()
     theory = beam * (1500 + len(PROMPT) + n_new) * slot_bytes / 1e6
     greedy_kv = rows[1]["kv_mb"]
+    if MODE["timestamps"]:
+        print(f"# {spec} conc {conc}: output tokens per request (last run): " + ", ".join(
+            f"{k}: {MODE.get(f'tokens {b}', float('nan')):.1f}" for k, b in modes.items()))
     print(f"# {arch} {spec} conc {conc}: overlap={engine.overlap} "
           f"graphs={engine.runner.graph_runner is not None} "
           f"grouped_cross={engine.pools.backend.grouped_cross} slot {slot_bytes} B; "
@@ -271,11 +291,16 @@ def main() -> None:
                          "cross-attention kernel), for A/B against the default")
     ap.add_argument("--beam-on-device", action="store_true",
                     help="beams chosen on the device (fixed rows; the host reads done flags)")
+    ap.add_argument("--eos-timestamps", action="store_true",
+                    help="the transcription path: stop at end-of-text (at most --new-tokens), "
+                         "prompt <|startoftranscript|>, timestamp rules on (HF not run)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print the N kernels with the most device time per decode step")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"
+    if args.eos_timestamps:
+        MODE["timestamps"], args.no_hf = True, True
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     if args.dry_run:
         args.arch, args.concurrency, args.new_tokens, args.repeats = "toy", [2], 6, 1
@@ -283,8 +308,11 @@ def main() -> None:
     bw, _ = wg.ceilings(dev)
     print(f"# device {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}: measured copy "
           f"{bw / 1e12:.2f} TB/s (floor uses {HBM_BW / 1e12:.1f} TB/s); {args.arch} "
-          f"{'bf16' if dev == 'cuda' else 'fp32'}, forced length {args.new_tokens} tokens "
-          f"(ignore_eos), SuppressBlank + SuppressTokens, medians of {args.repeats}", flush=True)
+          f"{'bf16' if dev == 'cuda' else 'fp32'}, " + (
+              f"EOS + timestamp rules, at most {args.new_tokens} tokens (per-step figures: "
+              "forced length)" if args.eos_timestamps else
+              f"forced length {args.new_tokens} tokens (ignore_eos)")
+          + f", SuppressBlank + SuppressTokens, medians of {args.repeats}", flush=True)
     hf = wg.build_hf(args.arch, dev, dtype)
     from edserve.tokenizer import WhisperTokenizer
 

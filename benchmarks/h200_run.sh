@@ -91,6 +91,8 @@ for part in "$@"; do
                --repeats 5 2>&1 | tee "$OUT/prefill_addnorm.log" | grep -v "^ *[0-9]* *0.000" | head -80 ;;
     beam-graph) (cd benchmarks && timeout 280 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 aligned:128 \
                 --beam 5 --no-hf --profile 12 --beam-on-device 2>&1 | grep -v "custom logits" | tee "$OUT/beam_graph.log" | tail -40) ;;
+    beam-eos) (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
+                --beam-on-device --eos-timestamps 2>&1 | grep -v "custom logits" | tee "$OUT/beam_eos.log" | tail -8) ;;
     mllama-vision) timeout 240 python3 -W ignore benchmarks/mllama_vision.py --size 11b 2>&1 \
              | tee "$OUT/mllama_vision.log" ;;
     chat) timeout 120 python3 benchmarks/chat_load.py --save-random /tmp/mllama_small --size small 2>&1 | tail -2
