@@ -153,8 +153,8 @@ def test_bad_inputs_raise():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_bf16_matches_torch_ops_at_large_v3_width():
     """Compiled on the GPU at Whisper large-v3's rows ([16 * 1500, 1280] bf16), gated and not:
-    the new residual equals torch's add bit for bit (gated: within an ulp of the gated delta,
-    where torch's rounding of ``gate * delta`` differs now and then); the normed rows are
+    the new residual equals torch's add bit for bit (gated: its largest error against float64
+    is no larger than torch's, whose rounding differs here and there); the normed rows are
     within a bf16 rounding of torch's LayerNorm (only fp32 sum order and rsqrt differ)."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(16 * 1500, 1280, device="cuda", generator=g).bfloat16()
@@ -169,8 +169,9 @@ def test_gpu_bf16_matches_torch_ops_at_large_v3_width():
             want = add_layer_norm_torch(norm, x, delta, gate)
         if gate is None:
             assert torch.equal(got[0], want[0])
-        else:  # measured on the H200: a few elements differ by an ulp of gate * delta
-            ulp = 2 ** -7 * (gate.float() * delta.float()).abs()
-            assert ((got[0].float() - want[0].float()).abs() <= ulp + 1e-30).all()
+        else:  # on the H200 some elements differ from torch's: no worse than torch vs float64
+            exact = x.double() + gate.double() * delta.double()
+            err = (got[0].double() - exact).abs().max()
+            assert err <= (want[0].double() - exact).abs().max() * 1.01
         assert (got[1] != want[1]).float().mean() < 0.01
         torch.testing.assert_close(got[1], want[1], atol=2 ** -6, rtol=2 ** -7)
