@@ -22,7 +22,6 @@ import argparse
 import functools
 import os
 import sys
-import time
 
 
 def main() -> int:
@@ -36,6 +35,7 @@ def main() -> int:
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel is imported
         args.rows, args.dims = [6], [80]
+    import kernel_timing as kt
     import torch
 
     from edserve.layers.add_norm import TORCH_ADD_NORM, TRITON_ADD_NORM
@@ -46,20 +46,9 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
 
     def bench(fn) -> float:
-        """Median milliseconds."""
-        if dev.type == "cuda":
-            import triton.testing
+        return kt.median_ms(fn, dev, rep=50)
 
-            return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-    nbytes = (1 << 20) if args.dry_run else (1 << 30)
-    bufs = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(2)]
-    copy_gbs = 2 * nbytes / bench(lambda: bufs[1].copy_(bufs[0])) / 1e6
-    bufs.clear()
+    copy_gbs = kt.copy_gbs(dev, bench, (1 << 20) if args.dry_run else (1 << 30))
     print(f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu (dry run)'}; "
           f"{args.dtype}; d2d copy {copy_gbs:.0f} GB/s (read+write)")
     print(f"{'rows':>6} {'d':>5} {'op':24} {'time_us':>9} {'GB/s':>7} {'%copy':>6} "

@@ -45,6 +45,7 @@ def main() -> int:
     args = parse_args()
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+    import kernel_timing as kt
     import torch
 
     from edserve.kernels.flat_attention import flat_attention
@@ -62,20 +63,9 @@ def main() -> int:
     gen = torch.Generator(device=dev).manual_seed(0)
 
     def bench(fn) -> float:
-        """Median milliseconds."""
-        if dev.type == "cuda":
-            import triton.testing
+        return kt.median_ms(fn, dev, rep=40)
 
-            return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-    nbytes = (1 << 20) if args.dry_run else (1 << 30)
-    bufs = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(2)]
-    copy_gbs = 2 * nbytes / bench(lambda: bufs[1].copy_(bufs[0])) / 1e6
-    bufs.clear()
+    copy_gbs = kt.copy_gbs(dev, bench, (1 << 20) if args.dry_run else (1 << 30))
     print(f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu (dry run)'}; "
           f"d2d copy {copy_gbs:.0f} GB/s (read+write)")
     print(f"{'model':9} {'dtype':9} {'B':>4} {'layout':12} {'work':13} {'rel_err':>9} "
