@@ -171,8 +171,9 @@ class EngineConfig:
     )
     cuda_graph: bool | None = _f(
         None,
-        "Capture decode steps in CUDA graphs (aligned and flat strategies, triton kernels). "
-        "Default: on where supported (CUDA); --no-cuda-graph turns it off.",
+        "Capture decode steps in CUDA graphs (aligned and flat strategies, triton kernels), "
+        "and the device-side beam choice. Default: on where supported (CUDA); "
+        "--no-cuda-graph turns both off.",
     )
     cuda_graph_max_bs: int | None = _f(
         None,

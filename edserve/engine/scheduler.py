@@ -65,6 +65,7 @@ class SchedulerLimits:
     max_decoder_len: int  # model's decoder position limit
     mixed_steps: bool = False  # running rows decode in every prefill step (see schedule)
     beam_on_device: bool = False  # beam groups on fixed rows, chosen on the device
+    beam_graph: bool = True  # that choice as a CUDA-graph replay on CUDA (beam_graph.py)
     admission: AdmissionPolicy = AdmissionPolicy()  # hold arrivals to batch their prefill
 
 
@@ -81,7 +82,9 @@ class Scheduler(RowGroupSteps):
         self._edits = HistoryEdits()  # row groups' history edits for the next step
         rows = pools.req_to_token_pool.size
         self.beams = DeviceBeams(pools, rows // 2 + 1, min(MAX_GROUP_ROWS, rows),
-                                 limits.max_decoder_len) if limits.beam_on_device else None
+                                 limits.max_decoder_len,
+                                 None if limits.beam_graph else "eager"
+                                 ) if limits.beam_on_device else None
 
     # ---- queue management -------------------------------------------------------------
     def add(self, req: Req) -> None:
