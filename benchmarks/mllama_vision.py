@@ -72,7 +72,6 @@ def batch(n: int, tiles: list[int], image: int, device: str, dtype: torch.dtype,
     return pv.to(device, dtype), ids.to(device), mask, keep
 
 
-@torch.inference_mode()
 @torch.inference_mode()  # as the engine runs it (the fused add + LayerNorm: no autograd)
 def run_ours(ours, proj, plan: str, b, add_norm=None) -> torch.Tensor:
     """``add_norm``: the encoder's add + LayerNorm ops (None: by device, the engine's)."""
