@@ -9,7 +9,8 @@ serves every step until a request widens one of them (``patience`` > 1, more sto
 before); the graph is then captured again (a host sync and an allocator flush, once).
 
 A stepper owns the step's input buffers (``[G, B, T]`` candidates, ``[G]`` length limits): the
-caller fills them (:meth:`BeamStepper.inputs` resets them to "no candidate") and calls
+caller fills them (:meth:`BeamStepper.inputs` resets the candidates to "no candidate"; the
+limits keep the last step's values, the caller writes them whole) and calls
 :meth:`BeamStepper.step`. The choice's tensors are valid until the next step.
 """
 
@@ -35,10 +36,10 @@ class BeamStepper:
         self.at_limit = torch.zeros(G, dtype=torch.bool, device=dev)  # [G]
 
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The step's input buffers, reset (no candidate anywhere, no limit reached)."""
+        """The step's input buffers: candidates reset (none anywhere), limits as last written
+        (all False at first; the engine overwrites them whole every step)."""
         self.cand_tokens.zero_()
         self.cand_logprobs.fill_(float("-inf"))
-        self.at_limit.zero_()
         return self.cand_tokens, self.cand_logprobs, self.at_limit
 
     def step(self) -> BeamChoice:
