@@ -65,8 +65,8 @@ def main() -> int:
     def bench(fn) -> float:
         return kt.median_ms(fn, dev, rep=40)
 
-    copy_gbs = kt.copy_gbs(dev, bench, (1 << 20) if args.dry_run else (1 << 30))
-    print(f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu (dry run)'}; "
+    copy_gbs = kt.copy_gbs(dev, bench, args.dry_run)
+    print(f"device: {kt.device_label(dev)}; "
           f"d2d copy {copy_gbs:.0f} GB/s (read+write)")
     print(f"{'model':9} {'dtype':9} {'B':>4} {'layout':12} {'work':13} {'rel_err':>9} "
           f"{'time_us':>9} {'GB/s':>7} {'%copy':>6}")

@@ -24,7 +24,14 @@ def median_ms(fn: Callable[[], object], dev: torch.device, rep: int = 50) -> flo
 
 
 def copy_gbs(dev: torch.device, bench: Callable[[Callable[[], object]], float],
-             nbytes: int) -> float:
-    """Device-to-device copy rate of an ``nbytes`` buffer, GB/s counting read + write."""
+             dry_run: bool) -> float:
+    """Device-to-device copy rate of a 1 GiB buffer (1 MiB in a dry run), GB/s counting
+    read + write."""
+    nbytes = (1 << 20) if dry_run else (1 << 30)
     bufs = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for _ in range(2)]
     return 2 * nbytes / bench(lambda: bufs[1].copy_(bufs[0])) / 1e6
+
+
+def device_label(dev: torch.device) -> str:
+    """The GPU's name, or ``cpu (dry run)``."""
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (dry run)"
