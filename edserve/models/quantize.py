@@ -22,14 +22,13 @@ without native bf16.
 
 from __future__ import annotations
 
-import copy
-import itertools
 import warnings
-import weakref
 from typing import Any
 
 import torch
 from torch import nn
+
+from edserve.models.opaque_linear import OpaqueLinear
 
 QUANTIZATIONS = ("none", "int8")
 
@@ -62,52 +61,17 @@ def _quantized_engine() -> None:
         torch.backends.quantized.engine = "x86" if "x86" in engines else "fbgemm"
 
 
-# Live int8 linears by handle, for the compiled decode step (edserve.engine.cpu_compile):
-# dynamo cannot trace fbgemm's packed weights (a TorchScript object), so a compiled graph
-# calls them through the opaque op ``edserve::int8_linear(x, handle, out_features)``.
-_LIVE: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
-_HANDLES = itertools.count()
-
-
-@torch.library.custom_op("edserve::int8_linear", mutates_args=())
-def _int8_linear_op(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
-    return _LIVE[handle].eager(x)
-
-
-@_int8_linear_op.register_fake
-def _(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], out_features))
-
-
 with warnings.catch_warnings():  # torch.ao / quantized-tensor deprecation notices
     warnings.simplefilter("ignore")
     from torch.ao.nn.quantized.dynamic import Linear as _DynamicLinear
 
 
-class Int8Linear(_DynamicLinear):
-    """fbgemm's dynamic int8 linear; under ``torch.compile`` one opaque op call."""
-
-    handle: int  # key in _LIVE
+class Int8Linear(OpaqueLinear, _DynamicLinear):
+    """fbgemm's dynamic int8 linear; under ``torch.compile`` one opaque op call
+    (:mod:`edserve.models.opaque_linear`: dynamo cannot trace fbgemm's packed weights)."""
 
     def eager(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return torch.ops.edserve.int8_linear(x, self.handle, self.out_features)
-        return super().forward(x)
-
-    def __deepcopy__(self, memo: dict) -> Int8Linear:  # a copy gets its own handle
-        clone = Int8Linear.__new__(Int8Linear)
-        memo[id(self)] = clone
-        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
-        _register(clone)
-        return clone
-
-
-def _register(q: Int8Linear) -> None:
-    q.handle = next(_HANDLES)
-    _LIVE[q.handle] = q
+        return _DynamicLinear.forward(self, x)
 
 
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
@@ -123,7 +87,7 @@ def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         q = Int8Linear(1, 1, bias_=bias is not None, dtype=torch.qint8)
         q.in_features, q.out_features = w.shape[1], w.shape[0]
         q.set_weight_bias(qweight, None if bias is None else bias.detach().float())
-    _register(q)
+    q.register()
     return q
 
 

@@ -17,6 +17,7 @@ from edserve.engine.engine import Engine
 from edserve.engine.parts import EngineParts
 from edserve.layers.attention import create_backend
 from edserve.models.catalog import model_cache_dir
+from edserve.models.cpu_linear import apply_cpu_linear
 from edserve.models.fp8 import apply_encoder_dtype
 from edserve.models.quantize import quantize_model
 from edserve.models.registry import build_model
@@ -58,6 +59,8 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         model, tokenizer = build_model(checkpoint, s.dtype, s.device)
         del checkpoint
         model = quantize_model(model, config.quantization)
+        model = apply_cpu_linear(model, config.cpu_linear, s.device, s.dtype,
+                                 config.quantization)
         model = apply_encoder_dtype(model, config.encoder_dtype)
         _encoder_options(model, config, s)
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)

@@ -34,6 +34,10 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if T == 0 or B == 0:
         return out
     max_k = key_index.shape[1]
+    if B == 1 and kv_ranges is None and q.device.type == "cpu" and (not causal or T == 1):
+        fast = _attend_one_range(q, k_cache, v_cache, key_index[0, :int(kv_lens[0])], scale)
+        if fast is not None:
+            return fast
     q_lens = (cu_q[1:] - cu_q[:-1]).long()  # [B]
     # Pad queries to [B, max_q, Hq, D].
     qi = torch.arange(max_q, device=q.device)
@@ -63,6 +67,27 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     ctx = ctx.masked_fill(no_key[:, None, :, None], 0.0).permute(0, 2, 1, 3)  # [B, max_q, Hq, D]
     out[q_tok[q_valid]] = ctx[q_valid].to(q.dtype)
     return out
+
+
+def _attend_one_range(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      slots: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """CPU fast path of one request whose queries all see all its keys: when the key slots
+    ``[S]`` are one contiguous range, attend over a view of the caches (no gather, no mask);
+    None when they are not. A one-clip CLI job hits it every decode step (a 1500-key encoder
+    region is 2 x 2.3 MB of tiny.en K/V per layer that the gather copied)."""
+    S = slots.shape[0]
+    if S == 0:
+        return torch.zeros_like(q)
+    first = int(slots[0])
+    if int(slots[-1]) - first != S - 1 or (S > 1 and not bool((slots.diff() == 1).all())):
+        return None
+    acc = torch.float64 if torch.float64 in (q.dtype, k_cache.dtype) else torch.float32
+    k = k_cache[first:first + S].transpose(0, 1).to(acc)  # [Hkv, S, D] (a view in acc dtype)
+    v = v_cache[first:first + S].transpose(0, 1).to(acc)
+    qh = q.transpose(0, 1).to(acc)  # [Hq, T, D]
+    ctx = F.scaled_dot_product_attention(qh[None], k[None], v[None], scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[0])  # [1, Hq, T, D]
+    return ctx[0].transpose(0, 1).to(q.dtype)  # [T, Hq, D]
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,

@@ -1,0 +1,61 @@
+"""Linear layers whose weights ``torch.compile`` cannot trace, called through one opaque op.
+
+fbgemm's int8 packed weights (a TorchScript object, :mod:`edserve.models.quantize`) and oneDNN's
+prepacked float32 weights (an ``mkldnn`` layout tensor, :mod:`edserve.models.cpu_linear`) have no
+fake-tensor form, so dynamo cannot trace a module holding them. Such a module subclasses
+:class:`OpaqueLinear`: eagerly it runs :meth:`~OpaqueLinear.eager`; inside a compiled graph
+(:mod:`edserve.engine.cpu_compile`) it becomes one call of the custom op
+``edserve::opaque_linear(x, handle, out_features)``, which looks the live module up by handle.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import weakref
+
+import torch
+from torch import nn
+
+# Live opaque linears by handle (a module gone from every model is gone from here too).
+_LIVE: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
+_HANDLES = itertools.count()
+
+
+@torch.library.custom_op("edserve::opaque_linear", mutates_args=())
+def _opaque_linear_op(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
+    return _LIVE[handle].eager(x)
+
+
+@_opaque_linear_op.register_fake
+def _(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+class OpaqueLinear:
+    """Mixin: ``eager(x)`` computes ``[..., in] -> [..., out_features]``; ``forward`` dispatches.
+
+    Call :meth:`register` once the module is built; a deep copy registers itself anew.
+    """
+
+    handle: int  # key in _LIVE
+    out_features: int
+
+    def eager(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return torch.ops.edserve.opaque_linear(x, self.handle, self.out_features)
+        return self.eager(x)
+
+    def register(self) -> None:
+        self.handle = next(_HANDLES)
+        _LIVE[self.handle] = self
+
+    def __deepcopy__(self, memo: dict):
+        clone = type(self).__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        clone.register()
+        return clone
