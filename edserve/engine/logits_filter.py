@@ -58,6 +58,19 @@ def vocab_mask(ids: tuple[int, ...], vocab: int, device: torch.device,
     return mask
 
 
+def vocab_ids(ids: tuple[int, ...], vocab: int, device: torch.device,
+              cache: dict) -> torch.Tensor:
+    """``[K]`` int64, the distinct ``ids`` inside ``0..V-1`` in ascending order, for filters
+    that touch only their columns (``index_fill_``: K x rows elements, not V x rows). Built
+    once per (V, device) and kept in the calling filter's ``cache``."""
+    key = ("ids", vocab, str(device))
+    found = cache.get(key)
+    if found is None:
+        found = torch.tensor(sorted({i for i in ids if 0 <= i < vocab}), dtype=torch.int64)
+        found = cache[key] = found.to(device)
+    return found
+
+
 class LogitsRecorder(LogitsFilter):
     """Keeps a copy of every logits row it is shown, unchanged (tests and debugging).
 

@@ -165,11 +165,13 @@ def _candidates(logits: torch.Tensor, lse: torch.Tensor, plan: CandidatePlan,
     get log-prob -inf, and its draws are the argmax."""
     toks, lps = [], []
     if plan.topk_rows is not None:
-        lp = logits.index_select(0, plan.topk_rows) - lse.index_select(0, plan.topk_rows)[:, None]
-        vals, idx = torch.topk(lp, plan.topk, dim=-1)  # [G, k], best first
+        # top-k of the logits, then minus the row's logsumexp: the same order and values as
+        # the top-k of log-probs, without a [G, V] subtraction
+        vals, idx = torch.topk(logits.index_select(0, plan.topk_rows), plan.topk, dim=-1)
+        vals = vals - lse.index_select(0, plan.topk_rows)[:, None]  # [G, k], best first
         if greedy is not None:
             only_first = greedy.index_select(0, plan.topk_rows)[:, None] \
-                & (torch.arange(plan.topk, device=lp.device) > 0)  # [G, k]
+                & (torch.arange(plan.topk, device=vals.device) > 0)  # [G, k]
             vals = vals.masked_fill(only_first, float("-inf"))
         toks.append(idx.reshape(-1))
         lps.append(vals.reshape(-1))

@@ -6,11 +6,12 @@ memory speed there, while oneDNN with the weight reordered once at load
 (``torch.ops.mkldnn._reorder_linear_weight`` + ``_linear_pointwise``, what inductor's CPU
 freezing pass emits) was measured, 2 threads, fp32 (``benchmarks/cpu_linear.py``):
 
-* the tied logits projection ``[rows, 384] x [51864, 384]``: 6.5 vs 12 ms at 1 row, 8.5 vs
-  23 ms at 5 rows (a beam group);
-* the layers' linears at 2-5 rows: 1.3-2x faster; at 1 row MKL is as fast or faster (0.035
-  vs 0.073 ms for 384 x 384), so single-row calls keep MKL (:attr:`PackedLinear.min_rows`);
-* the encoder's 1500-row linears: 0-20 % faster.
+* the tied logits projection ``[rows, 384] x [51864, 384]``: 6.4 vs 12.3 ms at 1 row, 8.6 vs
+  26 ms at 5 rows (a beam group);
+* the layers' qkv / fc1 / fc2 at 2-5 rows: 1.4-1.5x faster (384 x 384: 0.84-0.94x); at 1 row
+  MKL is faster (0.06 vs 0.10 ms for 384 x 384), so single-row calls keep MKL
+  (:attr:`PackedLinear.min_rows`);
+* the encoder's 1500-row linears: 0.97-1.16x.
 
 ``--cpu-linear auto`` packs on CPUs whose vendor is not Intel (MKL's own vendor is served
 well by MKL; not measured here), ``onednn`` always, ``mkl`` never. Results differ from

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from edserve.engine.logits_filter import FilterContext, LogitsFilter, vocab_mask
+from edserve.engine.logits_filter import FilterContext, LogitsFilter, vocab_ids
 from edserve.tokenizer import WhisperTokenizer
 
 NEG_INF = float("-inf")
@@ -53,8 +53,9 @@ class SuppressTokens(LogitsFilter):
         return _interned(cls, tuple(sorted(set(ids))))
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
-        logits.masked_fill_(vocab_mask(self.ids, logits.shape[-1], logits.device, self._masks),
-                            NEG_INF)
+        # only the suppressed columns are written (~90 of tiny.en's 51864)
+        logits.index_fill_(1, vocab_ids(self.ids, logits.shape[-1], logits.device, self._masks),
+                           NEG_INF)
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,9 @@ class SuppressBlank(LogitsFilter):
         return _interned(cls, tuple(tokenizer.encode(" ") + [tokenizer.eot]))
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
-        mask = vocab_mask(self.ids, logits.shape[-1], logits.device, self._masks)
-        logits.masked_fill_((ctx.lengths == 0)[:, None] & mask, NEG_INF)  # [n, V]
+        cols = vocab_ids(self.ids, logits.shape[-1], logits.device, self._masks)  # [K]
+        first = (ctx.lengths == 0)[:, None]  # [n, 1]
+        logits.index_copy_(1, cols, logits.index_select(1, cols).masked_fill_(first, NEG_INF))
 
 
 def default_suppress_tokens(tokenizer: WhisperTokenizer) -> list[int]:
