@@ -2,9 +2,13 @@
 
 :func:`plan_sampling` runs on the host once per batch composition and turns the requests'
 settings into device tensors (filter groups, temperatures, top-p); :func:`sample` then works on
-``[B, V]`` logits with tensor ops only and never waits for the device. Sampling uses the
-exponential race (``argmax(p / E)``, ``E ~ Exp(1)``), which draws from ``p`` exactly; each
-seeded request has its own device generator, so its draws do not depend on its batch.
+``[B, V]`` logits with tensor ops only and never waits for the device. Sampling inverts the
+cumulative distribution: one uniform number per row, located in the row's running sum of
+probabilities (``searchsorted``), which draws from ``p`` exactly; each seeded request has its
+own device generator, so its draws do not depend on its batch. Probabilities are sorted only
+when some row keeps less than all of its mass (top-p < 1): on the 2-core CPU a ``[5, 51864]``
+sort plus the exponential noise of the previous method cost ~17 ms per step of a best_of 5
+fallback, this ~0.5 ms.
 
 Log-probabilities are taken from the filtered logits before temperature scaling (as
 openai-whisper does for its average log-probability).
@@ -40,7 +44,7 @@ class SamplingPlan:
     groups: list[FilterGroup]
     sampled: torch.Tensor | None  # [S] int64 batch rows with temperature > 0; None = all greedy
     temperature: torch.Tensor | None  # [S] float32
-    top_p: torch.Tensor | None  # [S] float32
+    top_p: torch.Tensor | None  # [S] float32; None: every row keeps all mass (top-p 1)
     generators: list[torch.Generator | None]  # [S] per sampled row (None: the default one)
     candidates: CandidatePlan | None = None
 
@@ -54,7 +58,7 @@ class CandidatePlan:
     topk: int  # k for every topk row (the largest asked; rows read their first k')
     draw_rows: torch.Tensor | None  # [D] int64 batch row of each draw
     draw_temperature: torch.Tensor | None  # [D] float32
-    draw_top_p: torch.Tensor | None  # [D] float32
+    draw_top_p: torch.Tensor | None  # [D] float32; None: all top-p 1 (or no draws)
     draw_generators: list[torch.Generator | None]  # [D]
 
 
@@ -92,7 +96,12 @@ def _plan_candidates(reqs: list[Req], device: torch.device, first_step: list[boo
     up = (lambda v, dt: to_device(v, dt, device) if v else None)
     return CandidatePlan(layout, up([i for i, _ in topk], torch.int64), k,
                          up(draw_rows, torch.int64), up(temps, torch.float32),
-                         up(top_ps, torch.float32), gens)
+                         up(top_ps, torch.float32) if _nucleus(top_ps) else None, gens)
+
+
+def _nucleus(top_ps: list[float]) -> bool:
+    """Whether some row keeps less than all of its probability mass (then draws sort)."""
+    return any(p < 1.0 for p in top_ps)
 
 
 def _plan_tokens(reqs: list[Req], device: torch.device) -> SamplingPlan:
@@ -112,7 +121,8 @@ def _plan_tokens(reqs: list[Req], device: torch.device) -> SamplingPlan:
     sps = [reqs[i].request.sampling for i in sampled]
     return SamplingPlan(groups, to_device(sampled, torch.int64, device),
                         to_device([s.temperature for s in sps], torch.float32, device),
-                        to_device([s.top_p for s in sps], torch.float32, device),
+                        to_device([s.top_p for s in sps], torch.float32, device)
+                        if _nucleus([s.top_p for s in sps]) else None,
                         [reqs[i].generator for i in sampled])
 
 
@@ -200,16 +210,22 @@ def _apply(filters: tuple[LogitsFilter, ...], logits: torch.Tensor, ctx: FilterC
         f.apply(logits, ctx)
 
 
-def _draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+def _draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None,
           generators: list[torch.Generator | None]) -> torch.Tensor:
     """[S, V] filtered logits -> [S] tokens drawn at each row's temperature ([S]) and top-p
-    ([S]), row i from ``generators[i]``."""
-    probs = torch.softmax(logits / temperature[:, None], dim=-1)
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True)  # [S, V]
-    keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < top_p[:, None]  # nucleus
-    sorted_p = sorted_p.masked_fill(~keep, 0.0)
-    noise = torch.empty_like(sorted_p)
+    ([S]; None: all 1), row i from ``generators[i]``."""
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [S, V]
+    order = None
+    if top_p is not None:  # nucleus: keep the smallest prefix of the sorted mass >= top-p
+        probs, order = torch.sort(probs, dim=-1, descending=True)  # [S, V]
+        keep = torch.cumsum(probs, dim=-1) - probs < top_p[:, None]
+        probs = probs.masked_fill(~keep, 0.0)
+    cdf = torch.cumsum(probs, dim=-1)  # [S, V] non-decreasing
+    u = torch.empty(len(generators), 1, device=probs.device)
     for i, gen in enumerate(generators):  # per-row streams: batch-independent draws
-        noise[i].exponential_(generator=gen)
-    choice = torch.argmax(sorted_p / noise, dim=-1, keepdim=True)  # [S, 1]
-    return order.gather(1, choice)[:, 0]
+        u[i].uniform_(generator=gen)
+    # x in (0, total]: the first index whose running sum reaches x has probability > 0
+    x = (1.0 - u) * cdf[:, -1:]  # [S, 1]
+    # (the clamp only keeps a NaN row, all logits -inf, which no filter produces, in range)
+    choice = torch.searchsorted(cdf, x).clamp_(max=cdf.shape[1] - 1)  # [S, 1]
+    return (choice if order is None else order.gather(1, choice))[:, 0]

@@ -1,0 +1,56 @@
+"""Drawing tokens (edserve.engine.sampler._draw): the law of each draw, top-p, per-row streams."""
+
+from __future__ import annotations
+
+import torch
+
+from edserve.engine.sampler import _draw
+
+N = 20000  # draws per check: a frequency is within 4 sigma of its probability
+
+
+def _freq(logits: torch.Tensor, temperature: float, top_p: float | None, seed: int = 0):
+    """Frequencies of N draws from one row (N rows of the same logits, one stream each)."""
+    rows = logits.expand(N, -1)
+    temp = torch.full((N,), temperature)
+    tp = None if top_p is None else torch.full((N,), top_p)
+    gens = [torch.Generator().manual_seed(seed * N + i) for i in range(N)]
+    tokens = _draw(rows, temp, tp, gens)
+    return torch.bincount(tokens, minlength=logits.shape[-1]).double() / N
+
+
+def _close(freq: torch.Tensor, p: torch.Tensor) -> None:
+    sigma = (p * (1 - p) / N).sqrt()
+    assert bool(((freq - p).abs() <= 4 * sigma + 1e-12).all()), (freq, p)
+
+
+def test_draws_follow_the_tempered_distribution_and_never_pick_masked_tokens():
+    logits = torch.tensor([2.0, float("-inf"), 0.5, 1.0, float("-inf"), -1.0, 0.0, 3.0])
+    for temperature in (1.0, 0.5):
+        p = torch.softmax(logits.double() / temperature, -1)
+        freq = _freq(logits, temperature, None)
+        _close(freq, p)
+        assert freq[1] == 0 and freq[4] == 0  # probability 0: never drawn
+
+
+def test_top_p_keeps_the_smallest_prefix_of_sorted_mass():
+    logits = torch.log(torch.tensor([0.05, 0.5, 0.1, 0.3, 0.05]))
+    freq = _freq(logits, 1.0, 0.75)  # sorted 0.5, 0.3 (sum 0.8 >= 0.75): only those two
+    _close(freq, torch.tensor([0.0, 0.625, 0.0, 0.375, 0.0], dtype=torch.float64))
+    freq = _freq(logits, 1.0, 1.0)  # top-p 1 through the sorting path: the whole law
+    _close(freq, torch.softmax(logits.double(), -1))
+
+
+def test_each_row_draws_from_its_own_stream():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    temp = torch.ones(3)
+
+    def gens():
+        return [torch.Generator().manual_seed(s) for s in (7, 8, 9)]
+    both = _draw(logits, temp, None, gens())
+    assert torch.equal(both, _draw(logits, temp, None, gens()))  # a seed repeats its draw
+    alone = _draw(logits[1:2], temp[:1], None, [torch.Generator().manual_seed(8)])
+    assert int(alone[0]) == int(both[1])  # independent of the rows beside it
+    cold = _draw(logits, torch.full((3,), 1e-4), None, gens())
+    assert torch.equal(cold, logits.argmax(-1))  # temperature -> 0: the argmax
