@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from edserve.engine.sampler import _draw
@@ -54,3 +55,21 @@ def test_each_row_draws_from_its_own_stream():
     assert int(alone[0]) == int(both[1])  # independent of the rows beside it
     cold = _draw(logits, torch.full((3,), 1e-4), None, gens())
     assert torch.equal(cold, logits.argmax(-1))  # temperature -> 0: the argmax
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_draws_follow_the_law_without_host_syncs():
+    logits = torch.tensor([2.0, float("-inf"), 0.5, 1.0, 0.0, 3.0], device="cuda")
+    rows = logits.expand(N, -1)
+    gens = [torch.Generator(device="cuda").manual_seed(i) for i in range(N)]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tokens = _draw(rows, torch.full((N,), 0.8, device="cuda"), None, gens)
+        nucleus = _draw(rows[:64], torch.ones(64, device="cuda"),
+                        torch.full((64,), 0.5, device="cuda"), gens[:64])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    freq = torch.bincount(tokens.cpu(), minlength=6).double() / N
+    _close(freq, torch.softmax(logits.double().cpu() / 0.8, -1))
+    assert set(nucleus.tolist()) <= {0, 5}  # top-p 0.5: the two likeliest tokens only
