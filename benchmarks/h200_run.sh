@@ -4,7 +4,7 @@
 #   tp needs a host with >= 2 GPUs)
 #   beam-device (~6 min), serve-ab (~7 min: admission batching), serve (~9 min: audio pool in-process vs --engine-process), soak (10,000 requests at 256)
 #   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min),
-#   mllama-kernels (~0.5 min), chat (~3 min)
+#   mllama-kernels (~0.5 min), chat (~3 min); gpu-all: every test marked gpu (~5-9 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -89,6 +89,8 @@ for part in "$@"; do
     addnorm) timeout 120 python3 benchmarks/add_norm_gpu.py --sweep 2>&1 | tee "$OUT/add_norm.log" | tail -40
              timeout 300 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --variants eager unfused \
                --repeats 5 2>&1 | tee "$OUT/prefill_addnorm.log" | grep -v "^ *[0-9]* *0.000" | head -80 ;;
+    gpu-all) timeout 560 python3 -m pytest -q -p no:cacheprovider -m gpu -rs $(grep -rl "mark.gpu" tests | sort) 2>&1 \
+             | grep -v "Loading weights" | tee "$OUT/gpu_all.log" | tail -30 ;;
     beam-graph) (cd benchmarks && timeout 280 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 aligned:128 \
                 --beam 5 --no-hf --profile 12 --beam-on-device 2>&1 | grep -v "custom logits" | tee "$OUT/beam_graph.log" | tail -40) ;;
     beam-eos) (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \

@@ -51,10 +51,16 @@ def test_rope_bad_inputs():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_bf16_is_the_torch_op():
-    """Compiled on the GPU at the 11B shapes: bitwise the torch op (same rounding points)."""
+def test_gpu_bf16_matches_the_torch_op():
+    """Compiled on the GPU at the 11B shapes: within one bf16 rounding of the torch op (the
+    compiled kernel contracts ``x * cos + rot * sin`` into fused multiply-adds, which round
+    once where torch rounds twice) and no further from float64 than the torch op."""
     g = torch.Generator(device="cuda").manual_seed(0)
     qkv = torch.randn(72, 48 * 128, device="cuda", generator=g).bfloat16()
     cos, sin = _tables(72, 128, torch.bfloat16)
     for x in (qkv[:, :4096].view(72, 32, 128), qkv[:, 4096:5120].view(72, 8, 128)):
-        assert torch.equal(rope(x, cos, sin), rope_torch(x, cos, sin))
+        got, want = rope(x, cos, sin), rope_torch(x, cos, sin)
+        torch.testing.assert_close(got, want, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
+        x64, c64, s64 = x.double(), cos.double(), sin.double()
+        ref = x64 * c64 + torch.cat([-x64[..., 64:], x64[..., :64]], -1) * s64
+        assert (got.double() - ref).abs().max() <= (want.double() - ref).abs().max() * 1.01
