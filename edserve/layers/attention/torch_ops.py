@@ -38,6 +38,8 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         fast = _attend_one_range(q, k_cache, v_cache, key_index[0, :int(kv_lens[0])], scale)
         if fast is not None:
             return fast
+    if max_q == 1 and T == B and kv_ranges is None:  # decode: one query per request
+        return _attend_decode(q, k_cache, v_cache, key_index, kv_lens, scale)
     q_lens = (cu_q[1:] - cu_q[:-1]).long()  # [B]
     # Pad queries to [B, max_q, Hq, D].
     qi = torch.arange(max_q, device=q.device)
@@ -67,6 +69,26 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     ctx = ctx.masked_fill(no_key[:, None, :, None], 0.0).permute(0, 2, 1, 3)  # [B, max_q, Hq, D]
     out[q_tok[q_valid]] = ctx[q_valid].to(q.dtype)
     return out
+
+
+def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   key_index: torch.Tensor, kv_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """:func:`_attend` when request b has exactly one query (row b of q), which sees all of
+    its ``kv_lens[b]`` keys (a decode step: causal or not, the last query sees every key).
+    The same SDPA call as the general path on ``[B, Hq, 1, D]``, with a third of its ops
+    (on the 2-core CPU a beam-5 self-attention call went from ~0.67 to ~0.25 ms)."""
+    B, max_k = key_index.shape
+    Hkv, D = k_cache.shape[1:]
+    k_valid = torch.arange(max_k, device=q.device)[None, :] < kv_lens[:, None]  # [B, max_k]
+    idx = torch.where(k_valid, key_index, 0).reshape(-1).long()
+    acc = torch.float64 if torch.float64 in (q.dtype, k_cache.dtype) else torch.float32
+    kp = k_cache.index_select(0, idx).view(B, max_k, Hkv, D).transpose(1, 2).to(acc)
+    vp = v_cache.index_select(0, idx).view(B, max_k, Hkv, D).transpose(1, 2).to(acc)
+    ctx = F.scaled_dot_product_attention(q[:, :, None].to(acc), kp, vp,
+                                         attn_mask=k_valid[:, None, None, :], scale=scale,
+                                         enable_gqa=q.shape[1] != Hkv)  # [B, Hq, 1, D]
+    ctx = torch.where((kv_lens > 0)[:, None, None], ctx[:, :, 0], 0.0)  # no key: zero
+    return ctx.to(q.dtype)  # [B, Hq, D]
 
 
 def _attend_one_range(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -59,3 +59,26 @@ def test_no_keys_gives_zeros_and_causal_prefill_keeps_the_mask():
     for i in range(3):
         want = _reference(q[i:i + 1], kc[:3 + i], vc[:3 + i], 1.0)
         torch.testing.assert_close(out[i:i + 1].double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_decode_one_query_per_request_matches_float64(causal):
+    """The decode path (one query per request, all of its keys visible): scattered slots,
+    a request without keys (zero output), grouped-query heads."""
+    torch.manual_seed(0)
+    Hq, Hkv, D, slots = 4, 2, 8, 40
+    kc, vc = torch.randn(slots, Hkv, D), torch.randn(slots, Hkv, D)
+    lens = [3, 0, 7, 1]
+    table = torch.randperm(4 * 10).view(4, 10).to(torch.int32)  # request b's keys: row b
+    q = torch.randn(len(lens), Hq, D)
+    zero = torch.zeros(4, dtype=torch.int32)
+    out = torch_ops.flat_attention(q, kc, vc, table, torch.arange(4, dtype=torch.int32), zero,
+                                   torch.tensor(lens, dtype=torch.int32),
+                                   torch.arange(5, dtype=torch.int32), 1, causal, 0.5)
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(out[b], torch.zeros_like(out[b]))
+            continue
+        slots_b = table[b, :n].long()
+        want = _reference(q[b:b + 1], kc[slots_b], vc[slots_b], 0.5)
+        torch.testing.assert_close(out[b:b + 1].double(), want, rtol=1e-5, atol=1e-5)
