@@ -26,7 +26,6 @@ packed copy is extra memory (tiny.en: +37 M floats). Only float32 CPU models are
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -140,8 +139,3 @@ def _replace(root: nn.Module, min_rows: int) -> int:
             count += _replace(child, min_rows)
     return count
 
-
-def describe(model: Any) -> str:
-    """``"onednn (N linears + logits)"`` or ``"mkl"``, for logs and benchmarks."""
-    c = getattr(model, "cpu_linear", None)
-    return f"{c['backend']} ({c['linears']} linears + logits)" if c else "mkl"
