@@ -51,10 +51,19 @@ def cpu_vendor() -> str:
 
 def use_onednn(mode: str, device: torch.device, dtype: torch.dtype, quantization: str,
                vendor: str | None = None) -> bool:
-    """Whether ``--cpu-linear mode`` packs this model's linears (see the module doc)."""
+    """Whether ``--cpu-linear mode`` packs this model's linears (see the module doc).
+    ``onednn`` on an engine it cannot apply to (not float32 on CPU without quantization) is a
+    ValueError; ``auto`` then leaves the model as it is."""
     if mode not in CPU_LINEARS:
         raise ValueError(f"--cpu-linear must be one of {CPU_LINEARS}, got {mode!r}")
-    if mode == "mkl" or device.type != "cpu" or dtype != torch.float32 or quantization != "none":
+    if mode == "mkl":
+        return False
+    fits = device.type == "cpu" and dtype == torch.float32 and quantization == "none"
+    if mode == "onednn" and not fits:
+        raise ValueError(f"--cpu-linear onednn applies to float32 linears on CPU without "
+                         f"--quantization; this engine runs {str(dtype).split('.')[-1]} on "
+                         f"{device} with --quantization {quantization}")
+    if not fits:
         return False
     if not torch.backends.mkldnn.is_available():
         if mode == "onednn":

@@ -11,6 +11,7 @@ import torch
 from edserve.config import EngineConfig
 from edserve.engine.cpu_modes import apply_threads, auto_cpu_dtype, cpu_features
 from edserve.layers.attention import resolve_page_size
+from edserve.models.cpu_linear import use_onednn
 from edserve.models.fp8 import check_fp8, kv_cache_dtype
 from edserve.models.quantize import check_supported
 
@@ -61,6 +62,7 @@ def resolve_settings(config: EngineConfig) -> RuntimeSettings:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, config.quantization)
     check_supported(config.quantization, device, dtype)
+    use_onednn(config.cpu_linear, device, dtype, config.quantization)  # raises if it cannot
     threads = apply_threads(config.threads, device)
     ops = config.attention_backend
     if ops == "auto":

@@ -80,7 +80,7 @@ def test_pack_linears_whole_model():
     ("onednn", torch.float32, "none", "GenuineIntel", True),
     ("mkl", torch.float32, "none", "AuthenticAMD", False),
     ("auto", torch.bfloat16, "none", "AuthenticAMD", False),  # bf16 already runs oneDNN
-    ("onednn", torch.float32, "int8", "AuthenticAMD", False),  # int8 has its own kernels
+    ("auto", torch.float32, "int8", "AuthenticAMD", False),  # int8 has its own kernels
 ])
 def test_when_linears_are_packed(mode, dtype, quant, vendor, want):
     assert use_onednn(mode, CPU, dtype, quant, vendor=vendor) is want
@@ -91,7 +91,14 @@ def test_bad_mode_is_a_clear_error():
         use_onednn("blas", CPU, torch.float32, "none")
     with pytest.raises(ValueError, match="--cpu-linear must be auto, mkl or onednn"):
         EngineConfig(cpu_linear="blas")
-    assert not use_onednn("onednn", torch.device("meta"), torch.float32, "none")
+    for device, dtype, quant in ((torch.device("meta"), torch.float32, "none"),
+                                 (CPU, torch.bfloat16, "none"), (CPU, torch.float32, "int8")):
+        assert not use_onednn("auto", device, dtype, quant)
+        with pytest.raises(ValueError, match="--cpu-linear onednn applies to float32"):
+            use_onednn("onednn", device, dtype, quant)
+    with pytest.raises(ValueError, match="--cpu-linear onednn applies"):  # before loading
+        build_engine(device="cpu", quantization="int8", cpu_linear="onednn",
+                     model="/nonexistent")
 
 
 @pytest.mark.parametrize("beam", [1, 5])
