@@ -11,7 +11,9 @@ freezing pass emits) was measured, 2 threads, fp32 (``benchmarks/cpu_linear.py``
 * the layers' qkv / fc1 / fc2 at 2-5 rows: 1.4-1.5x faster (384 x 384: 0.84-0.94x); at 1 row
   MKL is faster (0.06 vs 0.10 ms for 384 x 384), so single-row calls keep MKL
   (:attr:`PackedLinear.min_rows`);
-* the encoder's 1500-row linears: 0.97-1.16x.
+* the encoder's 1500-row linears: 0.97-1.16x. Under ``--compile-encoder`` the encoder is
+  left as it is (its one compiled layer graph would recompile for each layer's opaque linear);
+  ``--encoder-dtype fp8`` replaces the encoder's linears first (fp8 ones are not packed).
 
 ``--cpu-linear auto`` packs on CPUs whose vendor is not Intel (MKL's own vendor is served
 well by MKL; not measured here), ``onednn`` always, ``mkl`` never. Results differ from
@@ -73,16 +75,17 @@ def use_onednn(mode: str, device: torch.device, dtype: torch.dtype, quantization
 
 
 def apply_cpu_linear(model: nn.Module, mode: str, device: torch.device, dtype: torch.dtype,
-                     quantization: str) -> nn.Module:
+                     quantization: str, compile_encoder: bool = False) -> nn.Module:
     """``--cpu-linear`` applied to a loaded model (in place; returned). ``auto`` leaves models
-    other than Whisper as they are; ``onednn`` on one of them is a ValueError."""
+    other than Whisper as they are; ``onednn`` on one of them is a ValueError.
+    ``compile_encoder``: leave the encoder's linears to ``--compile-encoder``."""
     from edserve.models.whisper import WhisperForConditionalGeneration
 
     if not use_onednn(mode, device, dtype, quantization):
         return model
     if mode == "auto" and not isinstance(model, WhisperForConditionalGeneration):
         return model
-    return pack_linears(model)
+    return pack_linears(model, encoder=not compile_encoder)
 
 
 class PackedLinear(OpaqueLinear, nn.Module):
@@ -116,15 +119,18 @@ class PackedLinear(OpaqueLinear, nn.Module):
         return f"in={self.in_features}, out={self.out_features}, oneDNN from {self.min_rows} rows"
 
 
-def pack_linears(model: nn.Module, min_rows: int = 2) -> nn.Module:
-    """Replace a Whisper model's float linears and its tied logits projection by
-    :class:`PackedLinear` in place (the logits always packed: 2x faster even at one row)."""
+def pack_linears(model: nn.Module, min_rows: int = 2, encoder: bool = True) -> nn.Module:
+    """Replace a Whisper model's float linears (the encoder's only with ``encoder``) and its
+    tied logits projection by :class:`PackedLinear` in place (the logits always packed: 2x
+    faster even at one row)."""
     from edserve.models.whisper import WhisperForConditionalGeneration
 
     if not isinstance(model, WhisperForConditionalGeneration):
         raise ValueError(f"--cpu-linear onednn supports Whisper models only, got "
                          f"{type(model).__name__}")
-    count = _replace(model, min_rows)
+    count = _replace(model.model.decoder, min_rows)
+    if encoder:
+        count += _replace(model.model.encoder, min_rows)
     head = PackedLinear(model.model.decoder.embed_tokens.weight, None, min_rows=1)
     model.packed_logits_head = head  # registered submodule (repr, memory accounting)
     object.__setattr__(model, "compute_logits", head.forward)  # shadows the class method

@@ -59,9 +59,9 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         model, tokenizer = build_model(checkpoint, s.dtype, s.device)
         del checkpoint
         model = quantize_model(model, config.quantization)
-        model = apply_cpu_linear(model, config.cpu_linear, s.device, s.dtype,
-                                 config.quantization)
         model = apply_encoder_dtype(model, config.encoder_dtype)
+        model = apply_cpu_linear(model, config.cpu_linear, s.device, s.dtype,
+                                 config.quantization, config.compile_encoder)
         _encoder_options(model, config, s)
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops,

@@ -62,6 +62,9 @@ def test_pack_linears_whole_model():
     assert packed.cpu_linear == {"backend": "onednn", "linears": n - 1}
     assert [p for p, _ in packed.model.encoder.layers[0].self_attn.qkv_proj.parts] == \
         ["q_proj", "k_proj", "v_proj"]
+    no_enc = pack_linears(copy.deepcopy(ref), encoder=False)  # --compile-encoder
+    assert not any(isinstance(m, PackedLinear) for m in no_enc.model.encoder.modules())
+    assert no_enc.cpu_linear["linears"] == 6 * CFG.decoder_layers
     torch.manual_seed(1)
     mel, hidden = torch.randn(CFG.num_mel_bins, 3000), torch.randn(5, CFG.d_model)
     with torch.inference_mode():
