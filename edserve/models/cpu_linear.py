@@ -33,8 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edserve.models.opaque_linear import OpaqueLinear
-from edserve.models.quantize import KEEP_FLOAT
+from edserve.models.opaque_linear import OpaqueLinear, replace_linears
 
 CPU_LINEARS = ("auto", "mkl", "onednn")
 
@@ -139,18 +138,4 @@ def pack_linears(model: nn.Module, min_rows: int = 2, encoder: bool = True) -> n
 
 
 def _replace(root: nn.Module, min_rows: int) -> int:
-    count = 0
-    for name, child in list(root.named_children()):
-        if name in KEEP_FLOAT:
-            continue
-        if isinstance(child, nn.Linear):
-            packed = PackedLinear(child.weight, child.bias, min_rows)
-            parts = getattr(child, "parts", None)
-            if parts is not None:
-                packed.parts = parts  # FusedLinear's row layout stays inspectable
-            setattr(root, name, packed)
-            count += 1
-        else:
-            count += _replace(child, min_rows)
-    return count
-
+    return replace_linears(root, lambda lin: PackedLinear(lin.weight, lin.bias, min_rows))

@@ -13,9 +13,13 @@ from __future__ import annotations
 import copy
 import itertools
 import weakref
+from collections.abc import Callable
 
 import torch
 from torch import nn
+
+# Modules whose weight the model reads directly (slices rows of), so no transform replaces them.
+KEEP_FLOAT = ("cross_kv_proj",)
 
 # Live opaque linears by handle (a module gone from every model is gone from here too).
 _LIVE: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
@@ -59,3 +63,22 @@ class OpaqueLinear:
         clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
         clone.register()
         return clone
+
+
+def replace_linears(root: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> int:
+    """Replace every ``nn.Linear`` under ``root`` (but :data:`KEEP_FLOAT`) by ``make(linear)``
+    in place, keeping a FusedLinear's row layout (``parts``) inspectable; returns the count."""
+    count = 0
+    for name, child in list(root.named_children()):
+        if name in KEEP_FLOAT:
+            continue
+        if isinstance(child, nn.Linear):
+            new = make(child)
+            parts = getattr(child, "parts", None)
+            if parts is not None:
+                new.parts = parts
+            setattr(root, name, new)
+            count += 1
+        else:
+            count += replace_linears(child, make)
+    return count

@@ -28,12 +28,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from edserve.models.opaque_linear import OpaqueLinear
+from edserve.models.opaque_linear import OpaqueLinear, replace_linears
 
 QUANTIZATIONS = ("none", "int8")
-
-# Modules whose weight the model reads directly (slices rows of), so they stay float.
-KEEP_FLOAT = ("cross_kv_proj",)
 
 
 def check_supported(mode: str, device: torch.device, dtype: torch.dtype) -> None:
@@ -131,20 +128,7 @@ def quantize_model(model: nn.Module, mode: str) -> nn.Module:
 
 
 def _replace_linears(root: nn.Module) -> int:
-    count = 0
-    for name, child in list(root.named_children()):
-        if name in KEEP_FLOAT:
-            continue
-        if isinstance(child, nn.Linear):
-            q = int8_linear(child.weight, child.bias)
-            parts = getattr(child, "parts", None)
-            if parts is not None:
-                q.parts = parts  # FusedLinear's row layout stays inspectable
-            setattr(root, name, q)
-            count += 1
-        else:
-            count += _replace_linears(child)
-    return count
+    return replace_linears(root, lambda lin: int8_linear(lin.weight, lin.bias))
 
 
 def describe(model: Any) -> str:
