@@ -119,10 +119,10 @@ def _plan_tokens(reqs: list[Req], device: torch.device) -> SamplingPlan:
     if not sampled:
         return SamplingPlan(groups, None, None, None, [])
     sps = [reqs[i].request.sampling for i in sampled]
+    top_ps = [s.top_p for s in sps]
     return SamplingPlan(groups, to_device(sampled, torch.int64, device),
                         to_device([s.temperature for s in sps], torch.float32, device),
-                        to_device([s.top_p for s in sps], torch.float32, device)
-                        if _nucleus([s.top_p for s in sps]) else None,
+                        to_device(top_ps, torch.float32, device) if _nucleus(top_ps) else None,
                         [reqs[i].generator for i in sampled])
 
 

@@ -73,14 +73,15 @@ def use_onednn(mode: str, device: torch.device, dtype: torch.dtype, quantization
     return mode == "onednn" or (vendor if vendor is not None else cpu_vendor()) != "GenuineIntel"
 
 
-def apply_cpu_linear(model: nn.Module, mode: str, device: torch.device, dtype: torch.dtype,
-                     quantization: str, compile_encoder: bool = False) -> nn.Module:
-    """``--cpu-linear`` applied to a loaded model (in place; returned). ``auto`` leaves models
-    other than Whisper as they are; ``onednn`` on one of them is a ValueError.
+def apply_cpu_linear(model: nn.Module, mode: str, onednn: bool,
+                     compile_encoder: bool = False) -> nn.Module:
+    """``--cpu-linear mode`` applied to a loaded model (in place; returned), ``onednn`` being
+    :func:`use_onednn`'s decision (made once, with the runtime settings). ``auto`` leaves
+    models other than Whisper as they are; ``onednn`` on one of them is a ValueError.
     ``compile_encoder``: leave the encoder's linears to ``--compile-encoder``."""
     from edserve.models.whisper import WhisperForConditionalGeneration
 
-    if not use_onednn(mode, device, dtype, quantization):
+    if not onednn:
         return model
     if mode == "auto" and not isinstance(model, WhisperForConditionalGeneration):
         return model

@@ -60,8 +60,8 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         del checkpoint
         model = quantize_model(model, config.quantization)
         model = apply_encoder_dtype(model, config.encoder_dtype)
-        model = apply_cpu_linear(model, config.cpu_linear, s.device, s.dtype,
-                                 config.quantization, config.compile_encoder)
+        model = apply_cpu_linear(model, config.cpu_linear, s.onednn_linears,
+                                 config.compile_encoder)
         _encoder_options(model, config, s)
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops,

@@ -28,6 +28,7 @@ class RuntimeSettings:
     ops: str  # attention kernels: "torch" or "triton"
     page_size: int
     kv_dtype: torch.dtype  # KV-cache storage (fp8 e4m3 with --kv-cache-dtype fp8)
+    onednn_linears: bool = False  # --cpu-linear resolved: pack float32 linears for oneDNN
 
     @property
     def on_cuda(self) -> bool:
@@ -62,7 +63,7 @@ def resolve_settings(config: EngineConfig) -> RuntimeSettings:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, config.quantization)
     check_supported(config.quantization, device, dtype)
-    use_onednn(config.cpu_linear, device, dtype, config.quantization)  # raises if it cannot
+    onednn = use_onednn(config.cpu_linear, device, dtype, config.quantization)  # or raises
     threads = apply_threads(config.threads, device)
     ops = config.attention_backend
     if ops == "auto":
@@ -73,7 +74,7 @@ def resolve_settings(config: EngineConfig) -> RuntimeSettings:
     check_fp8(config.encoder_dtype, config.kv_cache_dtype, config.quantization, device, ops,
               dtype)
     return RuntimeSettings(device, dtype, threads, ops, page_size,
-                           kv_cache_dtype(config.kv_cache_dtype, dtype))
+                           kv_cache_dtype(config.kv_cache_dtype, dtype), onednn)
 
 
 def use_cuda_graph(config: EngineConfig, settings: RuntimeSettings) -> bool:
