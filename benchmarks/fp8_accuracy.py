@@ -1,16 +1,19 @@
-"""Accuracy cost of the fp8 options on real speech: token agreement with the default and WER.
+"""Accuracy cost of the fp8 options (and ``--encoder-gelu tanh``) on real speech: token agreement
+with the default and WER.
 
 Per model (``tiny.en``: embedded; ``base``: the [base] extra) and per mode (default; encoder
-fp8; KV cache fp8; both), every clip of ``tests/data`` and ``../shared/assets`` is transcribed
-one at a time with ``Engine.transcribe``'s defaults (greedy at temperature 0, fallback on).
-Reported per mode: clips whose tokens equal the default's, token agreement (tokens matched by
-a ``difflib`` alignment / the default's tokens), and the WER against the references of
+fp8; KV cache fp8; both; the encoder MLPs' GELU in its tanh form), every clip of
+``tests/data`` and ``../shared/assets`` is transcribed one at a time with
+``Engine.transcribe``'s defaults (greedy at temperature 0, fallback on). Reported per mode:
+clips whose tokens equal the default's, token agreement (tokens matched by a ``difflib``
+alignment / the default's tokens), and the WER against the references of
 ``../shared/assets/README.md`` (clips that have one). On CPU fp8 is emulated (same rounding as
 ``torch._scaled_mm``'s inputs, products in float32), so the figures hold for the GPU path up to
 accumulation order.
 
   python benchmarks/fp8_accuracy.py [--models tiny.en base] [--dtype float32]
   python benchmarks/fp8_accuracy.py --device cuda --dtype bfloat16   # on an fp8 GPU
+  python benchmarks/fp8_accuracy.py --modes default "gelu tanh" --dtype float32
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ MODES = {
     "encoder fp8": {"encoder_dtype": "fp8"},
     "KV fp8": {"kv_cache_dtype": "fp8"},
     "both fp8": {"encoder_dtype": "fp8", "kv_cache_dtype": "fp8"},
+    "gelu tanh": {"encoder_gelu": "tanh"},
 }
 
 
@@ -50,6 +54,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--clips", type=int, default=None, help="only the first N clips")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
+                    help="modes to run (the first is the one the others are compared with)")
     args = ap.parse_args()
     paths = cw.clips()[:args.clips]
     refs = cw.references()
@@ -61,7 +67,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for model in args.models:
         base_out = None
-        for mode, kw in MODES.items():
+        for mode in args.modes:
+            kw = MODES[mode]
             engine = build_engine(model=model, device=args.device, dtype=args.dtype, **kw)
             t0 = time.perf_counter()
             out = transcribe(engine, audios)

@@ -73,10 +73,14 @@ def batch(n: int, tiles: list[int], image: int, device: str, dtype: torch.dtype,
 
 
 @torch.inference_mode()  # as the engine runs it (the fused add + LayerNorm: no autograd)
-def run_ours(ours, proj, plan: str, b, add_norm=None) -> torch.Tensor:
-    """``add_norm``: the encoder's add + LayerNorm ops (None: by device, the engine's)."""
+def run_ours(ours, proj, plan: str, b, add_norm=None, gelu: str = "exact") -> torch.Tensor:
+    """``add_norm``: the encoder's add + LayerNorm ops (None: by device, the engine's);
+    ``gelu``: ``--encoder-gelu`` (exact, or tanh: cuBLASLt's bias + GELU epilogue on CUDA)."""
+    from edserve.layers.linear_gelu import set_linear_gelu
+
     pv, ids, mask, keep = b
     ours.attention_plan, ours.add_norm = plan, add_norm
+    set_linear_gelu(ours, gelu)
     return proj(ours(pv, ids, mask, tiles=keep))  # [kept tiles, P, hidden]
 
 
@@ -140,7 +144,8 @@ def main(argv=None) -> int:
     hf, ours, proj = build(d, device, dtype)
     runners = {"grouped": lambda b: run_ours(ours, proj, "grouped", b),
                "masked": lambda b: run_ours(ours, proj, "masked", b),
-               "unfused": lambda b: run_ours(ours, proj, "grouped", b, TORCH_ADD_NORM)}
+               "unfused": lambda b: run_ours(ours, proj, "grouped", b, TORCH_ADD_NORM),
+               "tanh": lambda b: run_ours(ours, proj, "grouped", b, gelu="tanh")}
     if not args.no_hf:
         runners["hf"] = lambda b: run_hf(hf, proj, b)
     print(f"# vision {'toy' if args.dry_run else args.size} on {device} {dtype}, "

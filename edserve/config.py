@@ -80,6 +80,16 @@ class EngineConfig:
         "benchmarks/RESULTS.md 'fp8').",
         choices=("auto", "fp8"),
     )
+    encoder_gelu: str = _f(
+        "auto",
+        "GELU of the encoder MLPs (Whisper's encoder, Mllama's vision tower): exact (erf, as "
+        "trained; a separate pass over the MLP activations), tanh (the tanh approximation, "
+        "within 4.8e-4 of exact; on CUDA fused into the fc1 GEMM as cuBLASLt's bias + GELU "
+        "epilogue, one memory pass less per layer; elsewhere the same function as torch ops), "
+        "or auto (tanh on CUDA in bfloat16/float16, where the gap is under the dtype's "
+        "rounding; exact elsewhere). See benchmarks/RESULTS.md 'encoder GELU'.",
+        choices=("auto", "exact", "tanh"),
+    )
     kv_cache_dtype: str = _f(
         "auto",
         "KV-cache storage: auto (the compute dtype) or fp8 (e4m3, per-tensor scale 1, cast to "
@@ -282,9 +292,10 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.quantization != "none":
             raise ValueError("--quantization cannot be used with --tensor-parallel-size > 1")
         if self.tensor_parallel_size > 1 and (self.compile_encoder
-                                              or self.encoder_cuda_graph_max_bs):
-            raise ValueError("--compile-encoder and --encoder-cuda-graph-max-bs cannot be used "
-                             "with --tensor-parallel-size > 1")
+                                              or self.encoder_cuda_graph_max_bs
+                                              or self.encoder_gelu == "tanh"):
+            raise ValueError("--compile-encoder, --encoder-cuda-graph-max-bs and --encoder-gelu "
+                             "tanh cannot be used with --tensor-parallel-size > 1")
         if self.encoder_cuda_graph_max_bs is not None and self.encoder_cuda_graph_max_bs < 0:
             raise ValueError(f"--encoder-cuda-graph-max-bs must be >= 0 (0: off), "
                              f"got {self.encoder_cuda_graph_max_bs}")

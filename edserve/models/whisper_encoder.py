@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edserve.layers.add_norm import TORCH_ADD_NORM, AddNormOps, add_norm_ops
+from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
 from edserve.models.weights.fused import FusedLinear
 from edserve.models.whisper_config import WhisperConfig
 
@@ -59,6 +60,7 @@ class WhisperEncoderLayer(nn.Module):
         self.fc1 = nn.Linear(d, cfg.encoder_ffn_dim)
         self.fc2 = nn.Linear(cfg.encoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d)
+        self.linear_gelu: LinearGelu = linear_gelu_exact  # --encoder-gelu (layers/linear_gelu)
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None,
                 ops: AddNormOps) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +74,7 @@ class WhisperEncoderLayer(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v)  # [N, H, S, hd]
         x, h = ops.add_layer_norm(self.final_layer_norm, x,
                                   a.out_proj(o.transpose(1, 2).reshape(N, S, d)))
-        return x, self.fc2(F.gelu(self.fc1(h)))
+        return x, self.fc2(self.linear_gelu(self.fc1, h))
 
 
 def run_unfused_layer(layer: WhisperEncoderLayer, x: torch.Tensor) -> torch.Tensor:

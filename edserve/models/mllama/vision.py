@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edserve.layers.add_norm import NO_PENDING, AddNormOps, Pending, add_norm_ops, add_pending
+from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
 from edserve.models.mllama.config import MllamaVisionConfig
 from edserve.models.mllama.vision_plan import VISION_PLANS, VisionPlan
 from edserve.models.weights.fused import FusedLinear
@@ -48,9 +49,10 @@ class VisionMLP(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.linear_gelu: LinearGelu = linear_gelu_exact  # --encoder-gelu (layers/linear_gelu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(self.linear_gelu(self.fc1, x))
 
 
 class VisionEncoderLayer(nn.Module):
