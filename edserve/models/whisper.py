@@ -12,6 +12,12 @@ Fused projections (one GEMM each), filled from the HF-named checkpoint at load t
   * ``decoder.cross_kv_proj`` ``[L * 2d, d]``: every decoder layer's cross k/v, so the encoder
     output is projected for all layers at once at prefill (the cross K/V are projected once
     per request and then live in the pool).
+
+As in the encoder, every residual add of the decoder is fused into the LayerNorm that reads the
+sum next (:mod:`edserve.layers.add_norm`: one Triton kernel on CUDA, bit-identical torch ops
+elsewhere): a layer takes the stream and the previous layer's MLP output still to be added, and
+the final LayerNorm adds the last one. On the H200 at 64 decoding rows the separate adds and
+norms were 194 kernels per step (benchmarks/RESULTS.md, wave 9).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edserve.layers.add_norm import AddNormOps, add_norm_ops
 from edserve.layers.attention.base import Attention
 from edserve.layers.forward_batch import ForwardBatch
 from edserve.models.encoder_graphs import EncoderGraphs
@@ -65,25 +72,27 @@ class WhisperDecoderLayer(nn.Module):
         self.self_site = Attention(layer_id, H, H, self.head_dim, scaling, is_cross=False)
         self.cross_site = Attention(layer_id, H, H, self.head_dim, scaling, is_cross=True)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch,
-                cross_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        # x: [T, d]; cross_kv: this layer's projected encoder k, v [sum encoder_lens, H, hd]
-        # at prefill (written to the pool by the cross site), else None
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch,
+                cross_kv: tuple[torch.Tensor, torch.Tensor] | None,
+                ops: AddNormOps) -> tuple[torch.Tensor, torch.Tensor]:
+        # x, delta: [T, d] (delta: the previous layer's MLP output, not yet added; None for the
+        # first layer) -> (x + delta + attention outputs, this layer's MLP output), [T, d].
+        # cross_kv: this layer's projected encoder k, v [sum encoder_lens, H, hd] at prefill
+        # (written to the pool by the cross site), else None
         T, d = x.shape
         a = self.self_attn
-        qkv = a.qkv_proj(self.self_attn_layer_norm(x))  # [T, 3d]
+        x, h = ops.add_layer_norm(self.self_attn_layer_norm, x, delta)
+        qkv = a.qkv_proj(h)  # [T, 3d]
         q, k, v = qkv.view(T, 3, self.num_heads, self.head_dim).unbind(1)  # [T, H, hd]
         o = self.self_site(q, k, v, batch)  # [T, H, hd]
-        x = x + a.out_proj(o.reshape(T, d))
+        x, h = ops.add_layer_norm(self.encoder_attn_layer_norm, x, a.out_proj(o.reshape(T, d)))
 
         c = self.encoder_attn
-        q = c.q_proj(self.encoder_attn_layer_norm(x)).view(T, self.num_heads, self.head_dim)
+        q = c.q_proj(h).view(T, self.num_heads, self.head_dim)
         k, v = cross_kv if cross_kv is not None else (None, None)
         o = self.cross_site(q, k, v, batch)  # [T, H, hd]
-        x = x + c.out_proj(o.reshape(T, d))
-
-        h = self.final_layer_norm(x)
-        return x + self.fc2(F.gelu(self.fc1(h)))
+        x, h = ops.add_layer_norm(self.final_layer_norm, x, c.out_proj(o.reshape(T, d)))
+        return x, self.fc2(F.gelu(self.fc1(h)))
 
 
 class WhisperDecoder(nn.Module):
@@ -150,6 +159,8 @@ class WhisperForConditionalGeneration(nn.Module):
         self.config = cfg
         self.model = _Inner(cfg)
         self.encoder_graphs: EncoderGraphs | None = None  # capture_encoder_graphs
+        # The decoder's add + norm ops; None: chosen by the stream's device (add_norm_ops)
+        self.add_norm: AddNormOps | None = None
 
     # Sizes the engine needs to lay out the KV pool.
     @property
@@ -237,9 +248,11 @@ class WhisperForConditionalGeneration(nn.Module):
         x = dec.embed_tokens(input_ids) + dec.embed_positions(positions)
         # prefill: the encoder output projected for every layer (one GEMM), consumed in order
         cross = dec.cross_kv(encoder_states) if encoder_states is not None else None
+        ops = self.add_norm or add_norm_ops(x)
+        delta = None  # [T, d]: the last layer's MLP output, added by the next norm
         for layer in dec.layers:
-            x = layer(x, batch, next(cross) if cross is not None else None)
-        return dec.layer_norm(x)
+            x, delta = layer(x, delta, batch, next(cross) if cross is not None else None, ops)
+        return ops.add_layer_norm(dec.layer_norm, x, delta)[1]
 
     def write_cross_kv(self, encoder_states: torch.Tensor, batch: ForwardBatch) -> None:
         """A prefill's cross K/V without the decoder pass: ``encoder_states``
