@@ -1,7 +1,8 @@
 """The Triton KV row-copy kernel (CPU interpreter without CUDA) writes exactly what
 ``index_put`` writes: strided sources (a layer's k/v inside the fused cross-K/V GEMM output),
 float32 and bfloat16, int32/int64 slots, widths that are not a power of two; and KVPool.set_kv
-routes long writes through it with the same pool contents as the index_put path."""
+routes every write (an encoder's 1500 rows, a decode step's one per request) through it with the
+same pool contents as the index_put path."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from edserve.kernels.kv_write import write_kv_rows  # noqa: E402
-from edserve.mem_cache.kv_pool import KERNEL_MIN_ROWS, KVPool  # noqa: E402
+from edserve.mem_cache.kv_pool import KVPool  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter needs CPU tensors
 
@@ -40,8 +41,14 @@ def test_rows_equal_index_put(heads, dim, dtype, loc_dtype):
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 128])
-def test_pool_long_writes_use_the_kernel_and_equal_index_put(page_size):
-    n = KERNEL_MIN_ROWS + 37  # an encoder's cross K/V ending mid-page
+def test_pool_writes_use_the_kernel_and_equal_index_put(page_size, monkeypatch):
+    from edserve.kernels import kv_write
+
+    launches = []
+    real = kv_write.write_kv_rows
+    monkeypatch.setattr(kv_write, "write_kv_rows",
+                        lambda *a: launches.append(a[2].shape[0]) or real(*a))
+    n = 549  # an encoder's cross K/V ending mid-page
     pools = [KVPool(2048, page_size, 2, 2, 8, torch.float32, DEVICE, write_kernel=w)
              for w in (True, False)]
     assert pools[0].write_kernel and not pools[1].write_kernel
@@ -49,11 +56,12 @@ def test_pool_long_writes_use_the_kernel_and_equal_index_put(page_size):
     y = torch.randn(n, 2, 2, 2, 8, generator=gen).to(DEVICE)  # [n, layers, k|v, H, D]
     start = page_size + 3 * page_size  # page 4 onwards, contiguous slots
     loc = torch.arange(start, start + n, device=DEVICE)
-    short = torch.tensor([2, 2047], device=DEVICE)  # decode-size, outside loc: index_put
+    short = torch.tensor([2, 2047], device=DEVICE)  # a decode step's rows, outside loc
     for pool in pools:
         for layer in range(2):
             pool.set_kv(layer, loc, y[:, layer, 0], y[:, layer, 1])
             pool.set_kv(layer, short, y[:2, layer, 1], y[:2, layer, 0])
+    assert launches == [n, 2, n, 2]  # the kernel pool only, long and short writes alike
     for a, b in zip(pools[0].k_buffers + pools[0].v_buffers,
                     pools[1].k_buffers + pools[1].v_buffers, strict=True):
         assert torch.equal(a, b)

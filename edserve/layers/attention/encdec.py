@@ -100,12 +100,12 @@ class EncoderDecoderBackend(AttentionBackend):
                 return torch.zeros_like(q)
             k_cache, v_cache = pool.get_kv(layer.layer_id)
             g = meta.grouped
-            if g is not None:  # rows of a group: one read of their shared region
-                out = self.ops.grouped_cross(q, k_cache, v_cache, g.group_rows, g.kv_lens,
-                                             layer.scaling, **g.keys)
-            else:
-                out = self.attend(q, k_cache, v_cache, layer, meta.cross_batch or batch,
-                                  meta.cross, cross=True)
+            if g is not None:  # rows of a group: one read of their shared region; the kernel
+                # writes zeros for rows without keys (kv_lens 0), so no guard pass follows
+                return self.ops.grouped_cross(q, k_cache, v_cache, g.group_rows, g.kv_lens,
+                                              layer.scaling, **g.keys)
+            out = self.attend(q, k_cache, v_cache, layer, meta.cross_batch or batch,
+                              meta.cross, cross=True)
             if meta.guard.empty_q is not None:  # mixed batch: zero only the empty requests
                 out = torch.where(meta.guard.empty_q[:, None, None], torch.zeros_like(out), out)
             return out

@@ -18,9 +18,11 @@ from edserve.mem_cache import KVPool
 H, HKV, D = 4, 2, 16
 
 
-def _layout(enc_lens, dec_lens, q_lens, strategy, page_size, gen):
-    """Random paged layout; returns (backend, batch, pool, per-request slot lists)."""
-    backend = create_backend(strategy, page_size, "torch")
+def _layout(enc_lens, dec_lens, q_lens, strategy, page_size, gen, ops="torch",
+            dtype=torch.float64, groups=False):
+    """Random paged layout; returns (backend, batch, pool, per-request slot lists).
+    ``groups``: a decode batch whose rows are groups of one (the grouped cross read)."""
+    backend = create_backend(strategy, page_size, ops)
     regions = [backend.encoder_region(e) for e in enc_lens]
     row_lens = [r + d for r, d in zip(regions, dec_lens, strict=True)]
     pages_per = [math.ceil(n / page_size) for n in row_lens]
@@ -34,7 +36,7 @@ def _layout(enc_lens, dec_lens, q_lens, strategy, page_size, gen):
         row = [mine[j // page_size] * page_size + j % page_size for j in range(n)]
         req_to_token[i + 1, :n] = torch.tensor(row, dtype=torch.int32)
         slots.append(row)
-    pool = KVPool((num_pages + 1) * page_size, page_size, 1, HKV, D, torch.float64)
+    pool = KVPool((num_pages + 1) * page_size, page_size, 1, HKV, D, dtype)
     k, v = pool.get_kv(0)
     k.copy_(torch.randn(k.shape, generator=gen, dtype=torch.float64))
     v.copy_(torch.randn(v.shape, generator=gen, dtype=torch.float64))
@@ -56,6 +58,8 @@ def _layout(enc_lens, dec_lens, q_lens, strategy, page_size, gen):
         encoder_offsets=torch.tensor(regions, dtype=torch.int32), req_to_token=req_to_token,
         kv_pool=pool, attn_backend=backend, page_size=page_size,
         seq_lens_cpu=list(dec_lens), encoder_lens_cpu=list(enc_lens))
+    if groups:
+        batch.cross_groups = torch.arange(len(enc_lens), dtype=torch.int32)[:, None]
     backend.init_forward_metadata(batch)
     assert T == batch.num_tokens
     return backend, batch, pool, slots, regions
@@ -137,3 +141,29 @@ def test_all_empty_cross_launches_no_kernel(monkeypatch):
     q = torch.randn(2, H, D, dtype=torch.float64)
     out = Attention(0, H, HKV, D, 0.25, is_cross=True)(q, None, None, batch)
     assert torch.equal(out, torch.zeros_like(q))
+
+
+@pytest.mark.parametrize("strategy", ["aligned", "flat"])
+@pytest.mark.parametrize("page_size", [1, 16, 128])
+def test_grouped_cross_read_gives_zeros_for_requests_without_encoder(strategy, page_size):
+    """The grouped kernel (Triton; the interpreter on CPU) writes zeros for rows whose request
+    has no encoder keys itself, so the backend adds no guard pass after it: a decode batch
+    mixing a Whisper clip, text-only requests and a short encoder matches the dense oracle."""
+    pytest.importorskip("triton")
+    gen = torch.Generator().manual_seed(page_size)
+    enc = CASES["mixed"]
+    dec = [int(x) for x in torch.randint(3, 40, (len(enc),), generator=gen)]
+    backend, batch, pool, slots, _ = _layout(enc, dec, [1] * len(enc), strategy, page_size,
+                                             gen, ops="triton", dtype=torch.float32,
+                                             groups=True)
+    assert batch.attn_metadata.grouped is not None and batch.attn_metadata.guard.any_empty
+    scale = D**-0.5
+    q = torch.randn(batch.num_tokens, H, D, generator=gen)
+    out = Attention(0, H, HKV, D, scale, is_cross=True)(q, None, None, batch)
+    kc, vc = pool.get_kv(0)
+    for i, e in enumerate(enc):
+        s = torch.tensor(slots[i][:e], dtype=torch.long)
+        ref = _dense(q[i:i + 1].double(), kc[s].double(), vc[s].double(), False, scale)
+        if e == 0:
+            assert torch.count_nonzero(out[i]) == 0
+        torch.testing.assert_close(out[i:i + 1].double(), ref, rtol=1e-5, atol=1e-5)
