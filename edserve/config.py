@@ -86,8 +86,9 @@ class EngineConfig:
         "trained; a separate pass over the MLP activations), tanh (the tanh approximation, "
         "within 4.8e-4 of exact; on CUDA fused into the fc1 GEMM as cuBLASLt's bias + GELU "
         "epilogue, one memory pass less per layer; elsewhere the same function as torch ops), "
-        "or auto (tanh on CUDA in bfloat16/float16, where the gap is under the dtype's "
-        "rounding; exact elsewhere). See benchmarks/RESULTS.md 'encoder GELU'.",
+        "or auto (tanh for Whisper on CUDA in bfloat16/float16, where the gap is under the "
+        "dtype's rounding and the prefill measured faster; exact elsewhere). See "
+        "benchmarks/RESULTS.md 'Encoder GELU'.",
         choices=("auto", "exact", "tanh"),
     )
     kv_cache_dtype: str = _f(

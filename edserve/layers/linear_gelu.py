@@ -51,19 +51,26 @@ def linear_gelu_tanh(fc: nn.Module, x: torch.Tensor) -> torch.Tensor:
 LINEAR_GELU: dict[str, LinearGelu] = {"exact": linear_gelu_exact, "tanh": linear_gelu_tanh}
 
 
+# models whose encoder MLPs take tanh under ``auto``: where it was measured faster (the Mllama
+# vision tower measured no change on the H200: 17.41 vs 17.86 ms per tile, RESULTS.md wave 9)
+AUTO_TANH_MODELS = ("whisper",)
+
+
 def resolve_linear_gelu(mode: str, device: torch.device, dtype: torch.dtype,
-                        tensor_parallel: bool = False) -> str:
-    """``--encoder-gelu auto``: ``tanh`` on CUDA in bfloat16/float16 (the epilogue fuses there,
-    and the forms' gap is a few percent of one rounding step of those dtypes: on the H200 the
-    large-v3 encoder's output moved by as much as between two exact implementations), else
-    ``exact`` (CPU, float32, tensor-parallel ranks). An explicit mode is returned as is."""
+                        model_type: str | None) -> str:
+    """``--encoder-gelu auto``: ``tanh`` for a model of :data:`AUTO_TANH_MODELS` on CUDA in
+    bfloat16/float16 (the epilogue fuses there, and the forms' gap is a few percent of one
+    rounding step of those dtypes: on the H200 the large-v3 encoder's output moved by as much
+    as between two exact implementations), else ``exact`` (CPU, float32, other models). An
+    explicit mode is returned as is."""
     if mode != "auto":
         if mode not in LINEAR_GELU:
             raise ValueError(f"--encoder-gelu must be auto or one of {sorted(LINEAR_GELU)}, "
                              f"got {mode!r}")
         return mode
     half = dtype in (torch.bfloat16, torch.float16)
-    return "tanh" if device.type == "cuda" and half and not tensor_parallel else "exact"
+    fused = device.type == "cuda" and half and model_type in AUTO_TANH_MODELS
+    return "tanh" if fused else "exact"
 
 
 def set_linear_gelu(model: nn.Module, mode: str) -> int:

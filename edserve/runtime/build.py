@@ -16,7 +16,7 @@ from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.engine import Engine
 from edserve.engine.parts import EngineParts
 from edserve.layers.attention import create_backend
-from edserve.layers.linear_gelu import set_linear_gelu
+from edserve.layers.linear_gelu import resolve_linear_gelu, set_linear_gelu
 from edserve.models.catalog import model_cache_dir
 from edserve.models.cpu_linear import apply_cpu_linear
 from edserve.models.fp8 import apply_encoder_dtype
@@ -61,7 +61,8 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         del checkpoint
         model = quantize_model(model, config.quantization)
         model = apply_encoder_dtype(model, config.encoder_dtype)
-        set_linear_gelu(model, s.encoder_gelu)
+        set_linear_gelu(model, resolve_linear_gelu(config.encoder_gelu, s.device, s.dtype,
+                                                   getattr(model, "model_type", None)))
         model = apply_cpu_linear(model, config.cpu_linear, s.onednn_linears,
                                  config.compile_encoder)
         _encoder_options(model, config, s)

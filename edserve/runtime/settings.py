@@ -11,7 +11,6 @@ import torch
 from edserve.config import EngineConfig
 from edserve.engine.cpu_modes import apply_threads, auto_cpu_dtype, cpu_features
 from edserve.layers.attention import resolve_page_size
-from edserve.layers.linear_gelu import resolve_linear_gelu
 from edserve.models.cpu_linear import use_onednn
 from edserve.models.fp8 import check_fp8, kv_cache_dtype
 from edserve.models.quantize import check_supported
@@ -30,7 +29,6 @@ class RuntimeSettings:
     page_size: int
     kv_dtype: torch.dtype  # KV-cache storage (fp8 e4m3 with --kv-cache-dtype fp8)
     onednn_linears: bool = False  # --cpu-linear resolved: pack float32 linears for oneDNN
-    encoder_gelu: str = "exact"  # --encoder-gelu resolved: exact or tanh (layers/linear_gelu)
 
     @property
     def on_cuda(self) -> bool:
@@ -75,10 +73,8 @@ def resolve_settings(config: EngineConfig) -> RuntimeSettings:
     page_size = resolve_page_size(config.page_size, config.encoder_kv, ops, restrict)
     check_fp8(config.encoder_dtype, config.kv_cache_dtype, config.quantization, device, ops,
               dtype)
-    gelu = resolve_linear_gelu(config.encoder_gelu, device, dtype,
-                               config.tensor_parallel_size > 1)
     return RuntimeSettings(device, dtype, threads, ops, page_size,
-                           kv_cache_dtype(config.kv_cache_dtype, dtype), onednn, gelu)
+                           kv_cache_dtype(config.kv_cache_dtype, dtype), onednn)
 
 
 def use_cuda_graph(config: EngineConfig, settings: RuntimeSettings) -> bool:

@@ -90,16 +90,16 @@ def test_tanh_changes_the_encoder_output_but_not_the_jfk_transcript():
     assert engine.tokenizer.decode(outs["tanh"].token_ids).strip() == TINY_EN_TEXT
 
 
-def test_auto_is_tanh_only_on_cuda_in_half_precision():
+def test_auto_is_tanh_only_for_whisper_on_cuda_in_half_precision():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert resolve_linear_gelu("auto", cuda, torch.bfloat16) == "tanh"
-    assert resolve_linear_gelu("auto", cuda, torch.float16) == "tanh"
-    assert resolve_linear_gelu("auto", cuda, torch.float32) == "exact"
-    assert resolve_linear_gelu("auto", cpu, torch.bfloat16) == "exact"
-    assert resolve_linear_gelu("auto", cuda, torch.bfloat16, tensor_parallel=True) == "exact"
-    assert resolve_linear_gelu("tanh", cpu, torch.float32) == "tanh"  # asked for: as given
+    assert resolve_linear_gelu("auto", cuda, torch.bfloat16, "whisper") == "tanh"
+    assert resolve_linear_gelu("auto", cuda, torch.float16, "whisper") == "tanh"
+    assert resolve_linear_gelu("auto", cuda, torch.float32, "whisper") == "exact"
+    assert resolve_linear_gelu("auto", cpu, torch.bfloat16, "whisper") == "exact"
+    assert resolve_linear_gelu("auto", cuda, torch.bfloat16, "mllama") == "exact"  # not faster
+    assert resolve_linear_gelu("tanh", cpu, torch.float32, "mllama") == "tanh"  # as given
     with pytest.raises(ValueError, match="auto or one of"):
-        resolve_linear_gelu("fast", cpu, torch.float32)
+        resolve_linear_gelu("fast", cpu, torch.float32, "whisper")
 
 
 def test_default_cpu_engine_keeps_the_exact_form():
