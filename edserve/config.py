@@ -22,6 +22,7 @@ MEL_PADDINGS = ("silence", "zeros")
 
 ENCODER_KV_STRATEGIES = ("aligned", "ragged", "flat")
 QUANTIZATION_MODES = ("none", "int8")
+CPU_LINEAR_MODES = ("auto", "mkl", "onednn")  # --cpu-linear (edserve.models.cpu_linear)
 
 
 def check_mel_padding(value: object) -> str:
@@ -70,7 +71,7 @@ class EngineConfig:
         "weights reordered once at load: measured 2-2.7x faster for the logits and beam-width "
         "GEMMs on an AMD EPYC, where MKL runs slow paths), or auto (onednn on CPUs not made by "
         "Intel, mkl on Intel's). Whisper, --dtype float32, no --quantization; see README 'CPU'.",
-        choices=("auto", "mkl", "onednn"),
+        choices=CPU_LINEAR_MODES,
     )
     encoder_dtype: str = _f(
         "auto",
@@ -278,7 +279,7 @@ class EngineConfig:
         if self.quantization not in QUANTIZATION_MODES:
             raise ValueError(f"--quantization must be one of {QUANTIZATION_MODES}, "
                              f"got {self.quantization!r}")
-        if self.cpu_linear not in ("auto", "mkl", "onednn"):
+        if self.cpu_linear not in CPU_LINEAR_MODES:
             raise ValueError(f"--cpu-linear must be auto, mkl or onednn, got {self.cpu_linear!r}")
         if self.cpu_compile not in ("auto", "on", "off"):
             raise ValueError(f"--cpu-compile must be auto, on or off, got {self.cpu_compile!r}")

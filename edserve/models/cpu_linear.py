@@ -33,9 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edserve.config import CPU_LINEAR_MODES
 from edserve.models.opaque_linear import OpaqueLinear, replace_linears
-
-CPU_LINEARS = ("auto", "mkl", "onednn")
 
 
 def cpu_vendor() -> str:
@@ -55,8 +54,8 @@ def use_onednn(mode: str, device: torch.device, dtype: torch.dtype, quantization
     """Whether ``--cpu-linear mode`` packs this model's linears (see the module doc).
     ``onednn`` on an engine it cannot apply to (not float32 on CPU without quantization) is a
     ValueError; ``auto`` then leaves the model as it is."""
-    if mode not in CPU_LINEARS:
-        raise ValueError(f"--cpu-linear must be one of {CPU_LINEARS}, got {mode!r}")
+    if mode not in CPU_LINEAR_MODES:
+        raise ValueError(f"--cpu-linear must be one of {CPU_LINEAR_MODES}, got {mode!r}")
     if mode == "mkl":
         return False
     fits = device.type == "cpu" and dtype == torch.float32 and quantization == "none"
