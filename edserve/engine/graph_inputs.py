@@ -11,7 +11,8 @@ Models whose text tokens see only part of the encoder output (Mllama: ``reads_cr
 get a static ``[max_bs, 2]`` key-range buffer, so decode batches that mix image rows and
 text-only rows replay one graph: a row without a range (text-only request, or a request that
 does not restrict its keys) reads ``[0, encoder_len)``, and rows of length 0 are zeroed by the
-backend's device-side guard and the model's row masks, with no host branch on values.
+backend's device-side guard (or the grouped kernel) and the model's row masks, with no host
+branch on values.
 """
 
 from __future__ import annotations

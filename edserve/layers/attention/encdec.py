@@ -1,4 +1,6 @@
-"""Shared machinery of the encoder-decoder backends: KV writes and the empty-encoder guard.
+"""Shared machinery of the encoder-decoder backends: KV writes and the empty-encoder guard
+(rows of requests without encoder keys get a zero cross-attention output: a device-side
+``where`` after the per-row read; the grouped kernel writes those zeros itself).
 
 Subclasses (one per encoder-KV strategy) only say where a request's encoder region ends and how
 its two regions are read (:meth:`build_metadata`, :meth:`attend`), and, if they can, how a row
