@@ -5,6 +5,7 @@
 #   beam-device (~6 min), serve-ab (~7 min: admission batching), serve (~9 min: audio pool in-process vs --engine-process), soak (10,000 requests at 256)
 #   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min),
 #   mllama-kernels (~0.5 min), chat (~3 min); gpu-all: every test marked gpu (~5-9 min)
+#   idle (~4 min: GPU-idle time by host frame), serve-now (~3 min: the default server at 1 and 32 clients)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -100,5 +101,21 @@ for part in "$@"; do
     chat) timeout 120 python3 benchmarks/chat_load.py --save-random /tmp/mllama_small --size small 2>&1 | tail -2
           timeout 240 python3 -W ignore benchmarks/chat_load.py --serve /tmp/mllama_small --clients 32 --requests 256 \
              --max-tokens 64 --json "$OUT/chat_load.json" 2>&1 | tee "$OUT/chat_load.log" | tail -5 ;;
+    # wave 10: GPU-idle time by the engine thread's frame (arrivals, a 16-clip prefill, 64-row decode)
+    idle) (cd benchmarks && timeout 360 python3 -W ignore gpu_idle.py 2>&1 | grep -v "custom logits" \
+             | tee "$OUT/gpu_idle.log") ;;
+    # the default server at 1 and 32 clients, short clips only (~3 min)
+    serve-now) (cd benchmarks && timeout 300 python3 -W ignore serve_gpu.py --concurrency 1 32 --longform 0 \
+             --json "$OUT/serve_now.json" 2>&1 | tee "$OUT/serve_now.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    idle-serve) (cd benchmarks && timeout 300 python3 -W ignore gpu_idle.py --scenarios serve arrivals 2>&1 \
+             | grep -v "custom logits" | tee "$OUT/gpu_idle_serve.log") ;;
+    w10-tests) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_mel_staging.py \
+             tests/engine/test_prefill_syncs.py tests/models/test_encoder_graphs.py -rs 2>&1 \
+             | tee "$OUT/w10_tests.log" | tail -8 ;;
+    host-copy) timeout 120 python3 benchmarks/host_copy_micro.py 2>&1 | tee "$OUT/host_copy.log" ;;
+    prefill-w10) timeout 300 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --variants tanh \
+             --repeats 9 2>&1 | tee "$OUT/prefill_w10.log" | grep -A4 "^# batch" ;;
+    arrivals-mixed) timeout 300 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 \
+             | tee "$OUT/arrivals_mixed.log" ;;
   esac
 done
