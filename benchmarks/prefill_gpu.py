@@ -192,6 +192,8 @@ def measure(vs: Variants, engine, hf, names: list[str], n: int, args, dev: str,
     host = [torch.randn(n_mels, 3000, generator=gen) * 0.5 for _ in range(n)]
     feats = torch.stack(host).to(device=dev, dtype=dtype)
     on_dev = [m.to(dev) for m in host]  # the encoder without the host stack + upload
+    # as the engine gets them since wave 10: page-locked at submission (MelStager)
+    staged = [engine.model.stage_encoder_input(m) for m in host]
     step = prefill_step(engine, host)
     t: dict[str, list[float]] = {"hf": []}
     with torch.inference_mode():
@@ -203,16 +205,20 @@ def measure(vs: Variants, engine, hf, names: list[str], n: int, args, dev: str,
                     timed_ms(lambda: engine.model.encode(host), dev, 1))
                 t.setdefault(f"dev {name}", []).append(
                     timed_ms(lambda: engine.model.encode(on_dev), dev, 1))
+                t.setdefault(f"stg {name}", []).append(
+                    timed_ms(lambda: engine.model.encode(staged), dev, 1))
                 t.setdefault(f"pre {name}", []).append(timed_ms(step, dev, 1))
     m = {k: statistics.median(v) / n for k, v in t.items()}
     print(f"\n# batch {n}: ms per 30 s clip; HF encoder {m['hf']:.3f}, floor {floor_ms:.2f}")
-    print("(encode: host log-mels in, as the engine gets them; mels on GPU: HF's input)")
-    print("path           encode  mels on GPU  prefill  encode/HF  GPU-mels/HF  prefill/HF  "
-          "%floor (encode)")
+    print("(encode: plain host log-mels in; staged: page-locked at submission, as the engine "
+          "gets them; mels on GPU: HF's input)")
+    print("path           encode  staged  mels on GPU  prefill  encode/HF  staged/HF  "
+          "GPU-mels/HF  prefill/HF  %floor (encode)")
     for name in names:
-        e, g, p = m[f"enc {name}"], m[f"dev {name}"], m[f"pre {name}"]
-        print(f"{name:13s} {e:7.3f}  {g:11.3f}  {p:7.3f}  {e / m['hf']:9.2f}  "
-              f"{g / m['hf']:11.2f}  {p / m['hf']:10.2f}  {100 * floor_ms / e:15.1f}")
+        e, st, g, p = (m[f"{k} {name}"] for k in ("enc", "stg", "dev", "pre"))
+        print(f"{name:13s} {e:7.3f}  {st:6.3f}  {g:11.3f}  {p:7.3f}  {e / m['hf']:9.2f}  "
+              f"{st / m['hf']:9.2f}  {g / m['hf']:11.2f}  {p / m['hf']:10.2f}  "
+              f"{100 * floor_ms / e:15.1f}")
     return {name: m[f"pre {name}"] for name in names}
 
 

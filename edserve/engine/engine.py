@@ -120,7 +120,11 @@ class Engine:
         token when ``stream``, else only with the final output. A request's ``readout``
         (:mod:`edserve.engine.readout`) runs here and comes back in its output."""
         request, on_delta = readout.attach(request, self.model, on_delta)
-        self._inbox.put(("add", self.make_req(request, on_delta, stream)))
+        req = self.make_req(request, on_delta, stream)
+        stage = getattr(self.model, "stage_encoder_input", None)  # Whisper: pinned log-mels
+        if stage is not None and req.encoder_input is not None:
+            req.encoder_input = stage(req.encoder_input)
+        self._inbox.put(("add", req))
         return request.rid
 
     def abort(self, rid: str) -> None:

@@ -33,6 +33,7 @@ from edserve.layers.add_norm import AddNormOps, add_norm_ops
 from edserve.layers.attention.base import Attention
 from edserve.layers.forward_batch import ForwardBatch
 from edserve.models.encoder_graphs import EncoderGraphs
+from edserve.models.mel_staging import MelStager, mels_to_device
 from edserve.models.weights.fused import FusedLinear, load_hf_tensors
 from edserve.models.whisper_config import WhisperConfig
 from edserve.models.whisper_encoder import SelfAttention, WhisperEncoder
@@ -127,21 +128,6 @@ class WhisperDecoder(nn.Module):
             del y
 
 
-def _stack_to_device(mels: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """``torch.stack(mels)`` on ``device``. On CUDA, host log-mels are stacked straight into one
-    page-locked buffer and uploaded by one non-blocking copy (a copy from pageable memory would
-    make the host wait for the device); PyTorch's caching host allocator keeps the buffer alive
-    until the copy has run."""
-    if device.type != "cuda" or all(m.device == device for m in mels):
-        return torch.stack([m.to(device) for m in mels])
-    if any(m.device.type != "cpu" for m in mels):  # some already on a device: one copy each
-        return torch.stack([m.pin_memory().to(device, non_blocking=True)
-                            if m.device.type == "cpu" else m.to(device) for m in mels])
-    host = torch.empty((len(mels), *mels[0].shape), dtype=mels[0].dtype, pin_memory=True)
-    torch.stack(mels, out=host)
-    return host.to(device, non_blocking=True)
-
-
 class _Inner(nn.Module):
     def __init__(self, cfg: WhisperConfig) -> None:
         super().__init__()
@@ -161,6 +147,7 @@ class WhisperForConditionalGeneration(nn.Module):
         self.encoder_graphs: EncoderGraphs | None = None  # capture_encoder_graphs
         # The decoder's add + norm ops; None: chosen by the stream's device (add_norm_ops)
         self.add_norm: AddNormOps | None = None
+        self.mel_stager = MelStager()  # page-locked log-mels at submission (CUDA)
 
     # Sizes the engine needs to lay out the KV pool.
     @property
@@ -210,6 +197,21 @@ class WhisperForConditionalGeneration(nn.Module):
             raise ValueError(f"Whisper expects a floating-point log-mel tensor of shape "
                              f"{list(expected)}, got {got}")
 
+    def stage_encoder_input(self, mel: Any) -> Any:
+        """A validated log-mel, ready for a fast upload (any thread, at submission): on CUDA a
+        page-locked copy (:class:`~edserve.models.mel_staging.MelStager`), else ``mel``."""
+        return self.mel_stager.stage(mel, next(self.parameters()).device)
+
+    def warm_encoder(self, max_bs: int) -> None:
+        """``--encoder-warmup-max-bs``: the encoder once at every batch size 1..``max_bs`` on
+        zero log-mels, so cuDNN/cuBLAS make their per-shape choices now, not while serving."""
+        p = next(self.parameters())
+        mel = torch.zeros(self.config.num_mel_bins, 2 * self.config.max_source_positions,
+                          device=p.device)
+        with torch.inference_mode():
+            for n in range(1, max_bs + 1):
+                self.encode([mel] * n)
+
     def encode(self, encoder_inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Log-mels ``[n_mels, 3000]`` per request -> encoder states ``[1500, d]`` per request.
 
@@ -221,7 +223,8 @@ class WhisperForConditionalGeneration(nn.Module):
         p = next(self.parameters())
         for m in encoder_inputs:
             self._check_mel(m)
-        mel = _stack_to_device(encoder_inputs, p.device)  # [N, n_mels, 3000]
+        # [N, n_mels, 3000]
+        mel = mels_to_device(encoder_inputs, p.device, self.mel_stager.is_staged)
         graphs = self.encoder_graphs
         out = graphs.run(mel) if graphs is not None else None  # [N, 1500, d] or None
         if out is None:

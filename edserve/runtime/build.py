@@ -40,6 +40,9 @@ DEFAULT_PREFILL_TOKENS = {False: 65536, True: 262144}  # by "on CUDA"
 # --encoder-cuda-graph-max-bs unset, on CUDA: batches up to 4 clips are launch-bound (large-v3,
 # H200: batch 1 9.3 -> 5.7 ms per clip, batch 16 unchanged; benchmarks/RESULTS.md)
 ENCODER_GRAPH_MAX_BS_AUTO = 4
+# --encoder-warmup-max-bs unset, on CUDA: arrivals prefill in batches of 1..16 at 32 clients;
+# each new batch size cost ~4 ms of host time in cuDNN/cuBLAS (large-v3, H200, gpu_idle.py)
+ENCODER_WARMUP_MAX_BS_AUTO = 16
 
 
 def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
@@ -66,6 +69,10 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         model = apply_cpu_linear(model, config.cpu_linear, s.onednn_linears,
                                  config.compile_encoder)
         _encoder_options(model, config, s)
+        warm = config.encoder_warmup_max_bs
+        warm = (ENCODER_WARMUP_MAX_BS_AUTO if s.on_cuda else 0) if warm is None else warm
+        if warm and hasattr(model, "warm_encoder"):
+            model.warm_encoder(warm)
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops,
                              grouped_cross=config.grouped_cross_attention)
