@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from edserve.engine.host_copy import to_device
+
 
 @dataclass
 class FilterContext:
@@ -52,9 +54,9 @@ def vocab_mask(ids: tuple[int, ...], vocab: int, device: torch.device,
     key = (vocab, str(device))
     mask = cache.get(key)
     if mask is None:
-        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask = torch.zeros(vocab, dtype=torch.bool, pin_memory=device.type == "cuda")
         mask[[i for i in ids if 0 <= i < vocab]] = True
-        mask = cache[key] = mask.to(device)
+        mask = cache[key] = mask.to(device, non_blocking=True)  # no wait for the stream
     return mask
 
 
@@ -66,8 +68,8 @@ def vocab_ids(ids: tuple[int, ...], vocab: int, device: torch.device,
     key = ("ids", vocab, str(device))
     found = cache.get(key)
     if found is None:
-        found = torch.tensor(sorted({i for i in ids if 0 <= i < vocab}), dtype=torch.int64)
-        found = cache[key] = found.to(device)
+        found = cache[key] = to_device(sorted({i for i in ids if 0 <= i < vocab}),
+                                       torch.int64, device)
     return found
 
 

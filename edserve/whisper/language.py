@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from edserve.engine.host_copy import to_device
 from edserve.engine.logits_filter import FilterContext, LogitsFilter, vocab_mask
 from edserve.tokenizer import WhisperTokenizer
+from edserve.whisper.logits import interned
 
 NEG_INF = float("-inf")
 
@@ -67,7 +69,10 @@ class DetectLanguage(LogitsFilter):
 
     @classmethod
     def of(cls, tokenizer: WhisperTokenizer) -> DetectLanguage:
-        return cls(tuple(tokenizer.language_token(c) for c in tokenizer.all_language_codes))
+        # shared per id set: its device mask is built and uploaded once per model, not once
+        # per request (a server detects the language of every request without one)
+        return interned(cls, tuple(tokenizer.language_token(c)
+                                   for c in tokenizer.all_language_codes))
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         here = ctx.lengths == self.at  # [n]
@@ -91,8 +96,8 @@ class ForceTokens(LogitsFilter):
             return
         forced = self._dev.get(str(logits.device))
         if forced is None:
-            forced = self._dev[str(logits.device)] = torch.tensor(
-                self.tokens, dtype=torch.int64).to(logits.device)
+            forced = self._dev[str(logits.device)] = to_device(self.tokens, torch.int64,
+                                                               logits.device)
         j = ctx.lengths - self.start  # [n]
         active = (j >= 0) & (j < len(self.tokens))
         want = forced[j.clamp(0, len(self.tokens) - 1)]  # [n]
@@ -126,5 +131,5 @@ def detection_chain(tokenizer: WhisperTokenizer, tail: list[int],
                     filters: list[LogitsFilter]) -> list[LogitsFilter]:
     """The filter chain of a row that detects the language at step 0, then is forced through
     ``tail`` (the sot sequence after the language token), then decodes under ``filters``."""
-    return [DetectLanguage.of(tokenizer), ForceTokens(tuple(tail), 1),
+    return [DetectLanguage.of(tokenizer), interned(ForceTokens, tuple(tail)),  # start 1
             Shifted(tuple(filters), 1 + len(tail))]

@@ -29,7 +29,7 @@ _INTERNED: dict[tuple, Any] = {}
 _MAX_INTERNED = 256  # distinct id sets kept (a model has a handful; bounds odd callers)
 
 
-def _interned(cls: type, ids: tuple[int, ...]) -> Any:
+def interned(cls: type, ids: tuple[int, ...]) -> Any:
     """One shared instance per (filter class, ids): every task of a model reuses it and its
     device masks (built and uploaded once, not once per task)."""
     key = (cls, ids)
@@ -50,7 +50,7 @@ class SuppressTokens(LogitsFilter):
 
     @classmethod
     def of(cls, ids: list[int] | tuple[int, ...]) -> SuppressTokens:
-        return _interned(cls, tuple(sorted(set(ids))))
+        return interned(cls, tuple(sorted(set(ids))))
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         # only the suppressed columns are written (~90 of tiny.en's 51864)
@@ -67,7 +67,7 @@ class SuppressBlank(LogitsFilter):
 
     @classmethod
     def of(cls, tokenizer: WhisperTokenizer) -> SuppressBlank:
-        return _interned(cls, tuple(tokenizer.encode(" ") + [tokenizer.eot]))
+        return interned(cls, tuple(tokenizer.encode(" ") + [tokenizer.eot]))
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         cols = vocab_ids(self.ids, logits.shape[-1], logits.device, self._masks)  # [K]

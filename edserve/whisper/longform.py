@@ -163,7 +163,8 @@ class LongformTask:
             temperature=t, seed=o.seed + self.seek * 7 + self._temp_index if t else None,
             max_new_tokens=(o.max_new_tokens or self.n_ctx // 2) + forced,
             length_penalty=o.length_penalty, **group)
-        retry_left = self._temp_index + 1 < len(o.temperatures)
+        # a handle is kept only for a retry that can happen (and is released after it)
+        retry_left = o.may_fall_back and self._temp_index + 1 < len(o.temperatures)
         req = GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=host_contiguous(features),
                               sampling=sampling, logits_processors=filters,
                               no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech,

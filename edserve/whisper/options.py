@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from edserve.config import check_mel_padding
@@ -70,6 +71,17 @@ class TranscribeOptions:
     patience: float | None = None
     length_penalty: float | None = None
     mel_padding: str = "silence"
+
+    @property
+    def may_fall_back(self) -> bool:
+        """A window can be decoded again: a next temperature exists and a threshold can be
+        crossed (``inf`` / ``-inf`` thresholds, as servers pass to turn fallback off, never
+        are; nor is None)."""
+        ratio = self.compression_ratio_threshold
+        logprob = self.logprob_threshold
+        return len(self.temperatures) > 1 and (
+            (ratio is not None and ratio != math.inf)
+            or (logprob is not None and logprob != -math.inf))
 
     def __post_init__(self) -> None:
         check_mel_padding(self.mel_padding)

@@ -77,3 +77,24 @@ def test_failed_window_hands_its_handle_back():
         task.feed(GenerateOutput(retry.rid, [], [], FinishReason.ERROR, error="boom"))
     assert task.take_released() == [handle]
     assert task.abandon() == []
+
+
+@pytest.mark.parametrize("opts,keeps", [
+    (TranscribeOptions(), True),  # the defaults can fall back
+    (TranscribeOptions(temperatures=(0.0,)), False),  # no next temperature
+    (TranscribeOptions(compression_ratio_threshold=float("inf"),
+                       logprob_threshold=float("-inf")), False),  # servers' "fallback off"
+    (TranscribeOptions(compression_ratio_threshold=None, logprob_threshold=None), False),
+    (TranscribeOptions(compression_ratio_threshold=float("inf")), True),  # logprob still can
+])
+def test_a_handle_is_kept_only_when_a_retry_can_happen(opts, keeps):
+    """Keeping the encoder costs a release later (and pages held meanwhile): only for windows
+    that may be decoded again."""
+    from whisper_fixtures import tokenizer_json
+
+    from edserve.tokenizer import WhisperTokenizer
+
+    tok = WhisperTokenizer.from_file(str(tokenizer_json()))
+    task = LongformTask(torch.zeros(16000).numpy(), tok, 80, opts, reuse_encoder=True)
+    assert opts.may_fall_back == keeps
+    assert task.next_request().keep_encoder == keeps
