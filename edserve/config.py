@@ -117,11 +117,11 @@ class EngineConfig:
     )
     encoder_warmup_max_bs: int | None = _f(
         None,
-        "Run the encoder once at start-up at every batch size 1..N (Whisper, CUDA): cuDNN and "
-        "cuBLAS choose their kernels per shape on first use (large-v3 on an H200: ~4 ms of "
-        "host time per new batch size, while the GPU waits), so arrivals that prefill in "
-        "batches of varying size do not pay it while serving. Default: 16 on CUDA, 0 (off) "
-        "on CPU.",
+        "Run the encoder once at every batch size 1..N on the thread that steps the engine, "
+        "before it serves (Whisper, CUDA): cuDNN and cuBLAS choose their kernels per shape "
+        "and per thread on first use (large-v3 on an H200: milliseconds of host time per new "
+        "batch size while the GPU waits), so arrivals that prefill in batches of varying "
+        "size do not pay it while serving. Default: 16 on CUDA (one GPU), 0 (off) on CPU.",
     )
     threads: int | None = _f(
         None,

@@ -67,6 +67,7 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         _name_os_thread(self._thread.name)
+        self.engine.warm_up()  # kernel choices made on this thread, before the first request
         self._run_hooks()
         while not self._stop.is_set():
             called = self._run_one_call()

@@ -203,8 +203,9 @@ class WhisperForConditionalGeneration(nn.Module):
         return self.mel_stager.stage(mel, next(self.parameters()).device)
 
     def warm_encoder(self, max_bs: int) -> None:
-        """``--encoder-warmup-max-bs``: the encoder once at every batch size 1..``max_bs`` on
-        zero log-mels, so cuDNN/cuBLAS make their per-shape choices now, not while serving."""
+        """``--encoder-warmup-max-bs`` (:meth:`Engine.warm_up`): the encoder once at every batch
+        size 1..``max_bs`` on zero log-mels, so cuDNN/cuBLAS make their per-shape choices for
+        the calling thread now, not while serving."""
         p = next(self.parameters())
         mel = torch.zeros(self.config.num_mel_bins, 2 * self.config.max_source_positions,
                           device=p.device)

@@ -69,10 +69,10 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         model = apply_cpu_linear(model, config.cpu_linear, s.onednn_linears,
                                  config.compile_encoder)
         _encoder_options(model, config, s)
-        warm = config.encoder_warmup_max_bs
-        warm = (ENCODER_WARMUP_MAX_BS_AUTO if s.on_cuda else 0) if warm is None else warm
-        if warm and hasattr(model, "warm_encoder"):
-            model.warm_encoder(warm)
+    warm = config.encoder_warmup_max_bs  # run by the stepping thread (Engine.warm_up)
+    if warm is None:
+        warm = ENCODER_WARMUP_MAX_BS_AUTO if s.on_cuda and config.tensor_parallel_size == 1 \
+            else 0
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops,
                              grouped_cross=config.grouped_cross_attention)
@@ -88,7 +88,7 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         graphs = CompiledDecodeRunner(model, sizing.pools, running, model.max_encoder_len,
                                       max_decoder_len, after, model_cache_dir())
     return Engine(EngineParts(
-        config=config.replace(max_running_requests=running,
+        config=config.replace(max_running_requests=running, encoder_warmup_max_bs=warm,
                               beam_on_device=use_device_beams(config, s)),
         device=s.device, dtype=s.dtype,
         threads=s.threads, page_size=s.page_size, model=model, tokenizer=tokenizer,

@@ -6,6 +6,7 @@ every batch size once and changes no output."""
 from __future__ import annotations
 
 import gc
+import threading
 
 import pytest
 import torch
@@ -64,8 +65,16 @@ def test_warmup_runs_every_batch_size_and_changes_nothing(random_whisper, monkey
     cold = _tokens(build_engine(**kw), _mels(2))
     monkeypatch.setattr(WhisperForConditionalGeneration, "encode", counting)
     warm = build_engine(**kw, encoder_warmup_max_bs=3)
-    assert sizes == [1, 2, 3]  # at build, once per batch size
+    assert sizes == [] and warm.config.encoder_warmup_max_bs == 3  # on the stepping thread
     assert _tokens(warm, _mels(2)) == cold
+    assert sizes == [1, 2, 3, 2]  # the first step warmed, then the real batch of 2
+    warm.warm_up()
+    assert sizes == [1, 2, 3, 2]  # once per thread
+    other = threading.Thread(target=warm.warm_up)
+    other.start()
+    other.join()
+    assert sizes == [1, 2, 3, 2, 1, 2, 3]  # cuDNN plans and cuBLAS handles are per thread
+    assert build_engine(**kw).config.encoder_warmup_max_bs == 0  # CPU default: off
 
 
 @pytest.mark.gpu
