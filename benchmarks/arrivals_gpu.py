@@ -98,6 +98,15 @@ def callers(engine, reqs, concurrency: int) -> tuple[float, GapWatch]:
     return rate, watch
 
 
+def device_and_dtype(args) -> tuple[str, torch.dtype]:
+    """CUDA in bf16, or with ``--dry-run`` the toy model on CPU in fp32 with a few requests
+    (shared with ``gpu_idle.py``)."""
+    if args.dry_run:
+        args.arch, args.requests, args.concurrency, args.new_tokens = "toy", 6, 3, 3
+        return "cpu", torch.float32
+    return "cuda", torch.bfloat16
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="large-v3", choices=sorted(wg.ARCHS))
@@ -109,10 +118,8 @@ def main() -> None:
     ap.add_argument("--config", default="flat:128", help="strategy:page_size")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
-    dev = "cpu" if args.dry_run else "cuda"
-    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    dev, dtype = device_and_dtype(args)
     if args.dry_run:
-        args.arch, args.requests, args.concurrency, args.new_tokens = "toy", 6, 3, 3
         args.budgets = [1501 * 2]
     hf = wg.build_hf(args.arch, dev, dtype)
     strategy, ps = args.config.split(":")

@@ -28,7 +28,7 @@ import time
 
 import torch
 import whisper_gpu as wg
-from arrivals_gpu import callers, requests
+from arrivals_gpu import callers, device_and_dtype, requests
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from edserve.engine.request import GenerateRequest, SamplingParams
@@ -219,10 +219,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=15)
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
-    dev = "cpu" if args.dry_run else "cuda"
-    dtype = torch.float32 if args.dry_run else torch.bfloat16
-    if args.dry_run:
-        args.arch, args.requests, args.concurrency, args.new_tokens = "toy", 6, 3, 3
+    dev, dtype = device_and_dtype(args)
     hf = wg.build_hf(args.arch, dev, dtype)
     print(f"# {args.arch} {args.config}, sampling every {args.interval_us:.0f} us")
     for name in args.scenarios:
