@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from edserve.engine.batch_builder import Pools, release
-from edserve.engine.group_ops import hold_encoder, release_encoder
+from edserve.engine.group_ops import hold_encoder, release_encoder, release_row_keeping_region
 from edserve.engine.outputs import TokenDelta
 from edserve.engine.req import Req
 from edserve.engine.request import EncoderKV, FinishedKV, FinishReason
@@ -52,11 +52,18 @@ class Finisher:
     def finish(self, req: Req, reason: FinishReason, error: str | None,
                last: list[int]) -> None:
         """End a single-row request: KV hook, encoder hold, free its row, final delta."""
+        kept = None
         if req.req_pool_idx is not None:
             reason, error = self._run_hook(req, reason, error, lambda: self._finished_kv(req))
-            if req.request.keep_encoder and req.request.encoder_kv is None:
-                self._keep_or_release(req, hold_encoder(self.pools, req), reason)
-        release(self.pools, [req])
+            if req.request.keep_encoder and req.request.encoder_kv is None \
+                    and req.group is None and reason in (FinishReason.STOP, FinishReason.LENGTH):
+                # the row computed its region: the handle is its only other holder
+                kept = hold_encoder(self.pools, req, exclusive=True)
+        if kept is not None:
+            self.held[kept.id] = req.kept_encoder = kept
+            release_row_keeping_region(self.pools, req, kept)
+        else:
+            release(self.pools, [req])
         self._report(req, reason, error, last)
 
     def _run_hook(self, req: Req, reason: FinishReason, error: str | None,

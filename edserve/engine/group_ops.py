@@ -95,13 +95,31 @@ def group_results(sched: ScheduledBatch, tokens: list[int], logprobs: list[float
     return out
 
 
-def hold_encoder(pools: Pools, req: Req) -> EncoderKV | None:
-    """One more reference on ``req``'s encoder region (None when it has no encoder)."""
+def hold_encoder(pools: Pools, req: Req, exclusive: bool = False) -> EncoderKV | None:
+    """One more reference on ``req``'s encoder region (None when it has no encoder).
+    ``exclusive``: the caller knows no other handle counts the region's pages
+    (:attr:`EncoderKV.exclusive`)."""
     if req.enc_region == 0 or req.req_pool_idx is None:
         return None
     slots = pools.req_to_token_pool.req_to_token[req.req_pool_idx, :req.enc_region].long()
     pools.allocator.share(slots[::pools.allocator.page_size])
-    return EncoderKV(slots, req.encoder_len, req.enc_region)
+    return EncoderKV(slots, req.encoder_len, req.enc_region, exclusive=exclusive)
+
+
+def release_row_keeping_region(pools: Pools, req: Req, hold: EncoderKV) -> None:
+    """Free the row of a request that computed its own encoder region and now has ``hold``
+    on it: the region's pages drop the row's reference (the hold keeps them), the pages after
+    the region (the row's alone) go back; no host read. A page the region ends in mid-way
+    (the flat strategy's decoder starts there) belongs to the region."""
+    alloc, rtp = pools.allocator, pools.req_to_token_pool
+    ps = alloc.page_size
+    region_pages = -(-req.enc_region // ps)
+    alloc.drop_holds(hold.slots[::ps])
+    if req.row_len > region_pages * ps:
+        rest = rtp.req_to_token[req.req_pool_idx, region_pages * ps:req.row_len:ps].long()
+        alloc.free_page_starts(rest)
+    rtp.free(req)
+    req.kv_len = 0
 
 
 def release_encoder(pools: Pools, handle: EncoderKV, last_holder: bool = False) -> None:

@@ -81,7 +81,9 @@ class Req:
     def shares_pages(self) -> bool:
         """The row may hold pages other holders count too (its free drops references)."""
         r = self.request
-        return self.group is not None or r.encoder_kv is not None or r.keep_encoder
+        # (a keep_encoder row shares nothing until it finishes: Finisher.finish then frees it
+        # around the hold it takes, without a host read)
+        return self.group is not None or r.encoder_kv is not None
 
     def output(self) -> GenerateOutput:
         assert self.finish_reason is not None

@@ -244,6 +244,9 @@ class EncoderKV:
     encoder_len: int
     enc_region: int
     id: int = field(default_factory=lambda: next(_handle_ids))
+    # no other handle counts these pages (taken from a row that computed its own encoder):
+    # once no live request reuses it, releasing it frees every page without a host read
+    exclusive: bool = False
 
 
 @dataclass(frozen=True)

@@ -114,11 +114,14 @@ class Scheduler(RowGroupSteps):
 
     def release_encoder(self, handle: EncoderKV) -> None:
         """Drop a ``keep_encoder`` handle's reference (its pages free once unused)."""
-        if self.held.pop(handle.id, None) is None:
-            logger.warning("release_encoder: handle %d is not held (released twice?)",
-                           handle.id)
+        handle = self.held.pop(handle.id, None)
+        if handle is None:
+            logger.warning("release_encoder: handle is not held (released twice?)")
             return
-        release_encoder(self.pools, handle)
+        # an exclusive handle no live request reuses is its pages' last holder: no host read
+        in_use = any(r.request.encoder_kv is not None and r.request.encoder_kv.id == handle.id
+                     for r in (*self.running, *self.waiting))
+        release_encoder(self.pools, handle, last_holder=handle.exclusive and not in_use)
 
     @property
     def held(self) -> dict[int, EncoderKV]:

@@ -189,3 +189,47 @@ def test_group_settings_are_validated(random_whisper):
     engine.release_encoder(kept)
     engine.step()
     assert engine.pools.allocator.num_used() == 0
+
+
+@pytest.mark.parametrize("strategy,page_size", [("flat", "128"), ("flat", "16"),
+                                                ("aligned", "16"), ("ragged", "1")])
+def test_kept_encoder_frees_without_a_host_read(random_whisper, monkeypatch, strategy,
+                                                page_size):
+    """A row that computed its own encoder and keeps it: the row's free and the later release
+    read nothing from the device (every page's fate is known on the host); the counts are
+    verified by the allocator's debug checks and the integrity check. While a reuser runs,
+    the release falls back to the read, and nothing leaks either way."""
+    import edserve.mem_cache.allocator as allocator_module
+
+    reads = []
+    real = allocator_module.pages_at_zero
+    monkeypatch.setattr(allocator_module, "pages_at_zero",
+                        lambda *a: reads.append(1) or real(*a))
+    engine = build_engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
+                          max_running_requests=4, debug_checks=True)
+    mel = _mels(1, seed=5)[0]
+    out = engine.generate([GenerateRequest(PROMPT, mel, SamplingParams(max_new_tokens=5),
+                                           keep_encoder=True)])
+    handle = out[0].encoder_kv
+    assert handle is not None and handle.exclusive and reads == []
+    engine.check_integrity()
+    reuse = engine.generate([GenerateRequest(PROMPT, mel, SamplingParams(max_new_tokens=5),
+                                             encoder_kv=handle)])[0]
+    assert reuse.token_ids == out[0].token_ids
+    engine.release_encoder(handle)
+    engine.step()
+    engine.check_integrity()
+    assert engine.pools.allocator.num_used() == 0
+    reads_after_reuse = len(reads)  # the reuser's own row free (shared pages) reads once
+    # released while a reuser still runs: not the last holder, so the read path
+    kept = engine.generate([GenerateRequest(PROMPT, mel, SamplingParams(max_new_tokens=5),
+                                            keep_encoder=True)])[0].encoder_kv
+    engine.add_request(GenerateRequest(PROMPT, mel, SamplingParams(max_new_tokens=5),
+                                       encoder_kv=kept))
+    engine.step()
+    engine.release_encoder(kept)
+    while engine.has_work():
+        engine.step()
+    engine.check_integrity()
+    assert engine.pools.allocator.num_used() == 0
+    assert len(reads) > reads_after_reuse
