@@ -216,11 +216,12 @@ def test_kept_encoder_frees_without_a_host_read(random_whisper, monkeypatch, str
     reuse = engine.generate([GenerateRequest(PROMPT, mel, SamplingParams(max_new_tokens=5),
                                              encoder_kv=handle)])[0]
     assert reuse.token_ids == out[0].token_ids
+    reads_after_reuse = len(reads)  # the reuser's own row free (shared pages) reads once
     engine.release_encoder(handle)
     engine.step()
     engine.check_integrity()
     assert engine.pools.allocator.num_used() == 0
-    reads_after_reuse = len(reads)  # the reuser's own row free (shared pages) reads once
+    assert len(reads) == reads_after_reuse  # the release of the last holder read nothing
     # released while a reuser still runs: not the last holder, so the read path
     kept = engine.generate([GenerateRequest(PROMPT, mel, SamplingParams(max_new_tokens=5),
                                             keep_encoder=True)])[0].encoder_kv
