@@ -1,0 +1,53 @@
+"""The common upload read without FFmpeg: 16-bit PCM mono WAV already at the model's rate.
+
+Speech clips sent to a transcription API are most often exactly this (16 kHz mono s16le
+WAV), and for them FFmpeg's probe, decoder and resampler cost ~14 ms per 11 s clip for what is
+one integer-to-float conversion. :func:`read_pcm_wav` parses such a file with the standard
+library's :mod:`wave` and converts it as FFmpeg's ``s16 -> flt`` does (``x * 2**-15``: exact,
+so the samples equal :func:`~edserve.audio.decode.load_audio`'s FFmpeg path bit for bit,
+tested). Anything else (other rates, channels, widths, compressed or extensible formats,
+truncated or malformed headers, a data chunk that declares more bytes than it holds, an
+empty file, a length near the caller's limit) returns ``None`` and goes down the FFmpeg path,
+which gives every refusal its usual message.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import wave
+
+import numpy as np
+
+from edserve.audio.errors import AudioTooLongError
+
+_S16_SCALE = np.float32(1.0 / 32768.0)
+
+
+def read_pcm_wav(data: bytes | bytearray | memoryview, sample_rate: int,
+                 max_seconds: float | None, slack: float) -> np.ndarray | None:
+    """``[num_samples]`` float32 in [-1, 1) when ``data`` is a 16-bit PCM mono WAV at
+    ``sample_rate`` Hz whose data chunk is complete; else ``None`` (nothing raised).
+
+    Raises :class:`AudioTooLongError` (``exact=True``) when such a file declares more than
+    ``max_seconds + slack`` seconds, as the FFmpeg path does for WAV's exact header duration;
+    a file between the limit and the slack returns ``None`` (the FFmpeg path decides).
+    """
+    if len(data) < 44 or bytes(data[:4]) != b"RIFF" or bytes(data[8:12]) != b"WAVE":
+        return None
+    try:
+        with wave.open(io.BytesIO(data), "rb") as w:
+            params = (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getcomptype())
+            frames = w.getnframes()
+            raw = w.readframes(frames) if params == (1, 2, sample_rate, "NONE") else b""
+    except Exception:  # noqa: BLE001 - the stdlib parser on untrusted bytes: FFmpeg decides
+        return None
+    if not raw or len(raw) != 2 * frames:  # truncated data chunk: FFmpeg decodes what is there
+        return None
+    seconds = frames / sample_rate
+    if max_seconds is not None:
+        if seconds > max_seconds + slack:
+            raise AudioTooLongError(seconds, max_seconds, exact=True)
+        if frames > math.floor(max_seconds * sample_rate):
+            return None
+    return np.frombuffer(raw, dtype="<i2").astype(np.float32) * _S16_SCALE  # [frames]
