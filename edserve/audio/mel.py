@@ -130,11 +130,16 @@ def log_mel_spectrogram(
     stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)  # [201, T'+1]
     magnitudes = stft[..., :-1].abs() ** 2  # [201, T']
     mel_spec = mel_filters(n_mels, audio.device) @ magnitudes  # [n_mels, T']
-    if mel_spec.shape[1] < frames:
-        mel_spec = F.pad(mel_spec, (0, frames - mel_spec.shape[1]))  # [n_mels, T]
-    log_spec = torch.clamp(mel_spec, min=1e-10).log10()
-    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
-    return (log_spec + 4.0) / 4.0
+    kept = min(mel_spec.shape[1], frames)
+    log_spec = torch.clamp(mel_spec[:, :kept], min=1e-10).log10()  # [n_mels, kept]
+    floor = log_spec.max() - 8.0  # the zero frames' log (-10) is below every computed one
+    out = torch.empty(n_mels, frames, dtype=log_spec.dtype, device=log_spec.device)
+    torch.div(torch.maximum(log_spec, floor) + 4.0, 4.0, out=out[:, :kept])
+    if kept < frames:  # power 0: one value, made by the same ops as the computed frames'
+        zeros = torch.zeros(n_mels, FRAME_QUANTUM, dtype=log_spec.dtype, device=out.device)
+        tail = (torch.maximum(torch.clamp(zeros, min=1e-10).log10(), floor) + 4.0) / 4.0
+        out[:, kept:] = tail[:, :1]  # [n_mels, 1] broadcast
+    return out  # [n_mels, T]
 
 
 def whisper_features(
