@@ -5,7 +5,8 @@
 #   beam-device (~6 min), serve-ab (~7 min: admission batching), serve (~9 min: audio pool in-process vs --engine-process), soak (10,000 requests at 256)
 #   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min),
 #   mllama-kernels (~0.5 min), chat (~3 min); gpu-all: every test marked gpu (~5-9 min)
-#   idle (~4 min: GPU-idle time by host frame), serve-now (~3 min: the default server at 1 and 32 clients)
+#   idle (~4 min: GPU-idle time by host frame), serve-now (~3 min: the default server at 1 and 32 clients),
+#   serve-both (~7 min: the engine on a thread vs the default engine process, 1, 32, 64 clients)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -107,6 +108,9 @@ for part in "$@"; do
     # the default server at 1 and 32 clients, short clips only (~3 min)
     serve-now) (cd benchmarks && timeout 300 python3 -W ignore serve_gpu.py --concurrency 1 32 --longform 0 \
              --json "$OUT/serve_now.json" 2>&1 | tee "$OUT/serve_now.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    serve-both) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
+             --json "$OUT/serve_both.json" --serve-flags=--no-engine-process --serve-flags= 2>&1 \
+             | tee "$OUT/serve_both.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     idle-serve) (cd benchmarks && timeout 300 python3 -W ignore gpu_idle.py --scenarios serve arrivals 2>&1 \
              | grep -v "custom logits" | tee "$OUT/gpu_idle_serve.log") ;;
     w10-tests) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_mel_staging.py \

@@ -10,6 +10,7 @@ Two folder layouts are read; nothing is ever downloaded:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -20,7 +21,8 @@ from edserve.models.weights.ct2 import read_ct2_whisper
 from edserve.models.weights.errors import WeightsError
 from edserve.models.weights.hf import INDEX_FILE, SINGLE_FILE, read_hf_folder
 
-__all__ = ["Checkpoint", "WeightsError", "load_checkpoint", "read_ct2_whisper", "read_hf_folder"]
+__all__ = ["Checkpoint", "WeightsError", "load_checkpoint", "model_type_of", "read_ct2_whisper",
+           "read_hf_folder"]
 
 TOKENIZER_FILE = "tokenizer.json"
 _EXPECTED = (
@@ -75,3 +77,18 @@ def load_checkpoint(folder: str | Path | None = None) -> Checkpoint:
     if not tokenizer_path.is_file():
         raise WeightsError(f"{tokenizer_path}: missing; expected {_EXPECTED}")
     return Checkpoint(folder, fmt, config, state_dict, tokenizer_path)
+
+
+def model_type_of(folder: str | Path | None = None) -> str | None:
+    """The HF ``model_type`` of ``folder`` (resolved as :func:`load_checkpoint` does) without
+    reading its weights: ``"whisper"`` for a CTranslate2 folder, ``config.json``'s field for
+    an HF folder; None when it cannot be told (the loader then reports why)."""
+    from edserve.models.catalog import resolve_model
+
+    try:
+        folder = resolve_model(folder)
+        if detect_format(folder) == "ct2":
+            return "whisper"
+        return json.loads((folder / "config.json").read_text()).get("model_type")
+    except (WeightsError, OSError, ValueError, AttributeError):
+        return None
