@@ -14,8 +14,8 @@ Sockets (all ``ipc://`` endpoints in a private temporary folder; the API process
   :class:`Call` (``integrity``, ``validate``, ``encoder``) and :class:`Stop`.
 
 Each side dispatches by the message's type through a table (:func:`dispatch`). Messages are
-pickled (``send_pyobj``) between processes of one host started by the same user (never across
-a network boundary).
+pickled (:mod:`edserve.dp.wire`: host tensors as numpy arrays) between processes of one host
+started by the same user (never across a network boundary).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from typing import Any
 
 import zmq
 
-from edserve.dp import procs
+from edserve.dp import procs, wire
 from edserve.dp import protocol as P
 from edserve.dp.errors import WorkerLost
 from edserve.dp.handles import EncoderHandles
@@ -139,7 +139,7 @@ class Supervisor:
         if w.down is None:
             return False
         try:
-            w.down.send_pyobj(msg, zmq.NOBLOCK)
+            wire.send(w.down, msg, zmq.NOBLOCK)
             return True
         except zmq.Again:
             return False
@@ -195,7 +195,7 @@ class Supervisor:
                 if self._up.poll(50):
                     while True:
                         try:
-                            msg = self._up.recv_pyobj(zmq.NOBLOCK)
+                            msg = wire.recv(self._up, zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         self._dispatch(msg)

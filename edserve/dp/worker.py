@@ -28,6 +28,7 @@ from typing import Any
 import zmq
 
 from edserve.dp import protocol as P
+from edserve.dp import wire
 from edserve.dp.handles import id_view
 from edserve.engine.core import EngineCore, failed_delta
 
@@ -77,13 +78,13 @@ class WorkerLoop:
                        "validate": self.core.validate, "encoder": lambda _: self._encoder()}
 
     def send(self, msg: Any) -> None:
-        self.up.send_pyobj(msg)
+        wire.send(self.up, msg)
 
     # ---- messages ---------------------------------------------------------------------
     def _drain_messages(self) -> None:
         while True:
             try:
-                msg = self.down.recv_pyobj(zmq.NOBLOCK)
+                msg = wire.recv(self.down, zmq.NOBLOCK)
             except zmq.Again:
                 return
             P.dispatch(self._handlers, msg)
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                               engine.max_decoder_len, engine.is_mllama, str(engine.device),
                               threads, engine.config.max_running_requests)
     except Exception as exc:
-        up.send_pyobj(P.Failed(args.index, f"{type(exc).__name__}: {exc}"))
+        wire.send(up, P.Failed(args.index, f"{type(exc).__name__}: {exc}"))
         up.close()
         ctx.term()
         return 1

@@ -14,6 +14,7 @@ import zmq
 from whisper_fixtures import make_random_whisper
 
 from edserve.dp import protocol as P
+from edserve.dp import wire
 from edserve.dp.worker import WorkerLoop
 from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
 from edserve.runtime import build_engine
@@ -47,13 +48,13 @@ class Harness:
         self.thread.start()
 
     def send(self, msg) -> None:
-        self.down_push.send_pyobj(msg)
+        wire.send(self.down_push, msg)
 
     def recv_until(self, done, timeout_ms: int = 60_000) -> list:
         got = []
         while not done(got):
             assert self.up_pull.poll(timeout_ms), f"no message; got {got}"
-            got.append(self.up_pull.recv_pyobj())
+            got.append(wire.recv(self.up_pull))
         return got
 
     def close(self) -> None:
