@@ -243,6 +243,13 @@ class WhisperTokenizer:
             raise ValueError(f"token {token} is not a timestamp token")
         return (token - self._timestamp_begin) / TIMESTAMP_TOKENS_PER_SECOND
 
+    def blank_tokens(self) -> tuple[int, ...]:
+        """``encode(" ")`` (what ``SuppressBlank`` forbids first), encoded once per tokenizer."""
+        cached = self.__dict__.get("_blank")
+        if cached is None:
+            cached = self._blank = tuple(self.encode(" "))
+        return cached
+
     def non_speech_tokens(self) -> tuple[int, ...]:
         """openai-whisper's ``non_speech_tokens``: symbols and speaker tags worth suppressing.
 

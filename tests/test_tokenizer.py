@@ -112,3 +112,8 @@ def test_language_code_round_trip():
         assert tok.language_code(tok.language_token(code)) == code
     with pytest.raises(ValueError, match="not a language token"):
         tok.language_code(tok.sot)
+
+
+def test_blank_tokens_are_encoded_once(tok):
+    assert tok.blank_tokens() == tuple(tok.encode(" "))
+    assert tok.blank_tokens() is tok.blank_tokens()

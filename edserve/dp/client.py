@@ -52,6 +52,7 @@ class DataParallelClient(EngineClient):
         self.size = size
         self.model_name = model_name
         self.supervisor = Supervisor(placement_mod.plan(config, size, gpus), log_level)
+        self._resolved_config: tuple[P.WorkerFacts, EngineConfig] | None = None
 
     def start(self, timeout: float = 600.0) -> DataParallelClient:
         """Start the workers; returns once every one has loaded its engine."""
@@ -226,7 +227,12 @@ class DataParallelClient(EngineClient):
     @property
     def config(self) -> EngineConfig:
         """The workers' settings, with the running limit they resolved."""
-        return self._config.replace(max_running_requests=self._facts.max_running_requests)
+        facts = self._facts
+        cached = self._resolved_config
+        if cached is None or cached[0] is not facts:  # new facts: a (re)started worker
+            cached = self._resolved_config = (
+                facts, self._config.replace(max_running_requests=facts.max_running_requests))
+        return cached[1]
 
     @property
     def max_decoder_len(self) -> int:

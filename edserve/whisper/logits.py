@@ -67,7 +67,7 @@ class SuppressBlank(LogitsFilter):
 
     @classmethod
     def of(cls, tokenizer: WhisperTokenizer) -> SuppressBlank:
-        return interned(cls, tuple(tokenizer.encode(" ") + [tokenizer.eot]))
+        return interned(cls, (*tokenizer.blank_tokens(), tokenizer.eot))
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         cols = vocab_ids(self.ids, logits.shape[-1], logits.device, self._masks)  # [K]
