@@ -12,7 +12,7 @@ set -uo pipefail
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
@@ -108,7 +108,7 @@ for part in "$@"; do
     # the default server at 1 and 32 clients, short clips only (~3 min)
     serve-now) (cd benchmarks && timeout 300 python3 -W ignore serve_gpu.py --concurrency 1 32 --longform 0 \
              --json "$OUT/serve_now.json" 2>&1 | tee "$OUT/serve_now.log" | grep -v "^#   [a-z_]* .*(n=") ;;
-    serve-both) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
+    serve-both) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 --py-spy 4 \
              --json "$OUT/serve_both.json" --serve-flags=--no-engine-process --serve-flags= 2>&1 \
              | tee "$OUT/serve_both.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     idle-serve) (cd benchmarks && timeout 300 python3 -W ignore gpu_idle.py --scenarios serve arrivals 2>&1 \

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyspy_top
 import torch
 import whisper_gpu as wg
 from proc_stats import cpu_delta, thread_cpu
@@ -160,7 +161,15 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
         print("conc  req/s  x engine  p50 ms  p99 ms  api CPU ms/req  workers CPU ms/req  "
               "failed", flush=True)
         for c in args.concurrency:
+            spy = pyspy_top.record(proc.pid, args.py_spy, work / "api.spy") \
+                if args.py_spy and c == max(args.concurrency) else None
             s = bench(url, [short] * args.requests, c, proc.pid)
+            if spy is not None:
+                _, err = spy.communicate(timeout=args.py_spy + 60)
+                if (work / "api.spy").is_file():
+                    pyspy_top.top(work / "api.spy")
+                else:
+                    print(f"# py-spy failed: {err.strip()[-300:]}")
             s["ratio_to_engine"] = s["requests_per_s"] / eng["requests_per_s"]
             out["serve"][str(c)] = s
             lat = s["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
@@ -204,6 +213,9 @@ def main() -> None:
                     "--serve-flags=--engine-process (--serve-flags= : the defaults); repeat to "
                     "measure several servers against the one engine figure (default: one "
                     "server, default flags)")
+    ap.add_argument("--py-spy", type=float, default=0.0, metavar="S",
+                    help="profile the API process with py-spy for S seconds during the "
+                    "highest concurrency (py-spy on PATH)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run", action="store_true", help="toy model on the CPU, few requests")
     args = ap.parse_args()

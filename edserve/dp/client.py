@@ -24,6 +24,7 @@ from typing import Any
 from edserve.config import EngineConfig
 from edserve.dp import placement as placement_mod
 from edserve.dp import protocol as P
+from edserve.dp import wire
 from edserve.dp.errors import WorkerLost
 from edserve.dp.handles import id_view
 from edserve.dp.router import WorkerState, pick
@@ -94,12 +95,14 @@ class DataParallelClient(EngineClient):
 
     # ---- requests -----------------------------------------------------------------------
     @staticmethod
-    def _pickled(request: GenerateRequest, stream: bool) -> bytes:
+    def _encoded(request: GenerateRequest, stream: bool) -> list:
+        """The request's frames (:func:`edserve.dp.wire.encode`), or ValueError now when it
+        cannot be pickled."""
         if request.on_finished_kv is not None:
             raise RequestFailed("word timestamps (and other on_finished_kv hooks) are not "
                                 "supported with engine worker processes", request.rid)
         try:
-            return pickle.dumps(P.Generate(request, stream), protocol=pickle.HIGHEST_PROTOCOL)
+            return wire.encode(P.Generate(request, stream))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ValueError(f"request {request.rid} cannot be sent to a worker process: "
                              f"{exc}") from None
@@ -123,7 +126,7 @@ class DataParallelClient(EngineClient):
     async def _deltas(self, request: GenerateRequest, stream: bool) -> AsyncIterator[TokenDelta]:
         with self.supervisor.lock:
             request, worker = self._route(request)
-            pending = self.supervisor.submit(request.rid, self._pickled(request, stream), worker)
+            pending = self.supervisor.submit(request.rid, self._encoded(request, stream), worker)
         finished = False
         try:
             while not finished:
@@ -183,7 +186,7 @@ class DataParallelClient(EngineClient):
     def validate(self, request: GenerateRequest) -> None:
         """The engine's admission checks, run on a worker (blocking; call it off the event
         loop): ``ValueError`` when the request is invalid or could never fit the KV cache."""
-        self._pickled(request, False)
+        self._encoded(request, False)  # refuses what cannot be sent
         w = pick(self.workers)
         if w is None:
             raise WorkerLost("no engine worker is available (restarting)", "no_worker")

@@ -144,8 +144,9 @@ class Supervisor:
         except zmq.Again:
             return False
 
-    def submit(self, rid: str, data: bytes, worker: int | None = None) -> Pending:
-        """Route one pickled :class:`~edserve.dp.protocol.Generate` to ``worker`` (the one
+    def submit(self, rid: str, frames: list, worker: int | None = None) -> Pending:
+        """Route one encoded :class:`~edserve.dp.protocol.Generate` (its
+        :func:`~edserve.dp.wire.encode` frames) to ``worker`` (the one
         holding its encoder handle) or else the least-loaded worker."""
         with self.lock:
             w = None if self.closing else pick(self.workers if worker is None
@@ -155,7 +156,7 @@ class Supervisor:
                                  "no engine worker is available (restarting)", "no_worker")
             p = Pending(w.index)
             try:
-                w.down.send(data, zmq.NOBLOCK)
+                w.down.send_multipart(frames, zmq.NOBLOCK, copy=False)
             except zmq.Again:  # its queue is full: it died (or hangs) with work queued
                 w.lost += 1
                 raise WorkerLost(f"engine worker {w.index} is not accepting requests") from None

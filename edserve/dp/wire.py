@@ -52,13 +52,18 @@ def dumps(msg: Any, buffers: list[pickle.PickleBuffer] | None = None) -> bytes:
     return buf.getvalue()
 
 
-def send(socket: zmq.Socket, msg: Any, flags: int = 0) -> None:
-    """Send one message: the pickle (:func:`dumps`) and, as further frames of the same zmq
-    message, the arrays' bytes straight from their memory (no copy into the pickle);
-    ``flags`` as ``zmq.Socket.send``'s."""
+def encode(msg: Any) -> list:
+    """One message's zmq frames: the pickle (:func:`dumps`), then each array's bytes straight
+    from its memory (out of band: not copied into the pickle)."""
     buffers: list[pickle.PickleBuffer] = []
     head = dumps(msg, buffers)
-    socket.send_multipart([head, *(b.raw() for b in buffers)], flags, copy=False)
+    return [head, *(b.raw() for b in buffers)]
+
+
+def send(socket: zmq.Socket, msg: Any, flags: int = 0) -> None:
+    """Send one message (:func:`encode`; its frames as one zmq message); ``flags`` as
+    ``zmq.Socket.send``'s."""
+    socket.send_multipart(encode(msg), flags, copy=False)
 
 
 def recv(socket: zmq.Socket, flags: int = 0) -> Any:
