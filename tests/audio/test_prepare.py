@@ -46,3 +46,26 @@ def test_refusals_survive_pickling():
         assert type(again) is exc and str(again) == str(info.value)
     with pytest.raises(NonFiniteAudioError):
         prepare_samples(np.array([0.0, np.nan], np.float32), 80)
+
+
+def test_the_silence_tail_travels_as_one_value_and_comes_back_bit_exact():
+    from edserve.audio.decode import load_audio
+    from edserve.audio.prepare import split_tail
+
+    jfk = load_audio(Path(__file__).resolve().parents[1] / "data" / "jfk.wav")
+    prepared = prepare_samples(jfk, 128)
+    blob = pickle.dumps(prepared, protocol=5)
+    assert len(blob) < 0.4 * prepared.mel.numel() * 4  # 11 s of audio + 30 s of silence
+    back = pickle.loads(blob)
+    assert back.mel.dtype == torch.float32 and back.mel.shape == prepared.mel.shape
+    assert torch.equal(back.mel.view(torch.int32), prepared.mel.view(torch.int32))
+    # exactness: a -0.0 is not +0.0, a NaN payload survives, nothing constant: nothing cut
+    m = np.zeros((2, 5), np.float32)
+    m[0, 3] = -0.0
+    head, fill = split_tail(m)
+    assert head.shape == (2, 4) and fill == 0.0
+    m.view(np.uint32)[:, -1] = 0x7FC00123  # a NaN with a payload
+    back = pickle.loads(pickle.dumps(PreparedAudio(torch.from_numpy(m), 80), protocol=5))
+    assert np.array_equal(back.mel.numpy().view(np.uint32), m.view(np.uint32))
+    r = np.arange(10, dtype=np.float32).reshape(2, 5)
+    assert split_tail(r)[0].shape == (2, 5)
