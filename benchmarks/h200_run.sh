@@ -6,7 +6,8 @@
 #   Mllama: mllama-tests (~1.5 min), mllama11b (~9 min), mllama-vision (~1.5 min),
 #   mllama-kernels (~0.5 min), chat (~3 min); gpu-all: every test marked gpu (~5-9 min)
 #   idle (~4 min: GPU-idle time by host frame), serve-now (~3 min: the default server at 1 and 32 clients),
-#   serve-both (~7 min: the engine on a thread vs the default engine process, 1, 32, 64 clients)
+#   serve-both (~7 min: the engine on a thread vs the default engine process, 1, 32, 64 clients),
+#   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -111,6 +112,8 @@ for part in "$@"; do
     serve-both) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 --py-spy 4 \
              --json "$OUT/serve_both.json" --serve-flags=--no-engine-process --serve-flags= 2>&1 \
              | tee "$OUT/serve_both.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    serve-default) (cd benchmarks && timeout 400 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 --py-spy 4 \
+             --json "$OUT/serve_default.json" 2>&1 | tee "$OUT/serve_default.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     idle-serve) (cd benchmarks && timeout 300 python3 -W ignore gpu_idle.py --scenarios serve arrivals 2>&1 \
              | grep -v "custom logits" | tee "$OUT/gpu_idle_serve.log") ;;
     w10-tests) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_mel_staging.py \
