@@ -166,8 +166,9 @@ def host_contiguous(t: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(t.numpy()))
 
 
-# A window layout: (log-mel of the whole audio + N_SAMPLES zeros [n_mels, content + N_FRAMES],
-# first frame, real frames) -> the encoder input [n_mels, N_FRAMES].
+# A window layout: (log-mel of the whole audio + N_SAMPLES zeros [n_mels, content + N_FRAMES]:
+# a tensor or a CompactMel, sliced as mel[:, a:b], first frame, real frames) -> the encoder
+# input [n_mels, N_FRAMES].
 WindowLayout = Callable[[torch.Tensor, int, int], torch.Tensor]
 
 
@@ -190,8 +191,10 @@ def window_features(mel: torch.Tensor, seek: int, size: int, padding: str) -> to
 
     ``mel`` is the log-mel of the *whole* audio followed by ``N_SAMPLES`` zero samples
     (``log_mel_spectrogram(audio, n_mels, padding=N_SAMPLES)``: one STFT, one max-8 floor for
-    the whole audio, as openai-whisper's ``transcribe``). The layouts differ only in a window
-    shorter than 30 s (``size < N_FRAMES``: a clip under 30 s, the last window of long audio):
+    the whole audio, as openai-whisper's ``transcribe``), as a tensor or as a
+    :class:`~edserve.audio.compact_mel.CompactMel` (whose windows come out contiguous). The
+    layouts differ only in a window shorter than 30 s (``size < N_FRAMES``: a clip under
+    30 s, the last window of long audio):
 
     * ``silence``: the next ``N_FRAMES - size`` frames of ``mel``, i.e. the log-mel of the
       appended silence (HF's feature extractor; ``log_mel_spectrogram(pad_or_trim(audio))``

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from edserve.audio.compact_mel import CompactMel
 from edserve.audio.decode import load_audio
 from edserve.audio.errors import DecodeCancelled, NonFiniteAudioError
 from edserve.audio.mel import N_SAMPLES, log_mel_spectrogram
@@ -27,11 +28,12 @@ class PreparedAudio:
     """One audio's long-form features.
 
     ``mel``: ``[n_mels, num_samples // HOP_LENGTH + N_FRAMES]`` float32, the log-mel of the
-    samples followed by ``N_SAMPLES`` zeros (:func:`longform_mel`); ``num_samples``: 16 kHz
+    samples followed by ``N_SAMPLES`` zeros (:func:`longform_mel`): a tensor, or after
+    crossing a process boundary a :class:`CompactMel` (sliced the same way); ``num_samples``: 16 kHz
     samples decoded; ``decode_s`` / ``features_s``: seconds the two steps took where they ran.
     """
 
-    mel: torch.Tensor
+    mel: torch.Tensor | CompactMel
     num_samples: int
     decode_s: float = 0.0
     features_s: float = 0.0
@@ -42,31 +44,16 @@ class PreparedAudio:
 
     def __reduce__(self):
         """Across processes (an audio worker's answer) as numpy, not torch storage, and
-        without its constant tail: the frames past the audio (30 s of appended silence are
-        ~73 % of an 11 s clip's frames) all hold one value, sent once (:func:`split_tail`)."""
-        head, fill = split_tail(self.mel.numpy())
-        return (_rebuild, (head, fill, self.mel.shape[1], self.num_samples, self.decode_s,
+        without the constant tail of the appended silence (:class:`CompactMel`: ~73 % of an
+        11 s clip's frames, sent as one value). It arrives as a :class:`CompactMel`."""
+        mel = self.mel if isinstance(self.mel, CompactMel) else CompactMel.of(self.mel.numpy())
+        return (_rebuild, (mel.head, mel.fill, mel.frames, self.num_samples, self.decode_s,
                            self.features_s))
-
-
-def split_tail(mel: np.ndarray) -> tuple[np.ndarray, np.generic | float]:
-    """``mel`` ``[n_mels, T]`` as ``(mel[:, :t], v)``: the longest run of last columns whose
-    every entry is ``v`` (the last entry) is cut off; exact (the bits are compared)."""
-    if not mel.size or mel.dtype.kind != "f":
-        return mel, 0.0
-    bits = mel.view(f"u{mel.itemsize}")  # [n_mels, T] the same bytes as unsigned integers
-    differs = np.flatnonzero(~(bits == bits[-1, -1]).all(axis=0))  # [columns with others]
-    fill = mel[-1, -1].copy()  # a numpy scalar: pickled and written back with its bits
-    cut = int(differs[-1]) + 1 if differs.size else 0
-    return np.ascontiguousarray(mel[:, :cut]), float(fill)
 
 
 def _rebuild(head: np.ndarray, fill: np.generic | float, frames: int, num_samples: int,
              decode_s: float, features_s: float) -> PreparedAudio:
-    mel = np.empty((head.shape[0], frames), dtype=head.dtype)  # [n_mels, frames]
-    mel[:, :head.shape[1]] = head
-    mel[:, head.shape[1]:] = fill
-    return PreparedAudio(torch.from_numpy(mel), num_samples, decode_s, features_s)
+    return PreparedAudio(CompactMel(head, fill, frames), num_samples, decode_s, features_s)
 
 
 def longform_mel(audio: np.ndarray | torch.Tensor, n_mels: int) -> torch.Tensor:
