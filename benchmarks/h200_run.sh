@@ -112,7 +112,7 @@ for part in "$@"; do
     serve-both) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 --py-spy 4 \
              --json "$OUT/serve_both.json" --serve-flags=--no-engine-process --serve-flags= 2>&1 \
              | tee "$OUT/serve_both.log" | grep -v "^#   [a-z_]* .*(n=") ;;
-    serve-default) (cd benchmarks && timeout 400 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 --py-spy 4 \
+    serve-default) (cd benchmarks && timeout 400 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 --py-spy 4 --py-spy-at 32 \
              --json "$OUT/serve_default.json" 2>&1 | tee "$OUT/serve_default.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     idle-serve) (cd benchmarks && timeout 300 python3 -W ignore gpu_idle.py --scenarios serve arrivals 2>&1 \
              | grep -v "custom logits" | tee "$OUT/gpu_idle_serve.log") ;;

@@ -162,7 +162,7 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
               "failed", flush=True)
         for c in args.concurrency:
             spy = pyspy_top.record(proc.pid, args.py_spy, work / "api.spy") \
-                if args.py_spy and c == max(args.concurrency) else None
+                if args.py_spy and c == (args.py_spy_at or max(args.concurrency)) else None
             s = bench(url, [short] * args.requests, c, proc.pid)
             if spy is not None:
                 _, err = spy.communicate(timeout=args.py_spy + 60)
@@ -215,7 +215,9 @@ def main() -> None:
                     "server, default flags)")
     ap.add_argument("--py-spy", type=float, default=0.0, metavar="S",
                     help="profile the API process with py-spy for S seconds during the "
-                    "highest concurrency (py-spy on PATH)")
+                    "level --py-spy-at (py-spy on PATH)")
+    ap.add_argument("--py-spy-at", type=int, default=0, metavar="C",
+                    help="the concurrency level profiled (default: the highest)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run", action="store_true", help="toy model on the CPU, few requests")
     args = ap.parse_args()
