@@ -157,8 +157,8 @@ class LoadPlan:
 class _Connections:
     """One-connection httpx clients, each lent to one request at a time (made on demand,
     closed at the end). httpx's shared pool re-scans all its connections and queued requests
-    on every event: with 64 connections that was ~40 % of the client's CPU (cProfile), and a
-    client that cannot keep up slows the uploads it is timing."""
+    on every event: with 64 connections that was about half of the client's CPU (cProfile),
+    and a client that cannot keep up slows the uploads it is timing."""
 
     def __init__(self, timeout: httpx.Timeout) -> None:
         self.timeout = timeout
