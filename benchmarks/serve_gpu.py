@@ -133,11 +133,13 @@ def long_files(folder: Path, n: int, seconds: float) -> list[tuple[Path, np.ndar
 def bench(url: str, items: list[AudioItem], concurrency: int, pid: int) -> dict:
     target = BenchTarget(url, timeout=1800)
     (before, steps0), cpu0 = scrape(url), thread_cpu(pid)
+    client0 = time.process_time()
     results, wall = asyncio.run(run_load(target, LoadPlan(items, concurrency)))
+    client_cpu = time.process_time() - client0
     cpu = cpu_delta(cpu0, thread_cpu(pid))
     after, steps1 = scrape(url)
     s = summarize(results, wall, {"concurrency": concurrency, "num_requests": len(items)},
-                  stage_delta(before, after), step_delta(steps0, steps1, wall))
+                  stage_delta(before, after), step_delta(steps0, steps1, wall), client_cpu)
     s["api_cpu_ms_per_request"] = 1000 * cpu["api"] / max(1, len(items))
     s["engine_cpu_ms_per_request"] = 1000 * cpu["engine"] / max(1, len(items))
     s["helpers_cpu_ms_per_request"] = 1000 * cpu["helpers"] / max(1, len(items))
@@ -178,7 +180,9 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
                   f"{s['helpers_cpu_ms_per_request']:18.2f}  {s['failed']}", flush=True)
             for stage, d in (s["stages"] or {}).items():
                 print(f"#   {stage:12s} {d['mean_ms']:9.2f} ms (n={d['count']})")
-            print(f"#   engine thread CPU {s['engine_cpu_ms_per_request']:.2f} ms/req")
+            print(f"#   engine thread CPU {s['engine_cpu_ms_per_request']:.2f} ms/req; client "
+                  f"{s['client_cpu_ms_per_request']:.2f} ms/req, busy "
+                  f"{100 * s['client_busy']:.0f} % of a core")
             for kind, d in (s["engine_steps"] or {}).items():
                 print(f"#   steps {kind:8s} {d['steps_per_s']:7.1f}/s {d['ms_per_step']:7.2f} ms "
                       f"rows {d['rows_per_step']:5.1f} new {d['new_rows_per_step']:5.1f} "

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from typing import Any
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -98,11 +99,13 @@ def run_bench(args: argparse.Namespace) -> int:
     with tqdm(total=len(items), desc="requests", unit="req", file=sys.stderr,
               disable=args.no_progress) as bar:
         plan.on_done.append(lambda _: bar.update())
+        cpu0 = time.process_time()
         results, wall = asyncio.run(run_load(target, plan))
+        client_cpu = time.process_time() - cpu0
     after, steps1 = scrape(args.base_url, target.headers()) \
         if before is not None or steps0 is not None else (None, None)
     summary = summarize(results, wall, config, stage_delta(before, after),
-                        step_delta(steps0, steps1, wall))
+                        step_delta(steps0, steps1, wall), client_cpu)
     if args.json != "-":
         print(format_summary(summary))
     if args.json:

@@ -123,9 +123,16 @@ def _dist(values: list[float]) -> dict[str, float] | None:
     return out
 
 
+#: A client busier than this share of one core may be what limits the measurement.
+CLIENT_BUSY_WARN = 0.8
+
+
 def summarize(results: list[RequestResult], wall: float, config: dict[str, Any],
-              stages: dict | None = None, steps: dict | None = None) -> dict[str, Any]:
-    """The machine-readable result (``--json``); throughput counts successful requests."""
+              stages: dict | None = None, steps: dict | None = None,
+              client_cpu_s: float | None = None) -> dict[str, Any]:
+    """The machine-readable result (``--json``); throughput counts successful requests.
+    ``client_cpu_s``: the client process's CPU seconds over the run (its load: a Python
+    client is one event loop, so near one core it limits what it measures)."""
     good = [r for r in results if r.ok]
     failures = Counter(r.status for r in results if not r.ok)
     audio = sum(r.seconds for r in good)
@@ -144,6 +151,9 @@ def summarize(results: list[RequestResult], wall: float, config: dict[str, Any],
         "stages": stages,
         "engine_steps": steps,
         "errors": sorted({r.error for r in results if r.error})[:10],
+        "client_cpu_ms_per_request": None if client_cpu_s is None or not results
+        else 1000 * client_cpu_s / len(results),
+        "client_busy": None if client_cpu_s is None or wall <= 0 else client_cpu_s / wall,
     }
 
 
@@ -173,5 +183,12 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(f"{kind + ':':<12}{d['steps_per_s']:7.1f}/s  {d['ms_per_step']:6.2f} ms  "
                          f"rows {d['rows_per_step']:5.1f}  new {d['new_rows_per_step']:5.1f}  "
                          f"{100 * d['share']:5.1f} % of the run")
+    if s.get("client_busy") is not None:
+        lines.append(f"{'-' * 12}Client")
+        lines.append(f"{'CPU per request (ms):':<36}{s['client_cpu_ms_per_request']:.2f}")
+        lines.append(f"{'Busy (share of one core):':<36}{100 * s['client_busy']:.0f} %")
+        if s["client_busy"] >= CLIENT_BUSY_WARN:
+            lines.append("warning: the client was near one core busy and may have limited "
+                         "this run; split the load over more processes")
     lines.append("=" * 46)
     return "\n".join(lines)
