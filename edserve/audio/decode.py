@@ -94,18 +94,18 @@ def _as_file(source: AudioSource) -> Iterator[BinaryIO]:
 def _pcm_wav_fast_path(source: AudioSource, sample_rate: int,
                        max_seconds: float | None) -> np.ndarray | None:
     """16-bit PCM mono WAV at ``sample_rate`` given as bytes or a path: read without FFmpeg
-    (:mod:`edserve.audio.wav_pcm`, the same samples); None for everything else."""
-    if isinstance(source, str | os.PathLike):
-        try:
-            with open(os.fspath(source), "rb") as f:
-                if f.read(12)[8:] != b"WAVE":
-                    return None
-                source = f.seek(0) or f.read()
-        except OSError:
-            return None  # the FFmpeg path reports it
-    if not isinstance(source, bytes | bytearray | memoryview):
+    (:mod:`edserve.audio.wav_pcm`, the same samples); None for everything else (a path's file
+    is then read no further than its header)."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        return read_pcm_wav(io.BytesIO(source), sample_rate, max_seconds,
+                            DECLARED_DURATION_SLACK)
+    if not isinstance(source, str | os.PathLike):
         return None
-    return read_pcm_wav(source, sample_rate, max_seconds, DECLARED_DURATION_SLACK)
+    try:
+        with open(os.fspath(source), "rb") as f:
+            return read_pcm_wav(f, sample_rate, max_seconds, DECLARED_DURATION_SLACK)
+    except OSError:
+        return None  # the FFmpeg path reports it
 
 
 def _reason(exc: BaseException) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import math
 import wave
+from typing import BinaryIO
 
 import numpy as np
 
@@ -24,19 +25,22 @@ from edserve.audio.errors import AudioTooLongError
 _S16_SCALE = np.float32(1.0 / 32768.0)
 
 
-def read_pcm_wav(data: bytes | bytearray | memoryview, sample_rate: int,
-                 max_seconds: float | None, slack: float) -> np.ndarray | None:
-    """``[num_samples]`` float32 in [-1, 1) when ``data`` is a 16-bit PCM mono WAV at
-    ``sample_rate`` Hz whose data chunk is complete; else ``None`` (nothing raised).
+def read_pcm_wav(file: BinaryIO, sample_rate: int, max_seconds: float | None,
+                 slack: float) -> np.ndarray | None:
+    """``[num_samples]`` float32 in [-1, 1) when ``file`` (seekable, at the audio's start) is
+    a 16-bit PCM mono WAV at ``sample_rate`` Hz whose data chunk is complete; else ``None``
+    (nothing raised; the samples are read only once the header matches).
 
     Raises :class:`AudioTooLongError` (``exact=True``) when such a file declares more than
     ``max_seconds + slack`` seconds, as the FFmpeg path does for WAV's exact header duration;
     a file between the limit and the slack returns ``None`` (the FFmpeg path decides).
     """
-    if len(data) < 44 or bytes(data[:4]) != b"RIFF" or bytes(data[8:12]) != b"WAVE":
+    head = file.read(12)
+    file.seek(-len(head), io.SEEK_CUR)
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
         return None
     try:
-        with wave.open(io.BytesIO(data), "rb") as w:
+        with wave.open(file, "rb") as w:  # a file object passed in is left open
             params = (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getcomptype())
             frames = w.getnframes()
             raw = w.readframes(frames) if params == (1, 2, sample_rate, "NONE") else b""

@@ -114,10 +114,12 @@ class Scheduler(RowGroupSteps):
 
     def release_encoder(self, handle: EncoderKV) -> None:
         """Drop a ``keep_encoder`` handle's reference (its pages free once unused)."""
-        handle = self.held.pop(handle.id, None)
-        if handle is None:
-            logger.warning("release_encoder: handle is not held (released twice?)")
+        held = self.held.pop(handle.id, None)
+        if held is None:
+            logger.warning("release_encoder: handle %d is not held (released twice?)",
+                           handle.id)
             return
+        handle = held
         # an exclusive handle no live request reuses is its pages' last holder: no host read
         in_use = any(r.request.encoder_kv is not None and r.request.encoder_kv.id == handle.id
                      for r in (*self.running, *self.waiting))

@@ -57,7 +57,7 @@ def test_full_scale_values_equal_ffmpeg_bit_for_bit():
     pcm = np.concatenate([np.array([-32768, 32767, 0, 1, -1], dtype="<i2"),
                           rng.integers(-32768, 32768, 16000, dtype=np.int64).astype("<i2")])
     data = _wav(pcm)
-    fast = read_pcm_wav(data, 16000, None, 1.0)
+    fast = read_pcm_wav(io.BytesIO(data), 16000, None, 1.0)
     assert fast is not None
     np.testing.assert_array_equal(fast, _ffmpeg(data))
     assert fast[0] == -1.0 and fast[1] == np.float32(32767 / 32768)
@@ -77,7 +77,7 @@ def test_other_files_go_to_ffmpeg(kind):
         "empty": lambda: _wav(pcm[:0]),
         "not wav": lambda: b"RIFF" + struct.pack("<I", 100) + b"WAVEjunk" + b"\x00" * 100,
     }[kind]()
-    assert read_pcm_wav(data, 16000, None, 1.0) is None
+    assert read_pcm_wav(io.BytesIO(data), 16000, None, 1.0) is None
     if kind in ("stereo", "8 kHz", "truncated"):  # still decodable: FFmpeg gives the samples
         assert load_audio(data).size > 0
     if kind == "not wav":
@@ -94,5 +94,20 @@ def test_too_long_is_refused_from_the_header_like_ffmpeg():
     assert fast.value.exact and slow.value.exact
     assert str(fast.value) == str(slow.value)
     # within the slack (11 s file, 10.5 s limit): FFmpeg decodes up to the limit and decides
-    assert read_pcm_wav(data, 16000, 10.5, 1.0) is None
+    assert read_pcm_wav(io.BytesIO(data), 16000, 10.5, 1.0) is None
     assert load_audio(data, max_seconds=11.0).size == 176000
+
+
+def test_a_wav_of_another_layout_is_read_no_further_than_its_header():
+    class Counting(io.BytesIO):
+        taken = 0
+
+        def read(self, n=-1):
+            out = super().read(n)
+            Counting.taken += len(out)
+            return out
+
+    stereo = _wav(np.zeros(2 * 160000, dtype="<i2"), channels=2)  # 10 s, 640 kB
+    f = Counting(stereo)
+    assert read_pcm_wav(f, 16000, None, 1.0) is None
+    assert Counting.taken < 1024  # the header only; FFmpeg reads the samples
