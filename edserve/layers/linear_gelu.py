@@ -15,7 +15,10 @@ Two forms of GELU, chosen by ``--encoder-gelu`` (a registry, :data:`LINEAR_GELU`
          under bfloat16's rounding step at the inputs where they differ most.
 
 A layer holds its form as ``layer.linear_gelu`` (a function ``(fc1, x) -> gelu(fc1(x))``);
-:func:`set_linear_gelu` sets it on every layer of a model that has one.
+:func:`set_linear_gelu` sets it on every layer of a model that has one. A layer whose ``fc2``
+takes the GELU into its own input (``--encoder-dtype fp8``: ``Fp8Linear.input_gelu``, fused
+into the activation quantization) holds :func:`linear_only` instead, and the form is set on
+its ``fc2``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,19 @@ def linear_gelu_tanh(fc: nn.Module, x: torch.Tensor) -> torch.Tensor:
 LINEAR_GELU: dict[str, LinearGelu] = {"exact": linear_gelu_exact, "tanh": linear_gelu_tanh}
 
 
+def linear_only(fc: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``fc(x)``: the GELU is applied by the next linear's input (see the module doc)."""
+    return fc(x)
+
+
+def gelu_mode_of(form: LinearGelu) -> str:
+    """The :data:`LINEAR_GELU` key of ``form`` (``ValueError`` for another function)."""
+    for mode, f in LINEAR_GELU.items():
+        if f is form:
+            return mode
+    raise ValueError(f"{form!r} is not a GELU form of {sorted(LINEAR_GELU)}")
+
+
 # models whose encoder MLPs take tanh under ``auto``: where it was measured faster (the Mllama
 # vision tower measured no change on the H200: 17.41 vs 17.86 ms per tile, RESULTS.md wave 9)
 AUTO_TANH_MODELS = ("whisper",)
@@ -82,7 +98,10 @@ def set_linear_gelu(model: nn.Module, mode: str) -> int:
     n = 0
     for m in model.modules():
         if hasattr(m, "linear_gelu"):
-            m.linear_gelu = LINEAR_GELU[mode]
+            if hasattr(getattr(m, "fc2", None), "input_gelu"):  # fc2 applies it (fp8)
+                m.fc2.input_gelu, m.linear_gelu = mode, linear_only
+            else:
+                m.linear_gelu = LINEAR_GELU[mode]
             n += 1
     if n == 0 and mode != "exact":
         raise ValueError(f"--encoder-gelu {mode}: {type(model).__name__} has no encoder MLP "

@@ -75,33 +75,47 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Fp8Linear(nn.Module):
-    """``y = x @ W.T + b`` with fp8 weights (per output row) and fp8 activations (per token)."""
+    """``y = x @ W.T + b`` with fp8 weights (per output row) and fp8 activations (per token).
 
-    def __init__(self, linear: nn.Linear) -> None:
+    ``input_gelu`` (``None``, ``"exact"``, ``"tanh"``): apply that GELU to ``x`` first, inside
+    the activation quantization (an encoder MLP's ``fc2``: the GELU of ``fc1``'s output costs no
+    pass of its own; :func:`fp8_encoder_layers` sets it, ``set_linear_gelu`` changes it). On
+    CUDA the GELU and the scaling are one Triton kernel (:mod:`edserve.kernels.fp8_quant`) and
+    the bias is added in ``torch._scaled_mm``'s epilogue."""
+
+    def __init__(self, linear: nn.Linear, input_gelu: str | None = None) -> None:
         super().__init__()
         w, scale = quantize_rows(linear.weight.detach())
         self.register_buffer("weight_fp8", w)  # [out, in] float8_e4m3fn
         self.register_buffer("weight_scale", scale.reshape(1, -1))  # [1, out] fp32
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.input_gelu = input_gelu
         self.parts = getattr(linear, "parts", None)  # FusedLinear's row layout stays inspectable
         # Decided once (forward stays free of device queries, so torch.compile traces it whole):
         # torch._scaled_mm on fp8 hardware, else the emulation with W as it is used.
         self.scaled_mm = fp8_hardware(w.device)
+        if self.scaled_mm:  # Triton comes with CUDA builds of torch; CPU installs may lack it
+            from edserve.kernels.fp8_quant import quantize_rows_fp8
+            self._quantize = quantize_rows_fp8
         self._dequantized = None if self.scaled_mm else \
             (w.float() * scale).to(linear.weight.dtype)  # [out, in] in the model dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out] in x's dtype (the model dtype)
         shape = x.shape
-        xq, xs = quantize_rows(x.reshape(-1, self.in_features))  # [M, in], [M, 1]
+        x2 = x.reshape(-1, self.in_features)  # [M, in]
         if self.scaled_mm:
+            xq, xs = self._quantize(x2, self.input_gelu)  # [M, in] fp8, [M, 1] fp32
             y = torch._scaled_mm(xq, self.weight_fp8.t(), scale_a=xs, scale_b=self.weight_scale,
-                                 out_dtype=x.dtype)
+                                 bias=self.bias, out_dtype=x.dtype)
         else:  # emulation: the same rounding, the product in x's dtype
+            if self.input_gelu is not None:
+                x2 = F.gelu(x2, approximate="none" if self.input_gelu == "exact" else "tanh")
+            xq, xs = quantize_rows(x2)
             y = F.linear((xq.float() * xs).to(x.dtype), self._dequantized.to(x.dtype))
-        if self.bias is not None:
-            y = y + self.bias
+            if self.bias is not None:
+                y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
 
@@ -121,10 +135,16 @@ def apply_encoder_dtype(model: Any, mode: str) -> Any:
 
 def fp8_encoder_layers(encoder: nn.Module) -> None:
     """Every linear layer of a Whisper encoder's layers becomes an :class:`Fp8Linear` (in
-    place)."""
+    place); each MLP's GELU moves from after ``fc1`` into ``fc2``'s input quantization (the
+    layer's ``linear_gelu`` becomes :func:`~edserve.layers.linear_gelu.linear_only`)."""
+    from edserve.layers.linear_gelu import gelu_mode_of, linear_only
+
     for layer in encoder.layers:
         for owner in (layer.self_attn, layer):
             for name in _ENCODER_LINEARS:
                 child = getattr(owner, name, None)
                 if isinstance(child, nn.Linear):
                     setattr(owner, name, Fp8Linear(child))
+        if isinstance(layer.fc2, Fp8Linear) and layer.linear_gelu is not linear_only:
+            layer.fc2.input_gelu = gelu_mode_of(layer.linear_gelu)
+            layer.linear_gelu = linear_only

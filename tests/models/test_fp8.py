@@ -12,6 +12,7 @@ from torch import nn
 from whisper_fixtures import make_random_whisper
 
 from edserve.engine.request import GenerateRequest, SamplingParams
+from edserve.layers.linear_gelu import LINEAR_GELU, linear_only, set_linear_gelu
 from edserve.models.fp8 import (
     FP8,
     Fp8Linear,
@@ -76,6 +77,27 @@ def test_encoder_rewrite_touches_only_the_encoder_layers():
     assert 0 < float((a - b).norm() / a.norm()) < 0.05
     with pytest.raises(ValueError, match="Whisper models only"):
         apply_encoder_dtype(nn.Linear(2, 2), "fp8")
+
+
+def test_the_mlp_gelu_moves_into_fc2s_input_quantization():
+    """fp8: the GELU after ``fc1`` is applied by ``fc2``'s input quantization (one kernel on
+    CUDA); on CPU the encoder's output is bit for bit that of the GELU kept in the layer, for
+    both forms, and ``set_linear_gelu`` after the rewrite changes the form where it now is."""
+    torch.manual_seed(0)
+    fused = apply_encoder_dtype(WhisperForConditionalGeneration(CFG).eval(), "fp8")
+    layers = fused.model.encoder.layers
+    assert all(lay.linear_gelu is linear_only and lay.fc2.input_gelu == "exact"
+               for lay in layers)
+    unfused = copy.deepcopy(fused)
+    mel = torch.randn(2, 80, 3000)
+    for mode in ("exact", "tanh"):
+        assert set_linear_gelu(fused, mode) == CFG.encoder_layers
+        assert all(lay.fc2.input_gelu == mode and lay.linear_gelu is linear_only
+                   for lay in layers)
+        for lay in unfused.model.encoder.layers:  # the arrangement before the move
+            lay.fc2.input_gelu, lay.linear_gelu = None, LINEAR_GELU[mode]
+        with torch.no_grad():
+            assert torch.equal(fused.model.encoder(mel), unfused.model.encoder(mel))
 
 
 def test_fp8_start_up_errors(monkeypatch):

@@ -1,0 +1,76 @@
+"""Per-row fp8 quantization of activations in one pass (``--encoder-dtype fp8``), optionally
+with the GELU that precedes it.
+
+``quantize_rows_fp8(x, gelu)`` returns what :func:`edserve.models.fp8.quantize_rows` returns
+for ``g(x)``, where ``g`` is the identity, the erf GELU or its tanh form, rounded to ``x``'s
+dtype (as ``F.gelu`` rounds its output): per row ``scale = max(amax / 448, 1e-12)`` (fp32) and
+``q = clamp(g(x) / scale, -448, 448)`` cast to ``float8_e4m3fn`` (round to nearest even).
+
+The torch ops it replaces make four memory passes with an fp32 intermediate (norm, divide,
+clamp, cast), plus the GELU's own read and write of the ``[tokens, ffn]`` activations; on the
+H200 that scaling took 70 ms of a 181 ms large-v3 prefill step of 32 clips, so the fp8
+encoder was slower than bf16 (benchmarks/RESULTS.md, wave 3). Here one program reads a row
+once (bf16) and writes it once (fp8) plus one fp32 scale.
+
+No host syncs, no data-dependent shapes: safe under CUDA graph capture. Under
+``TRITON_INTERPRET=1`` (CPU tests) the interpreter's fp8 cast does not round like the GPU's,
+so tests ask for ``out_dtype=torch.float32`` there: the scaled, clamped values before the cast.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from edserve.kernels.norm_act import _rows
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+MAX_QUANT_DIM = 16384  # one program holds a row
+GELU_MODES = {None: 0, "exact": 1, "tanh": 2}
+
+
+@triton.jit
+def _quant_rows_kernel(X, Q, S, stride_x, stride_q, n_cols, GELU: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if GELU == 1:  # erf GELU, rounded to x's dtype like F.gelu's output
+        x = (0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))).to(X.dtype.element_ty)
+        x = x.to(tl.float32)
+    if GELU == 2:  # tanh form: tanh(u) = 1 - 2 / (exp(2u) + 1); |u| > 15: tanh = +-1 in fp32
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        u = tl.minimum(tl.maximum(u, -15.0), 15.0)
+        x = (0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))).to(X.dtype.element_ty)
+        x = x.to(tl.float32)
+    amax = tl.max(tl.abs(x), 0)
+    scale = tl.maximum(amax / 448.0, 1e-12)
+    q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+    tl.store(Q + row * stride_q + cols, q.to(Q.dtype.element_ty), mask=mask)
+    tl.store(S + row, scale)
+
+
+def quantize_rows_fp8(x: torch.Tensor, gelu: str | None = None,
+                      out_dtype: torch.dtype = torch.float8_e4m3fn,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x ``[M, K]`` (rows contiguous in K) -> (q ``[M, K]`` ``out_dtype``, scales ``[M, 1]``
+    fp32), ``g(x) ~= q * scale`` with ``g`` chosen by ``gelu`` (None, ``"exact"``, ``"tanh"``);
+    see the module doc. ``ValueError`` for another shape or mode."""
+    if gelu not in GELU_MODES:
+        raise ValueError(f"gelu must be one of {list(GELU_MODES)}, got {gelu!r}")
+    if x.dim() != 2:
+        raise ValueError(f"x must be [M, K], got {tuple(x.shape)}")
+    M, K = x.shape
+    if K > MAX_QUANT_DIM:
+        raise ValueError(f"quantize_rows_fp8: row length {K} > {MAX_QUANT_DIM}")
+    x2 = _rows(x, "x")
+    q = torch.empty((M, K), dtype=out_dtype, device=x.device)
+    scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
+    if M and K:
+        block = triton.next_power_of_2(K)
+        _quant_rows_kernel[(M,)](x2, q, scale, x2.stride(0), q.stride(0), K,
+                                 GELU=GELU_MODES[gelu], BLOCK=block,
+                                 num_warps=min(16, max(1, block // 256)))
+    return q, scale
