@@ -67,6 +67,10 @@ class ServerConfig:
     max_connections: int = _f(
         512, "Most open HTTP connections (also capped below the open-file limit); beyond it "
         "the oldest idle connection is closed, and requests beyond it get 503.")
+    http: str = _f(
+        "auto", "HTTP/1.1 parser: httptools (C; less CPU per request), h11 (pure Python), or "
+        "auto (httptools when installed, as it is with edserve's dependencies). The event "
+        "loop is uvloop when installed.", choices=("auto", "httptools", "h11"))
     timeout_keep_alive: float = _f(
         5.0, "Seconds an idle keep-alive connection stays open between requests.")
     header_timeout: float = _f(

@@ -22,6 +22,13 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+try:  # the C parser (uvicorn's "httptools" implementation): less CPU per request than h11
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # httptools not installed
+    HttpToolsProtocol = None
+
+HTTP_IMPLS = ("auto", "httptools", "h11")
+
 FD_RESERVE = 48  # descriptors kept free for the engine, uploads spooled to disk, logging
 
 
@@ -38,8 +45,9 @@ def connection_cap(max_connections: int) -> int:
     return max(8, min(max_connections, soft - open_now - FD_RESERVE))
 
 
-class GuardedH11Protocol(H11Protocol):
-    """See the module doc; configure with :func:`guarded_protocol`."""
+class ConnectionGuard:
+    """The module doc's two rules, mixed into one of uvicorn's protocol classes (which provide
+    ``cycle``, ``connections``, ``transport`` and ``loop``); see :func:`guarded_protocol`."""
 
     header_timeout: float = 10.0
     max_connections: int = 512
@@ -84,7 +92,7 @@ class GuardedH11Protocol(H11Protocol):
         """Close idle connections (oldest first) until one below the cap; the newest (this
         one) is closed only when no other is idle."""
         idle = sorted((c for c in self.connections
-                       if isinstance(c, GuardedH11Protocol) and not c._busy()
+                       if isinstance(c, ConnectionGuard) and not c._busy()
                        and not c.transport.is_closing()),
                       key=lambda c: (c is self, c._idle_since))
         excess = len(self.connections) - self.max_connections + 1
@@ -93,9 +101,28 @@ class GuardedH11Protocol(H11Protocol):
             self.connections.discard(conn)
 
 
-def guarded_protocol(header_timeout: float, max_connections: int) -> type[GuardedH11Protocol]:
-    """A :class:`GuardedH11Protocol` subclass with these limits (pass as uvicorn's ``http``)."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,),
+class GuardedH11Protocol(ConnectionGuard, H11Protocol):
+    """h11 (pure Python) with the guard."""
+
+
+GuardedHttpToolsProtocol = None if HttpToolsProtocol is None else \
+    type("GuardedHttpToolsProtocol", (ConnectionGuard, HttpToolsProtocol),
+         {"__doc__": "httptools (C) with the guard."})
+
+
+def guarded_protocol(header_timeout: float, max_connections: int,
+                     http: str = "auto") -> type[ConnectionGuard]:
+    """A guarded protocol class with these limits (pass as uvicorn's ``http``): ``http``
+    ``httptools``, ``h11`` or ``auto`` (httptools when installed). ``ValueError`` for another
+    name or for httptools when it is missing."""
+    if http not in HTTP_IMPLS:
+        raise ValueError(f"--http must be one of {HTTP_IMPLS}, got {http!r}")
+    if http == "httptools" and GuardedHttpToolsProtocol is None:
+        raise ValueError("--http httptools: the httptools package is not installed "
+                         "(pip install httptools)")
+    use_c = http == "httptools" or (http == "auto" and GuardedHttpToolsProtocol is not None)
+    base = GuardedHttpToolsProtocol if use_c else GuardedH11Protocol
+    return type(base.__name__, (base,),
                 {"header_timeout": header_timeout, "max_connections": max_connections})
 
 

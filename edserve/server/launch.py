@@ -55,7 +55,7 @@ def uvicorn_options(cfg: ServerConfig) -> dict[str, Any]:
     """Timeouts and connection limits for ``uvicorn.Config`` (see :mod:`.connections`)."""
     cap = connection_cap(cfg.max_connections)
     install_log_limits()
-    return {"http": guarded_protocol(cfg.header_timeout, cap), "limit_concurrency": cap,
+    return {"http": guarded_protocol(cfg.header_timeout, cap, cfg.http), "limit_concurrency": cap,
             "timeout_keep_alive": cfg.timeout_keep_alive, "ws": "none",
             "timeout_graceful_shutdown": cfg.drain_timeout}
 

@@ -1,5 +1,5 @@
-"""``--engine-process`` resolved by the server's launcher: as given, else on only for a
-Whisper model on one CUDA device."""
+"""The server's launcher: ``--engine-process`` resolved (as given, else on only for a
+Whisper model on one CUDA device) and the HTTP parser chosen by ``--http``."""
 
 from __future__ import annotations
 
@@ -37,3 +37,24 @@ def test_auto_is_on_for_whisper_on_one_cuda_device(monkeypatch, device, mllama_f
     assert launch.engine_process(tp, ServerConfig()) is False
     for given in (True, False):  # as given, whatever the machine
         assert launch.engine_process(EngineConfig(), ServerConfig(engine_process=given)) is given
+
+
+def test_http_parser_choice(monkeypatch):
+    """``--http``: httptools (C) when installed under ``auto``, h11 on request, both guarded
+    with the configured limits; a missing or unknown parser is a start-up error."""
+    import uvicorn.protocols.http.h11_impl as h11_impl
+    import uvicorn.protocols.http.httptools_impl as httptools_impl
+
+    import edserve.server.connections as conn
+
+    auto = launch.uvicorn_options(ServerConfig(header_timeout=3.0))["http"]
+    assert issubclass(auto, httptools_impl.HttpToolsProtocol)
+    assert issubclass(auto, conn.ConnectionGuard) and auto.header_timeout == 3.0
+    h11 = conn.guarded_protocol(2.0, 16, "h11")
+    assert issubclass(h11, h11_impl.H11Protocol) and h11.max_connections == 16
+    with pytest.raises(ValueError, match="--http must be one of"):
+        conn.guarded_protocol(2.0, 16, "h2")
+    monkeypatch.setattr(conn, "GuardedHttpToolsProtocol", None)
+    assert issubclass(conn.guarded_protocol(2.0, 16, "auto"), h11_impl.H11Protocol)
+    with pytest.raises(ValueError, match="httptools package is not installed"):
+        conn.guarded_protocol(2.0, 16, "httptools")

@@ -32,16 +32,17 @@ def _limit_files() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """(url, Popen, log path) of ``edserve serve`` under ``ulimit -n 256``."""
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def server(request, tmp_path_factory):
+    """(url, Popen, log path) of ``edserve serve`` under ``ulimit -n 256``, with each HTTP
+    parser (``--http``: the guard is mixed into both)."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("limits") / "serve.log"
     log = log_path.open("w")
     cmd = [sys.executable, "-m", "edserve", "serve", "--port", str(port),
            "--max-running-requests", "2", "--max-audio-seconds", "60",
            "--header-timeout", str(TIMEOUT), "--body-timeout", str(TIMEOUT),
-           "--timeout-keep-alive", str(TIMEOUT)]
+           "--timeout-keep-alive", str(TIMEOUT), "--http", request.param]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limit_files)
     url = f"http://127.0.0.1:{port}"
     try:
