@@ -8,6 +8,7 @@
 #   idle (~4 min: GPU-idle time by host frame), serve-now (~3 min: the default server at 1 and 32 clients),
 #   serve-both (~7 min: the engine on a thread vs the default engine process, 1, 32, 64 clients),
 #   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
+#   w12-tests, prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -124,5 +125,20 @@ for part in "$@"; do
              --repeats 9 2>&1 | tee "$OUT/prefill_w10.log" | grep -A4 "^# batch" ;;
     arrivals-mixed) timeout 300 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 \
              | tee "$OUT/arrivals_mixed.log" ;;
+    # wave 12: the fp8 encoder's one-pass activation scaling, the HTTP parser
+    w12-tests) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_fp8_quant.py \
+             tests/models/test_fp8.py -rs 2>&1 | tee "$OUT/w12_tests.log" | tail -8 ;;
+    prefill-fp8) timeout 300 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --variants tanh fp8 \
+             --repeats 5 2>&1 | tee "$OUT/prefill_fp8.log" | grep -v "^ *[0-9]* *0.000" | head -120 ;;
+    # httptools (the default now) vs h11, short clips (~6 min)
+    serve-http) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
+             --json "$OUT/serve_http.json" --serve-flags= --serve-flags='--http h11' 2>&1 \
+             | tee "$OUT/serve_http.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # the server and the engine figure with --encoder-dtype fp8 --kv-cache-dtype fp8 (~4 min)
+    serve-fp8) (cd benchmarks && timeout 400 python3 -W ignore serve_gpu.py --fp8 --concurrency 1 32 64 128 --longform 0 \
+             --json "$OUT/serve_fp8.json" 2>&1 | tee "$OUT/serve_fp8.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # issue 18's whole protocol on the default server: 1, 32, 64, 128 clients and 16 x 10-minute files (~5 min)
+    serve-full) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --json "$OUT/serve_full.json" 2>&1 \
+             | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=") ;;
   esac
 done

@@ -15,7 +15,8 @@
   compiled      eager + ``--compile-encoder`` (one torch.compile graph for all layers)
   graphs        eager + ``--encoder-cuda-graph-max-bs`` (the eager encoder in CUDA graphs at
                 batch sizes 1, 2, 4, ... up to the largest batch measured)
-  fp8           ``--encoder-dtype fp8`` (eager): a copy of the encoder with fp8 linears
+  fp8           ``--encoder-dtype fp8`` (eager): a copy of the encoder with fp8 linears (the
+                activation scaling and the MLP's tanh GELU in one Triton pass per linear)
   fp8-compiled  fp8 + ``--compile-encoder`` (inductor fuses the per-token activation scaling)
 
 Switching is cheap (attributes; the fp8 encoder copy is made once), so runs can alternate.
@@ -81,7 +82,7 @@ class Variants:
         self.inner.encoder = enc
         enc.__dict__.pop("forward", None)
         enc.add_norm = TORCH_ADD_NORM if name in TORCH_NORM_VARIANTS else None
-        set_linear_gelu(enc, "tanh" if name == "tanh" else "exact")
+        set_linear_gelu(enc, "tanh" if name in ("tanh", "fp8", "fp8-compiled") else "exact")
         if name == "before":
             enc.forward = types.MethodType(transposed_layout_forward, enc)
         self.engine.pools.kv_pool.write_kernel = self.can_write_kernel and \

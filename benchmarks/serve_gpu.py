@@ -222,6 +222,9 @@ def main() -> None:
                     "level --py-spy-at (py-spy on PATH)")
     ap.add_argument("--py-spy-at", type=int, default=0, metavar="C",
                     help="the concurrency level profiled (default: the highest)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="the engine figure and every server with --encoder-dtype fp8 "
+                    "--kv-cache-dtype fp8")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run", action="store_true", help="toy model on the CPU, few requests")
     args = ap.parse_args()
@@ -230,6 +233,10 @@ def main() -> None:
         device, args.arch, args.concurrency, args.requests = "cpu", "toy", [1, 2], 4
         args.longform, args.longform_seconds, args.rows, extra = 2, 40.0, 4, {"threads": 1}
 
+    if args.fp8:
+        extra = {**extra, "encoder_dtype": "fp8", "kv_cache_dtype": "fp8"}
+        args.serve_flags = [f"{f} --encoder-dtype fp8 --kv-cache-dtype fp8".strip()
+                            for f in args.serve_flags or [""]]
     work = Path(tempfile.mkdtemp(prefix="serve_gpu_"))
     folder = save_folder(args.arch, work / "model", device)
     clip_path = DATA / "jfk.wav"
@@ -243,7 +250,8 @@ def main() -> None:
         torch.cuda.empty_cache()
         print(f"# GPU memory still held here: {torch.cuda.memory_allocated() / 2**30:.1f} GiB",
               flush=True)
-    summary = {"arch": args.arch, "device": device, "engine": eng, "variants": {}}
+    summary = {"arch": args.arch, "device": device, "fp8": args.fp8, "engine": eng,
+               "variants": {}}
     for flags in args.serve_flags or [""]:
         print(f"## edserve serve {flags or '(defaults)'}", flush=True)
         summary["variants"][flags] = serve_figures(args, flags, work, folder, clip_path, clip,
