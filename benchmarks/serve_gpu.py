@@ -155,7 +155,7 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
     proc, url = start_server(work / "serve.log", "--model", str(folder), "--device", device,
                              "--max-running-requests", str(args.rows), "--context-length",
                              str(CONTEXT), *NO_FALLBACK, *flags.split(),
-                             *(f"--{k}={v}" for k, v in extra.items()))
+                             *(f"--{k.replace('_', '-')}={v}" for k, v in extra.items()))
     out: dict = {"serve": {}}
     try:
         short = AudioItem("jfk.wav", clip_path.read_bytes(), len(clip) / 16000)
@@ -234,9 +234,7 @@ def main() -> None:
         args.longform, args.longform_seconds, args.rows, extra = 2, 40.0, 4, {"threads": 1}
 
     if args.fp8:
-        extra = {**extra, "encoder_dtype": "fp8", "kv_cache_dtype": "fp8"}
-        args.serve_flags = [f"{f} --encoder-dtype fp8 --kv-cache-dtype fp8".strip()
-                            for f in args.serve_flags or [""]]
+        extra = {**extra, "encoder_dtype": "fp8", "kv_cache_dtype": "fp8"}  # server too
     work = Path(tempfile.mkdtemp(prefix="serve_gpu_"))
     folder = save_folder(args.arch, work / "model", device)
     clip_path = DATA / "jfk.wav"

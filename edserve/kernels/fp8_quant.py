@@ -28,15 +28,19 @@ from edserve.kernels.norm_act import _rows
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MAX_QUANT_DIM = 16384  # one program holds a row
 GELU_MODES = {None: 0, "exact": 1, "tanh": 2}
+TILE_ELEMENTS = 2048  # rows narrower than this are packed into one program up to it
+WARP_ELEMENTS = 256  # elements per warp (8 per thread)
 
 
 @triton.jit
-def _quant_rows_kernel(X, Q, S, stride_x, stride_q, n_cols, GELU: tl.constexpr,
-                       BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+def _quant_rows_kernel(X, Q, S, stride_x, stride_q, n_rows, n_cols, GELU: tl.constexpr,
+                       ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # [ROWS]
+    cols = tl.arange(0, BLOCK)  # [BLOCK]
+    rmask = rows < n_rows
+    mask = rmask[:, None] & (cols < n_cols)[None, :]  # [ROWS, BLOCK]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
     if GELU == 1:  # erf GELU, rounded to x's dtype like F.gelu's output
         x = (0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))).to(X.dtype.element_ty)
         x = x.to(tl.float32)
@@ -45,19 +49,29 @@ def _quant_rows_kernel(X, Q, S, stride_x, stride_q, n_cols, GELU: tl.constexpr,
         u = tl.minimum(tl.maximum(u, -15.0), 15.0)
         x = (0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))).to(X.dtype.element_ty)
         x = x.to(tl.float32)
-    amax = tl.max(tl.abs(x), 0)
+    amax = tl.max(tl.abs(x), 1)  # [ROWS]
     scale = tl.maximum(amax / 448.0, 1e-12)
-    q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
-    tl.store(Q + row * stride_q + cols, q.to(Q.dtype.element_ty), mask=mask)
-    tl.store(S + row, scale)
+    q = tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)
+    tl.store(Q + rows[:, None] * stride_q + cols[None, :], q.to(Q.dtype.element_ty), mask=mask)
+    tl.store(S + rows, scale, mask=rmask)
+
+
+def launch_shape(n_cols: int) -> tuple[int, int, int]:
+    """(BLOCK, rows per program, warps) for rows of ``n_cols``: a program holds whole rows,
+    packed up to :data:`TILE_ELEMENTS` elements."""
+    block = triton.next_power_of_2(n_cols)
+    rows = max(1, TILE_ELEMENTS // block)
+    return block, rows, min(16, max(1, rows * block // WARP_ELEMENTS))
 
 
 def quantize_rows_fp8(x: torch.Tensor, gelu: str | None = None,
-                      out_dtype: torch.dtype = torch.float8_e4m3fn,
+                      out_dtype: torch.dtype = torch.float8_e4m3fn, *,
+                      rows: int | None = None, num_warps: int | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """x ``[M, K]`` (rows contiguous in K) -> (q ``[M, K]`` ``out_dtype``, scales ``[M, 1]``
     fp32), ``g(x) ~= q * scale`` with ``g`` chosen by ``gelu`` (None, ``"exact"``, ``"tanh"``);
-    see the module doc. ``ValueError`` for another shape or mode."""
+    see the module doc. ``rows``/``num_warps`` override :func:`launch_shape` (benchmarks).
+    ``ValueError`` for another shape or mode."""
     if gelu not in GELU_MODES:
         raise ValueError(f"gelu must be one of {list(GELU_MODES)}, got {gelu!r}")
     if x.dim() != 2:
@@ -69,8 +83,9 @@ def quantize_rows_fp8(x: torch.Tensor, gelu: str | None = None,
     q = torch.empty((M, K), dtype=out_dtype, device=x.device)
     scale = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     if M and K:
-        block = triton.next_power_of_2(K)
-        _quant_rows_kernel[(M,)](x2, q, scale, x2.stride(0), q.stride(0), K,
-                                 GELU=GELU_MODES[gelu], BLOCK=block,
-                                 num_warps=min(16, max(1, block // 256)))
+        block, r, w = launch_shape(K)
+        r, w = rows or r, num_warps or w
+        _quant_rows_kernel[(triton.cdiv(M, r),)](x2, q, scale, x2.stride(0), q.stride(0), M, K,
+                                                 GELU=GELU_MODES[gelu], ROWS=r, BLOCK=block,
+                                                 num_warps=w)
     return q, scale
