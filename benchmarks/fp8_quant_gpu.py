@@ -55,8 +55,8 @@ def main() -> None:
             for warps in (2, 4, 8, 16):
                 if warps * 32 > rows * block:
                     continue
-                t = us(lambda x=x, r=rows, w=warps: quantize_rows_fp8(x, gelu, rows=r,
-                                                                       num_warps=w))
+                t = us(lambda x=x, g=gelu, r=rows, w=warps: quantize_rows_fp8(
+                    x, g, rows=r, num_warps=w))
                 mark = "  <- default" if (rows, warps) == (r0, w0) else ""
                 print(f"{rows:4d}  {warps:5d}  {t:6.1f}  {t / floor:8.2f}  "
                       f"{M * K * 3 / (t * 1e-6) / 1e12:4.2f}{mark}")
