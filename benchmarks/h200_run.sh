@@ -8,7 +8,7 @@
 #   idle (~4 min: GPU-idle time by host frame), serve-now (~3 min: the default server at 1 and 32 clients),
 #   serve-both (~7 min: the engine on a thread vs the default engine process, 1, 32, 64 clients),
 #   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
-#   w12-tests, prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
+#   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -126,8 +126,10 @@ for part in "$@"; do
     arrivals-mixed) timeout 300 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 \
              | tee "$OUT/arrivals_mixed.log" ;;
     # wave 12: the fp8 encoder's one-pass activation scaling, the HTTP parser
-    w12-tests) timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_fp8_quant.py \
-             tests/models/test_fp8.py -rs 2>&1 | tee "$OUT/w12_tests.log" | tail -8 ;;
+    w12-tests) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_quant.py \
+             tests/models/test_fp8.py tests/kernels/test_grouped_cross_attention.py -k "not keeps_tiny_en" -rs 2>&1 | tee "$OUT/w12_tests.log" | tail -8 ;;
+    quant-sweep) timeout 120 python3 benchmarks/fp8_quant_gpu.py 2>&1 | tee "$OUT/fp8_quant.log" ;;
+    cross-decode) timeout 120 python3 benchmarks/cross_decode_gpu.py 2>&1 | tee "$OUT/cross_decode.log" ;;
     prefill-fp8) timeout 300 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --variants tanh fp8 \
              --repeats 5 2>&1 | tee "$OUT/prefill_fp8.log" | grep -v "^ *[0-9]* *0.000" | head -120 ;;
     # httptools (the default now) vs h11, short clips (~6 min)

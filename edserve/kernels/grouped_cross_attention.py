@@ -50,6 +50,12 @@ from edserve.kernels.common import (
 
 BLOCK_N = 64  # keys per loop step by token, and the least by page (fp32: common.tile_config)
 MAX_BLOCK_N_PAGED = 128  # by page: a step covers up to one 128-slot page (as paged_attention)
+# Grid order. The pool stores a key as [kv heads, head_dim] (one head's slice: head_dim
+# elements, 128 bytes for Whisper in bf16, then the next head's), and a program reads one kv
+# head. With the kv head as the grid's fastest axis, the programs of every head of a row run
+# side by side and read each key's whole [heads, head_dim] row together; with the group
+# fastest, each key is read in 128-byte pieces far apart in time.
+HEADS_FIRST = True
 
 
 @triton.jit(do_not_specialize=["num_tokens", "NUM_SPLITS"])
@@ -60,11 +66,17 @@ def _grouped_cross_kernel(
     GH: tl.constexpr, MPB: tl.constexpr, WIDTH: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     IS_SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
     """PAGE == 0: ``Keys`` is req_to_token (row of the lead: ``PoolRows[lead]``); PAGE > 0:
-    ``Keys`` is the batch's page table (row ``lead``)."""
-    g = tl.program_id(0).to(tl.int64)
-    kvh = tl.program_id(1)
+    ``Keys`` is the batch's page table (row ``lead``). HEADS_FIRST: the grid is (kv head,
+    group, ...), else (group, kv head, ...)."""
+    if HEADS_FIRST:
+        kvh = tl.program_id(0)
+        g = tl.program_id(1).to(tl.int64)
+    else:
+        g = tl.program_id(0).to(tl.int64)
+        kvh = tl.program_id(1)
     pid = tl.program_id(2)
     mblk = pid // NUM_SPLITS
     split = pid % NUM_SPLITS
@@ -131,15 +143,17 @@ def grouped_cross_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             req_pool_indices: torch.Tensor | None = None,
                             page_table: torch.Tensor | None = None, page_size: int = 0,
                             out: torch.Tensor | None = None,
-                            num_splits: int | None = None) -> torch.Tensor:
+                            num_splits: int | None = None,
+                            heads_first: bool = HEADS_FIRST) -> torch.Tensor:
     """Decode cross-attention with one encoder read per row group (see the module doc).
 
     q ``[B, Hq, D]`` (one query per batch row); k_cache/v_cache ``[num_slots, Hkv, D]``;
     group_rows ``[G, W]``; kv_lens ``[B]`` encoder keys of each row (the lead's count is used).
     Keys by token: ``req_to_token [rows, cols]`` and ``req_pool_indices [B]``; or by page:
     ``page_table [B, max_pages]`` and ``page_size >= 1``. ``out`` (optional, like q) receives
-    the result; ``num_splits`` forces the split-KV factor (None: from shapes). Rows with no key
-    get zeros. Returns ``[B, Hq, D]`` in q's dtype.
+    the result; ``num_splits`` forces the split-KV factor (None: from shapes); ``heads_first``
+    orders the grid (:data:`HEADS_FIRST`). Rows with no key get zeros. Returns ``[B, Hq, D]``
+    in q's dtype.
     """
     B, Hq, Hkv, D = check_qkv(q, k_cache, v_cache, out)
     if kv_lens.shape != (B,) or group_rows.dim() != 2 or group_rows.shape[0] > max(B, 1):
@@ -196,13 +210,14 @@ def grouped_cross_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     part_o = part_lse = out  # unused placeholders when not splitting
     if num_splits > 1:
         part_o, part_lse = split_workspaces(num_splits, B, Hq, D, q.device)
-    _grouped_cross_kernel[(G, Hkv, n_mblk * num_splits)](
+    grid = (Hkv, G, n_mblk * num_splits) if heads_first else (G, Hkv, n_mblk * num_splits)
+    _grouped_cross_kernel[grid](
         q, k_cache, v_cache, out, part_o, part_lse, group_rows, kv_lens, keys, pool_rows,
         group_rows.stride(0), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), keys.stride(0),
         float(scale) * LOG2E, B, Hq, num_splits,
         GH=GH, MPB=mpb, WIDTH=width, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=D,
-        BLOCK_D=block_d, PAGE=page, IS_SPLIT=num_splits > 1, **cfg)
+        BLOCK_D=block_d, PAGE=page, IS_SPLIT=num_splits > 1, HEADS_FIRST=heads_first, **cfg)
     if num_splits > 1:
         combine_splits(part_o, part_lse, out)
     return out
