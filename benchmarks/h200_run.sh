@@ -133,12 +133,16 @@ for part in "$@"; do
     prefill-fp8) timeout 300 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --variants tanh fp8 \
              --repeats 5 2>&1 | tee "$OUT/prefill_fp8.log" | grep -v "^ *[0-9]* *0.000" | head -120 ;;
     # httptools (the default now) vs h11, short clips (~6 min)
-    serve-http) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
+    serve-http) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --concurrency 32 64 --longform 0 \
              --json "$OUT/serve_http.json" --serve-flags= --serve-flags='--http h11' 2>&1 \
              | tee "$OUT/serve_http.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     # the server and the engine figure with --encoder-dtype fp8 --kv-cache-dtype fp8 (~4 min)
     serve-fp8) (cd benchmarks && timeout 400 python3 -W ignore serve_gpu.py --fp8 --concurrency 1 32 64 128 --longform 0 \
              --json "$OUT/serve_fp8.json" 2>&1 | tee "$OUT/serve_fp8.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # fp8 with the encoder in CUDA graphs up to 16 clips (the host's launches at small prefill batches) (~4 min)
+    serve-fp8g) (cd benchmarks && timeout 400 python3 -W ignore serve_gpu.py --fp8 --concurrency 1 32 64 --longform 0 \
+             --serve-flags='--encoder-cuda-graph-max-bs 16' --json "$OUT/serve_fp8g.json" 2>&1 | tee "$OUT/serve_fp8g.log" \
+             | grep -v "^#   [a-z_]* .*(n=") ;;
     # issue 18's whole protocol on the default server: 1, 32, 64, 128 clients and 16 x 10-minute files (~5 min)
     serve-full) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --json "$OUT/serve_full.json" 2>&1 \
              | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=") ;;

@@ -28,8 +28,11 @@ from edserve.kernels.norm_act import _rows
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MAX_QUANT_DIM = 16384  # one program holds a row
 GELU_MODES = {None: 0, "exact": 1, "tanh": 2}
-TILE_ELEMENTS = 2048  # rows narrower than this are packed into one program up to it
-WARP_ELEMENTS = 256  # elements per warp (8 per thread)
+# Launch shape, from benchmarks/fp8_quant_gpu.py on the H200 (24,000 tokens): a row per program,
+# 2 warps for 1280 (28.9 us vs 42.0 with 8 warps; floor 22.2) and 4 for 5120 with the GELU
+# (234 vs 241 us with 16); more rows per program did not help.
+TILE_ELEMENTS = 1024  # rows narrower than this are packed into one program up to it
+WARP_ELEMENTS = 1024  # elements per warp (32 per thread), 2 to 4 warps
 
 
 @triton.jit
@@ -51,7 +54,9 @@ def _quant_rows_kernel(X, Q, S, stride_x, stride_q, n_rows, n_cols, GELU: tl.con
         x = x.to(tl.float32)
     amax = tl.max(tl.abs(x), 1)  # [ROWS]
     scale = tl.maximum(amax / 448.0, 1e-12)
-    q = tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)
+    # IEEE division (Triton's `/` on fp32 is the approximate div.full): torch's values exactly
+    q = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     tl.store(Q + rows[:, None] * stride_q + cols[None, :], q.to(Q.dtype.element_ty), mask=mask)
     tl.store(S + rows, scale, mask=rmask)
 
@@ -61,7 +66,7 @@ def launch_shape(n_cols: int) -> tuple[int, int, int]:
     packed up to :data:`TILE_ELEMENTS` elements."""
     block = triton.next_power_of_2(n_cols)
     rows = max(1, TILE_ELEMENTS // block)
-    return block, rows, min(16, max(1, rows * block // WARP_ELEMENTS))
+    return block, rows, min(4, max(2, rows * block // WARP_ELEMENTS))
 
 
 def quantize_rows_fp8(x: torch.Tensor, gelu: str | None = None,
