@@ -127,7 +127,7 @@ for part in "$@"; do
              | tee "$OUT/arrivals_mixed.log" ;;
     # wave 12: the fp8 encoder's one-pass activation scaling, the HTTP parser
     w12-tests) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_quant.py \
-             tests/models/test_fp8.py tests/kernels/test_grouped_cross_attention.py -k "not keeps_tiny_en" -rs 2>&1 | tee "$OUT/w12_tests.log" | tail -8 ;;
+             tests/models/test_fp8.py tests/kernels/test_grouped_cross_attention.py -k "not keeps_tiny_en" -rs -s 2>&1 | tee "$OUT/w12_tests.log" | tail -8 ;;
     quant-sweep) timeout 120 python3 benchmarks/fp8_quant_gpu.py 2>&1 | tee "$OUT/fp8_quant.log" ;;
     cross-decode) timeout 120 python3 benchmarks/cross_decode_gpu.py 2>&1 | tee "$OUT/cross_decode.log" ;;
     prefill-fp8) timeout 300 python3 benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --variants tanh fp8 \

@@ -1,10 +1,13 @@
 """Per-row fp8 quantization of activations in one pass (``--encoder-dtype fp8``), optionally
 with the GELU that precedes it.
 
-``quantize_rows_fp8(x, gelu)`` returns what :func:`edserve.models.fp8.quantize_rows` returns
+``quantize_rows_fp8(x, gelu)`` computes what :func:`edserve.models.fp8.quantize_rows` computes
 for ``g(x)``, where ``g`` is the identity, the erf GELU or its tanh form, rounded to ``x``'s
-dtype (as ``F.gelu`` rounds its output): per row ``scale = max(amax / 448, 1e-12)`` (fp32) and
-``q = clamp(g(x) / scale, -448, 448)`` cast to ``float8_e4m3fn`` (round to nearest even).
+dtype (as ``F.gelu`` rounds its output): per row ``scale = max(amax / 448, 1e-12)`` (fp32,
+the same bits) and ``q = clamp(g(x) * (1 / scale), -448, 448)`` cast to ``float8_e4m3fn``
+(round to nearest even); the product is within 2 fp32 ulps of torch's ``g(x) / scale``, so a
+code differs from ``quantize_rows``'s only next to a rounding midpoint (the GPU test bounds
+their share).
 
 The torch ops it replaces make four memory passes with an fp32 intermediate (norm, divide,
 clamp, cast), plus the GELU's own read and write of the ``[tokens, ffn]`` activations; on the
@@ -54,9 +57,11 @@ def _quant_rows_kernel(X, Q, S, stride_x, stride_q, n_rows, n_cols, GELU: tl.con
         x = x.to(tl.float32)
     amax = tl.max(tl.abs(x), 1)  # [ROWS]
     scale = tl.maximum(amax / 448.0, 1e-12)
-    # IEEE division (Triton's `/` on fp32 is the approximate div.full): torch's values exactly
-    q = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    # x times the row's reciprocal: within 2 fp32 ulps of torch's x / scale (an IEEE division
+    # per element, tl.math.div_rn, measured 2.2-2.4x slower on the H200: 28.9 -> 69.5 us at
+    # 1280); the fp8 codes differ only where x / scale lies that close to a rounding midpoint
+    inv = 1.0 / scale  # [ROWS]
+    q = tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0)
     tl.store(Q + rows[:, None] * stride_q + cols[None, :], q.to(Q.dtype.element_ty), mask=mask)
     tl.store(S + rows, scale, mask=rmask)
 

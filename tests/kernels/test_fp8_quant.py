@@ -39,8 +39,9 @@ def test_scaled_values_match_the_torch_ops(dtype, gelu, shape):
     q, scale = quantize_rows_fp8(x, gelu, out_dtype=torch.float32)
     want, want_scale = _unrounded_reference(x, gelu)
     assert q.shape == shape and scale.shape == (shape[0], 1) and scale.dtype == torch.float32
-    if gelu is None:  # same inputs, same fp32 operations: the same bits
-        assert torch.equal(scale, want_scale) and torch.equal(q, want)
+    if gelu is None:  # the same scales; x * (1 / scale) within 2 fp32 ulps of x / scale
+        assert torch.equal(scale, want_scale)
+        torch.testing.assert_close(q, want, rtol=2.5e-7, atol=0)
     else:  # erf/exp of another library: the GELU may round to the neighbouring value
         torch.testing.assert_close(scale, want_scale, rtol=1e-2, atol=0)
         torch.testing.assert_close(q, want, rtol=2e-2, atol=0.5)
@@ -61,11 +62,13 @@ def test_zero_rows_saturation_and_strided_rows():
     assert torch.equal(q[0], torch.zeros(32, device=DEVICE))
     assert float(scale[0]) == pytest.approx(1e-12)
     assert float(q[1, 5]) == FP8_MAX and float(scale[1]) == pytest.approx(7 / FP8_MAX)
-    assert float(q[2].min()) == pytest.approx(-FP8_MAX) and float(q[2].max()) == FP8_MAX
+    assert float(q[2].min()) == pytest.approx(-FP8_MAX)
+    assert float(q[2].max()) == pytest.approx(FP8_MAX)
     wide = torch.randn(4, 80, device=DEVICE)[:, 8:72]  # rows 80 apart, 64 wide
     got, s = quantize_rows_fp8(wide, out_dtype=torch.float32)
     want, ws = _unrounded_reference(wide.contiguous(), None)
-    assert torch.equal(got, want) and torch.equal(s, ws)
+    assert torch.equal(s, ws)
+    torch.testing.assert_close(got, want, rtol=2.5e-7, atol=0)
 
 
 def test_bad_input_is_refused():
@@ -88,10 +91,10 @@ def test_fp8_cast_matches_quantize_rows_on_the_gpu(gelu):
     q, scale = quantize_rows_fp8(x, gelu)
     want, want_scale = quantize_rows(_g(x, gelu))
     assert q.dtype == FP8
-    if gelu is None:
-        assert torch.equal(scale, want_scale) and torch.equal(q.view(torch.uint8),
-                                                              want.view(torch.uint8))
+    differ = float((q.view(torch.uint8) != want.view(torch.uint8)).float().mean())
+    print(f"gelu={gelu}: {differ:.2e} of the codes differ from quantize_rows'")
+    if gelu is None:  # the same scales; codes differ only at rounding midpoints (module doc)
+        assert torch.equal(scale, want_scale) and differ < 1e-5, differ
     else:  # a GELU value one bf16 step apart moves at most a few codes
-        differ = float((q.view(torch.uint8) != want.view(torch.uint8)).float().mean())
         assert differ < 1e-3, differ
         torch.testing.assert_close(scale, want_scale, rtol=1e-2, atol=0)
