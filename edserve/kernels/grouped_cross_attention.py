@@ -54,7 +54,9 @@ MAX_BLOCK_N_PAGED = 128  # by page: a step covers up to one 128-slot page (as pa
 # elements, 128 bytes for Whisper in bf16, then the next head's), and a program reads one kv
 # head. With the kv head as the grid's fastest axis, the programs of every head of a row run
 # side by side and read each key's whole [heads, head_dim] row together; with the group
-# fastest, each key is read in 128-byte pieces far apart in time.
+# fastest, each key is read in 128-byte pieces far apart in time. Measured on the H200
+# (benchmarks/cross_decode_gpu.py, large-v3, 1500 keys): 4-5 % faster at 64 rows (bf16 by page
+# 136.2 -> 130.2 us, 3.77 TB/s), within 2 % either way at 16-32 rows.
 HEADS_FIRST = True
 
 
