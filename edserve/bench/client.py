@@ -175,6 +175,10 @@ class _Connections:
         self.made.append(client)
         return client
 
+    def put(self, client: httpx.AsyncClient) -> None:
+        """Give back a client :meth:`take` lent (its connection stays open for the next)."""
+        self.free.append(client)
+
     async def close(self) -> None:
         for client in self.made:
             await client.aclose()
@@ -203,7 +207,7 @@ async def run_load(target: BenchTarget, plan: LoadPlan) -> tuple[list[RequestRes
                     item = plan.items[i]
                     results[i] = res = await send_one(client, target, item, encoded[id(item)])
                 finally:
-                    pool.free.append(client)
+                    pool.put(client)
             for callback in plan.on_done:
                 callback(res)
 
