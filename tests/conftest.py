@@ -13,6 +13,10 @@ os.environ.setdefault("EDSERVE_DEBUG_CHECKS", "1")  # allocators validate every 
 # Engines never compile their decode step behind a test's back (tests/engine/test_cpu_compile.py
 # asks for it explicitly): a long test would otherwise pay the compile once past the threshold.
 os.environ.setdefault("EDSERVE_CPU_COMPILE", "off")
+# ``--dtype auto`` on CPU is bfloat16 where the CPU has native bf16 (AVX512_BF16, AMX): the
+# oracles (HF, openai-whisper, float64 references) compare in float32 on every machine.
+# tests/engine/test_cpu_modes.py checks the machine's own choice with this unset.
+os.environ.setdefault("EDSERVE_CPU_AUTO_DTYPE", "float32")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -4,6 +4,7 @@ the code reads only the resolved values (``RuntimeSettings``)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -47,10 +48,15 @@ def resolve_device(name: str) -> torch.device:
 def resolve_dtype(name: str, device: torch.device, quantization: str = "none",
                   features: frozenset[str] | None = None) -> torch.dtype:
     """``auto``: bfloat16 on CUDA; on CPU bfloat16 where bf16 matmuls are native, else float32
-    (:func:`~edserve.engine.cpu_modes.auto_cpu_dtype`; ``features`` default: this CPU's)."""
+    (:func:`~edserve.engine.cpu_modes.auto_cpu_dtype`; ``features`` default: this CPU's).
+    ``$EDSERVE_CPU_AUTO_DTYPE`` (e.g. ``float32``) replaces that choice for this CPU (the
+    tests set it: their oracles run in float32 whatever the machine's bf16 support)."""
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16
+        forced = os.environ.get("EDSERVE_CPU_AUTO_DTYPE") if features is None else None
+        if forced:
+            return resolve_dtype(forced, device, quantization)
         return auto_cpu_dtype(cpu_features() if features is None else features, quantization)
     if name not in _DTYPES:
         raise ValueError(f"--dtype must be one of {sorted(_DTYPES)} or auto, got {name!r}")

@@ -114,7 +114,7 @@ def test_cli_reports_unsupported_mode_without_traceback(capsys):
     ({"avx512", "amx_tile"}, "none", torch.bfloat16),  # Sapphire Rapids and later
     ({"avx512", "amx_tile"}, "int8", torch.float32),  # int8 linears take fp32 activations
 ])
-def test_dtype_auto_on_cpu(features, quantization, want):
+def test_dtype_auto_on_cpu(features, quantization, want, monkeypatch):
     from edserve.engine.cpu_modes import auto_cpu_dtype, cpu_features
     from edserve.runtime.settings import resolve_dtype
 
@@ -124,4 +124,7 @@ def test_dtype_auto_on_cpu(features, quantization, want):
     assert resolve_dtype("float32", cpu, quantization, frozenset(features)) == torch.float32
     here = cpu_features()  # this machine: the capability string is one of the features
     assert torch.backends.cpu.get_cpu_capability().lower() in here
+    monkeypatch.setenv("EDSERVE_CPU_AUTO_DTYPE", "float16")  # the tests' override wins
+    assert resolve_dtype("auto", cpu) == torch.float16
+    monkeypatch.delenv("EDSERVE_CPU_AUTO_DTYPE")
     assert resolve_dtype("auto", cpu) == auto_cpu_dtype(here)
