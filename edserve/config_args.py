@@ -21,6 +21,16 @@ def _int_or_auto(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
 
 
+def _float_or_auto(text: str) -> float | None:
+    """argparse type of float fields that take ``auto`` (None)."""
+    if text == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto or a number, got {text!r}") from None
+
+
 def add_config_args(parser: argparse.ArgumentParser, cls: type = EngineConfig,
                     skip: tuple[str, ...] = ()) -> None:
     """Add one ``--flag`` per dataclass field, with the field's doc as help."""
@@ -30,8 +40,9 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type = EngineConfig,
         flag = "--" + f.name.replace("_", "-")
         kw: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "")}
         if f.metadata.get("auto"):
-            kw["type"] = _int_or_auto
-            kw["metavar"] = "{auto,N}"
+            floats = f.type in ("float | None", float | None)
+            kw["type"] = _float_or_auto if floats else _int_or_auto
+            kw["metavar"] = "{auto,X}" if floats else "{auto,N}"
             kw["help"] += " (default: auto)"
         elif f.metadata.get("choices"):
             kw["choices"] = f.metadata["choices"]

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from edserve.audio.chunked_mel import chunked_log_mel
 from edserve.audio.compact_mel import CompactMel
 from edserve.audio.decode import load_audio
 from edserve.audio.errors import DecodeCancelled, NonFiniteAudioError
-from edserve.audio.mel import N_SAMPLES, log_mel_spectrogram
+from edserve.audio.mel import N_SAMPLES, SAMPLE_RATE
 
 
 @dataclass(frozen=True)
@@ -51,15 +52,39 @@ class PreparedAudio:
                            self.features_s))
 
 
+@dataclass(frozen=True, eq=False)
+class DecodedAudio:
+    """An upload decoded, its features not computed yet: what an audio worker hands back for
+    audio longer than the server's ``--device-features-above-s`` (the engine's device computes
+    the log-mel, :mod:`edserve.audio.device_mel`). ``samples``: ``[num_samples]`` float32
+    16 kHz, finite (checked)."""
+
+    samples: np.ndarray
+    decode_s: float = 0.0
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.samples)
+
+
 def _rebuild(head: np.ndarray, fill: np.generic | float, frames: int, num_samples: int,
              decode_s: float, features_s: float) -> PreparedAudio:
     return PreparedAudio(CompactMel(head, fill, frames), num_samples, decode_s, features_s)
 
 
-def longform_mel(audio: np.ndarray | torch.Tensor, n_mels: int) -> torch.Tensor:
+def longform_compact_mel(audio: np.ndarray | torch.Tensor, n_mels: int) -> CompactMel:
     """The long-form log-mel of ``[num_samples]`` 16 kHz samples: one STFT (and one max - 8
-    floor) over the audio followed by 30 s of zero samples (openai-whisper's ``transcribe``)."""
-    return log_mel_spectrogram(audio, n_mels, padding=N_SAMPLES)
+    floor) over the audio followed by 30 s of zero samples (openai-whisper's ``transcribe``),
+    computed in chunks (:mod:`edserve.audio.chunked_mel`), without its constant tail."""
+    if not torch.is_tensor(audio):
+        audio = torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32))
+    head, fill, frames = chunked_log_mel(audio, n_mels, padding=N_SAMPLES)
+    return CompactMel(head.numpy(), np.float32(fill.item()), frames)
+
+
+def longform_mel(audio: np.ndarray | torch.Tensor, n_mels: int) -> torch.Tensor:
+    """:func:`longform_compact_mel` as one ``[n_mels, frames]`` tensor."""
+    return longform_compact_mel(audio, n_mels).full()
 
 
 def prepare_samples(audio: np.ndarray, n_mels: int) -> PreparedAudio:
@@ -67,22 +92,28 @@ def prepare_samples(audio: np.ndarray, n_mels: int) -> PreparedAudio:
     if not np.isfinite(audio).all():
         raise NonFiniteAudioError()
     started = time.perf_counter()
-    mel = longform_mel(audio, n_mels)
+    mel = longform_compact_mel(audio, n_mels)
     return PreparedAudio(mel, len(audio), 0.0, time.perf_counter() - started)
 
 
 def prepare_upload(data: bytes, n_mels: int, max_seconds: float | None,
-                   cancel: threading.Event | None = None) -> PreparedAudio:
+                   cancel: threading.Event | None = None,
+                   defer_above_s: float | None = None) -> PreparedAudio | DecodedAudio:
     """Decode an untrusted upload (see :func:`~edserve.audio.decode.load_audio`:
     ``untrusted=True``, stopped past ``max_seconds``, ``cancel`` checked between frames),
-    then its long-form log-mel. Raises what ``load_audio`` raises (AudioError subclasses,
-    DecodeCancelled); all of them pickle, so a worker process's refusal reaches the caller
-    as the same exception."""
+    then its long-form log-mel; audio longer than ``defer_above_s`` seconds comes back as
+    :class:`DecodedAudio` (checked finite) for the engine's device to finish. Raises what
+    ``load_audio`` raises (AudioError subclasses, DecodeCancelled); all of them pickle, so a
+    worker process's refusal reaches the caller as the same exception."""
     started = time.perf_counter()
     audio = load_audio(data, max_seconds=max_seconds, cancel=cancel, untrusted=True)
     decoded = time.perf_counter()
     if cancel is not None and cancel.is_set():
         raise DecodeCancelled("client gone")
+    if defer_above_s is not None and len(audio) > defer_above_s * SAMPLE_RATE:
+        if not np.isfinite(audio).all():
+            raise NonFiniteAudioError()
+        return DecodedAudio(audio, decoded - started)
     prepared = prepare_samples(audio, n_mels)
     return PreparedAudio(prepared.mel, prepared.num_samples, decoded - started,
                          prepared.features_s)

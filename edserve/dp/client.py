@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from edserve.audio.prepare import DecodedAudio, PreparedAudio
 from edserve.config import EngineConfig
 from edserve.dp import placement as placement_mod
 from edserve.dp import protocol as P
@@ -192,6 +193,14 @@ class DataParallelClient(EngineClient):
             raise WorkerLost("no engine worker is available (restarting)", "no_worker")
         self.supervisor.call(w, "validate", request).result(CALL_TIMEOUT_S)
 
+    async def features(self, audio: DecodedAudio) -> PreparedAudio:
+        """On the least-loaded worker, off its engine loop (:mod:`edserve.dp.features`)."""
+        w = pick(self.workers)
+        if w is None:
+            raise WorkerLost("no engine worker is available (restarting)", "no_worker")
+        future = asyncio.wrap_future(self.supervisor.call(w, "features", audio))
+        return await asyncio.wait_for(future, CALL_TIMEOUT_S)
+
     async def integrity(self) -> dict[str, Any]:
         """The KV-cache integrity check on every worker; totals plus ``workers`` (one report
         each; a worker that is not ready reports ``ok: False``). Raises when one is corrupt."""
@@ -240,6 +249,10 @@ class DataParallelClient(EngineClient):
     @property
     def max_decoder_len(self) -> int:
         return self._facts.max_decoder_len
+
+    @property
+    def device_type(self) -> str:
+        return self._facts.device.split(":")[0]
 
     @property
     def is_mllama(self) -> bool:

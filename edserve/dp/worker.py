@@ -9,9 +9,10 @@ drain timeout, then abort the rest) or when its parent dies (``PR_SET_PDEATHSIG`
 parent-pid check: no orphans). SIGINT is ignored: the API process owns shutdown.
 A ``keep_encoder`` handle stays in the scheduler's ``held``; its output carries an id-only view
 and a request's ``encoder_kv`` (that id) is resolved there (see :mod:`edserve.dp.handles`).
-In-flight bookkeeping, the failed-step rule, the stats snapshot, ``validate`` and
-``integrity`` are the :class:`~edserve.engine.core.EngineCore`'s (shared with the in-process
-``AsyncEngine``).
+The ``features`` call (a long upload's log-mel) runs on a thread of its own
+(:mod:`edserve.dp.features`). In-flight bookkeeping, the failed-step rule, the stats
+snapshot, ``validate`` and ``integrity`` are the
+:class:`~edserve.engine.core.EngineCore`'s (shared with the in-process ``AsyncEngine``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import zmq
 
 from edserve.dp import protocol as P
 from edserve.dp import wire
+from edserve.dp.features import FeatureService
 from edserve.dp.handles import id_view
 from edserve.engine.core import EngineCore, failed_delta
 
@@ -61,8 +63,9 @@ class WorkerLoop:
     """The worker's engine loop (see the module doc); ``run()`` returns when it should exit."""
 
     def __init__(self, index: int, engine: Any, up: zmq.Socket, down: zmq.Socket,
-                 parent_pid: int) -> None:
+                 parent_pid: int, features: FeatureService | None = None) -> None:
         self.index, self.engine, self.up, self.down = index, engine, up, down
+        self.features = features  # the ``features`` call's thread (None: refused)
         self.core = EngineCore(engine)
         self.parent_pid = parent_pid
         self._filters: dict[Any, Any] = {}
@@ -134,6 +137,9 @@ class WorkerLoop:
         self.core.abort(msg.rid)
 
     def _on_call(self, msg: P.Call) -> None:
+        if msg.name == "features" and self.features is not None:
+            self.features.submit(msg.call_id, msg.arg)  # answered by its own thread
+            return
         try:
             fn = self._calls.get(msg.name)
             if fn is None:
@@ -226,13 +232,16 @@ def main(argv: list[str] | None = None) -> int:
         up.close()
         ctx.term()
         return 1
-    loop = WorkerLoop(args.index, engine, up, down, args.parent_pid)
+    n_mels = getattr(engine.model.config, "num_mel_bins", None)
+    features = FeatureService(args.index, ctx, args.up, engine.device, n_mels)
+    loop = WorkerLoop(args.index, engine, up, down, args.parent_pid, features)
     signal.signal(signal.SIGTERM, lambda *_: loop.request_stop())
     loop.send(P.Hello(args.index, facts))
     try:
         loop.run()
     finally:
         loop.send(P.Bye(args.index))
+        features.close()
         down.close()
         up.close()
         ctx.term()

@@ -7,9 +7,14 @@ The stats snapshot is rebuilt on the engine thread after every step (cheap reads
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import torch
+
+from edserve.audio.device_mel import device_features
+from edserve.audio.prepare import DecodedAudio, PreparedAudio
 from edserve.engine.async_engine import AsyncEngine
 from edserve.engine.core import EngineStats
 from edserve.engine.errors import RequestFailed
@@ -27,6 +32,7 @@ class InProcessClient(EngineClient):
         self._core = aengine.core
         self.model_name = model_name
         self._stats = self._core.stats()  # startup read; afterwards only on the engine thread
+        self._features_stream: torch.cuda.Stream | None = None
         aengine.add_step_hook(self._refresh)
 
     @property
@@ -64,6 +70,14 @@ class InProcessClient(EngineClient):
     def validate(self, request: GenerateRequest) -> None:
         self._core.validate(request)
 
+    async def features(self, audio: DecodedAudio) -> PreparedAudio:
+        """On a thread; on CUDA on a stream of its own (the engine thread's steps go on)."""
+        device = self._engine.device
+        if device.type == "cuda" and self._features_stream is None:
+            self._features_stream = torch.cuda.Stream(device)
+        return await asyncio.to_thread(device_features, audio, self.n_mels or 80, device,
+                                       self._features_stream)
+
     async def integrity(self) -> dict[str, Any]:
         """Runs on the engine thread (one call per step at most)."""
         return await self._aengine.call(self._core.integrity)
@@ -84,6 +98,10 @@ class InProcessClient(EngineClient):
     @property
     def max_decoder_len(self) -> int:
         return self._engine.max_decoder_len
+
+    @property
+    def device_type(self) -> str:
+        return self._engine.device.type
 
     @property
     def is_mllama(self) -> bool:

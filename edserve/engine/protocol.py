@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import Any
 
+from edserve.audio.prepare import DecodedAudio, PreparedAudio
 from edserve.engine.core import EngineStats
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput, TokenDelta
@@ -78,6 +79,13 @@ class EngineClient(ABC):
         ``ValueError`` when the request is invalid or could never fit the KV cache."""
 
     @abstractmethod
+    async def features(self, audio: DecodedAudio) -> PreparedAudio:
+        """``audio``'s long-form log-mel computed on the engine's device, off its step loop
+        (:func:`~edserve.audio.device_mel.device_features`): for uploads too long to give
+        an audio worker's CPU. RuntimeError when it fails (the caller may compute it on the
+        host instead)."""
+
+    @abstractmethod
     async def integrity(self) -> dict[str, Any]:
         """The KV-cache integrity check between steps: ``ok``, ``kv_slots_used``,
         ``kv_slots_total``, ``running``, ``waiting``, ``inflight``. Raises on corruption."""
@@ -101,6 +109,11 @@ class EngineClient(ABC):
     @property
     @abstractmethod
     def max_decoder_len(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def device_type(self) -> str:
+        """Where the engine runs: ``cuda`` or ``cpu``."""
 
     @property
     @abstractmethod

@@ -97,7 +97,8 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     client = engine if isinstance(engine, EngineClient) \
         else InProcessClient(engine, config.served_model_name)
     docs = config.openapi_docs
-    audio = make_preparer(config.audio_workers, client.n_mels or 80)
+    audio = make_preparer(config.audio_workers, client.n_mels or 80,
+                          config.device_features_threshold(client.device_type))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

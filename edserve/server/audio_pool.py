@@ -8,8 +8,10 @@ forkserver that has imported the audio stack once, one torch thread each): the A
 only sends the upload's bytes and receives the log-mel (numpy, pickle protocol 5).
 :class:`ThreadPreparer` (``--audio-workers 0``) keeps today's threads.
 
-Contract of :meth:`AudioPreparer.prepare`: the :class:`~edserve.audio.prepare.PreparedAudio`,
-or the upload's refusal as the same ``AudioError`` that ``load_audio`` raises. Cancelling the
+Contract of :meth:`AudioPreparer.prepare`: the :class:`~edserve.audio.prepare.PreparedAudio`
+(or, for audio longer than ``defer_above_s``, its :class:`~edserve.audio.prepare.DecodedAudio`,
+whose log-mel the engine's device computes), or the upload's refusal as the same
+``AudioError`` that ``load_audio`` raises. Cancelling the
 awaiting coroutine (client gone) drops a job not yet started (a thread job also stops between
 frames; a process job already running finishes, bounded by ``--max-audio-seconds``).
 A worker process that dies (e.g. FFmpeg crashing on a crafted file) fails the jobs then in the
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from edserve.audio.prepare import PreparedAudio, prepare_upload
+from edserve.audio.prepare import DecodedAudio, PreparedAudio, prepare_upload
 
 #: Most worker processes ``--audio-workers auto`` starts.
 MAX_AUTO_WORKERS = 8
@@ -53,13 +55,20 @@ def auto_workers(cores: int | None = None) -> int:
 class AudioPreparer(ABC):
     """Turns upload bytes into :class:`PreparedAudio` off the event loop (see module doc)."""
 
-    def __init__(self, n_mels: int, job: Callable[..., PreparedAudio] = prepare_upload) -> None:
+    def __init__(self, n_mels: int, job: Callable[..., PreparedAudio] = prepare_upload,
+                 defer_above_s: float | None = None) -> None:
         self.n_mels = n_mels
         self.job = job  # (data, n_mels, max_seconds[, cancel]) -> PreparedAudio; tests swap it
+        # longer audio comes back as DecodedAudio (the engine's device computes its log-mel)
+        self.defer_above_s = defer_above_s
+
+    @property
+    def _job_kwargs(self) -> dict[str, float]:
+        return {} if self.defer_above_s is None else {"defer_above_s": self.defer_above_s}
 
     @abstractmethod
     async def prepare(self, data: bytes, max_seconds: float | None,
-                      cancel: threading.Event) -> PreparedAudio: ...
+                      cancel: threading.Event) -> PreparedAudio | DecodedAudio: ...
 
     @abstractmethod
     def start(self) -> None:
@@ -75,8 +84,9 @@ class ThreadPreparer(AudioPreparer):
     between decoded frames)."""
 
     async def prepare(self, data: bytes, max_seconds: float | None,
-                      cancel: threading.Event) -> PreparedAudio:
-        return await asyncio.to_thread(self.job, data, self.n_mels, max_seconds, cancel)
+                      cancel: threading.Event) -> PreparedAudio | DecodedAudio:
+        return await asyncio.to_thread(self.job, data, self.n_mels, max_seconds, cancel,
+                                       **self._job_kwargs)
 
     def start(self) -> None:
         return None  # the event loop's default executor starts its threads on demand
@@ -102,10 +112,11 @@ class ProcessPreparer(AudioPreparer):
     """``workers`` processes (started on :meth:`start` or the first upload)."""
 
     def __init__(self, n_mels: int, workers: int,
-                 job: Callable[..., PreparedAudio] = prepare_upload) -> None:
+                 job: Callable[..., PreparedAudio] = prepare_upload,
+                 defer_above_s: float | None = None) -> None:
         if workers < 1:
             raise ValueError(f"a process pool needs >= 1 worker, got {workers}")
-        super().__init__(n_mels, job)
+        super().__init__(n_mels, job, defer_above_s)
         self.workers = workers
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
@@ -133,10 +144,10 @@ class ProcessPreparer(AudioPreparer):
             fut.result()
 
     async def prepare(self, data: bytes, max_seconds: float | None,
-                      cancel: threading.Event) -> PreparedAudio:
+                      cancel: threading.Event) -> PreparedAudio | DecodedAudio:
         pool = self._pool()
         try:
-            future = pool.submit(self.job, data, self.n_mels, max_seconds)
+            future = pool.submit(self.job, data, self.n_mels, max_seconds, **self._job_kwargs)
             return await asyncio.wrap_future(future)
         except BrokenProcessPool:
             self._replace(pool)
@@ -154,12 +165,15 @@ class ProcessPreparer(AudioPreparer):
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def make_preparer(workers: int | None, n_mels: int) -> AudioPreparer:
+def make_preparer(workers: int | None, n_mels: int,
+                  defer_above_s: float | None = None) -> AudioPreparer:
     """``--audio-workers``: None (auto) -> :func:`auto_workers` processes, 0 -> threads,
-    N -> N processes."""
+    N -> N processes; ``defer_above_s``: see :func:`~edserve.audio.prepare.prepare_upload`."""
     if workers is None:
         workers = auto_workers()
     if workers < 0:
         raise ValueError(f"--audio-workers must be auto or >= 0, got {workers}")
-    return ThreadPreparer(n_mels) if workers == 0 else ProcessPreparer(n_mels, workers)
+    if workers == 0:
+        return ThreadPreparer(n_mels, defer_above_s=defer_above_s)
+    return ProcessPreparer(n_mels, workers, defer_above_s=defer_above_s)
 

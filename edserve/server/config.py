@@ -7,6 +7,9 @@ from typing import Any
 
 from edserve.config import MAX_GROUP_ROWS, MEL_PADDINGS, check_mel_padding
 
+#: ``--device-features-above-s auto`` on a CUDA engine: uploads longer than one window.
+AUTO_DEVICE_FEATURES_S = 30.0
+
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
@@ -84,6 +87,12 @@ class ServerConfig:
         None, "Processes that decode uploads and compute their log-mels, off the API "
         "process's event loop and GIL (auto: half the usable cores, 1 to 8); 0: threads of "
         "the API process instead.", auto=True)
+    device_features_above_s: float | None = _f(
+        None, "Uploads longer than this many seconds get their log-mel computed on the "
+        "engine's device (an engine-process thread on its own CUDA stream: milliseconds, "
+        "against ~1 s of an audio worker's CPU per 10 minutes of audio), the audio workers "
+        "only decoding them; negative: every log-mel on the audio workers. auto: 30 on a "
+        "CUDA engine, off on the CPU.", auto=True)
     data_parallel_size: int = _f(
         1, "Engine worker processes behind this server (data parallelism): on CUDA one per "
         "visible GPU (pinned with CUDA_VISIBLE_DEVICES), on CPU the cores split between them; "
@@ -113,6 +122,13 @@ class ServerConfig:
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GROUP_ROWS:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer from 1 to "
                                  f"{MAX_GROUP_ROWS}, got {n!r}")
+
+    def device_features_threshold(self, device_type: str) -> float | None:
+        """Seconds above which an upload's log-mel goes to the engine (None: never)."""
+        above = self.device_features_above_s
+        if above is None:
+            return AUTO_DEVICE_FEATURES_S if device_type == "cuda" else None
+        return None if above < 0 else above
 
     @property
     def max_upload_bytes(self) -> int:

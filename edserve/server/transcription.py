@@ -10,6 +10,9 @@ that disconnects cancels the decode and the features, or aborts its engine reque
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
 import math
 import threading
 import time
@@ -26,6 +29,7 @@ from edserve.audio.errors import (
     EmptyAudioError,
     NonFiniteAudioError,
 )
+from edserve.audio.prepare import DecodedAudio, PreparedAudio, prepare_samples
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import SamplingParams
 from edserve.server.audio_pool import AudioWorkerLost
@@ -42,6 +46,7 @@ from edserve.whisper.result import Transcription
 from edserve.whisper.transcribe import make_task, transcribe_async
 from edserve.whisper.usage import TokenUsage
 
+logger = logging.getLogger("edserve.server")
 UNDECODABLE = "the uploaded file could not be decoded as audio (corrupt, empty, or not a " \
     "supported audio format)"
 
@@ -117,7 +122,8 @@ def _refusal(exc: BaseException) -> APIError:
 async def prepare(app_state: Any, params: TranscriptionParams, task: str,
                   cancel: threading.Event) -> LongformTask:
     """Decode the upload and compute its log-mel on the app's audio preparer (worker
-    processes, or threads: :mod:`edserve.server.audio_pool`), then build the task.
+    processes, or threads: :mod:`edserve.server.audio_pool`; a long upload's log-mel on the
+    engine's device, ``--device-features-above-s``), then build the task.
     Cancelling the caller sets ``cancel`` (a thread job stops; a queued job is dropped)."""
     client, cfg, metrics = app_state.engine, app_state.config, app_state.metrics
     check_task(client.tokenizer, task, params.language)
@@ -135,6 +141,8 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     except BaseException:
         cancel.set()
         raise
+    if isinstance(audio, DecodedAudio):
+        audio = await _device_features(client, audio)
     waited = time.perf_counter() - started - audio.decode_s - audio.features_s
     metrics.stage("audio_wait", max(0.0, waited))
     metrics.stage("audio_decode", audio.decode_s)
@@ -142,6 +150,19 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     if cancel.is_set():
         raise DecodeCancelled("client gone")
     return make_task(client, audio, options, "upload")
+
+
+async def _device_features(client: Any, audio: DecodedAudio) -> PreparedAudio:
+    """The log-mel of a long upload from the engine's device; when that fails (e.g. out of
+    device memory) from the host, in a thread, with a warning."""
+    try:
+        return await client.features(audio)
+    except (RuntimeError, TimeoutError) as exc:
+        logger.warning("log-mel on the engine's device failed (%s); computing it on the host",
+                       exc)
+    n_mels = client.n_mels or 80
+    prepared = await asyncio.to_thread(prepare_samples, audio.samples, n_mels)
+    return dataclasses.replace(prepared, decode_s=audio.decode_s)
 
 
 def usage(duration: float) -> dict[str, Any]:

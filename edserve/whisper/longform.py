@@ -43,7 +43,7 @@ from edserve.audio.mel import (
     host_contiguous,
     window_features,
 )
-from edserve.audio.prepare import PreparedAudio, longform_mel
+from edserve.audio.prepare import PreparedAudio, longform_compact_mel
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput
 from edserve.engine.request import EncoderKV, FinishReason, GenerateRequest, SamplingParams
@@ -106,7 +106,7 @@ class LongformTask:
                                  f"takes {n_mels}")
             num_samples, mel = audio.num_samples, audio.mel
         else:
-            num_samples, mel = len(audio), longform_mel(audio, n_mels)
+            num_samples, mel = len(audio), longform_compact_mel(audio, n_mels)
         self.duration = num_samples / SAMPLE_RATE
         # [n_mels, content_frames + N_FRAMES]: the whole audio, then 30 s of silence
         self.mel = mel

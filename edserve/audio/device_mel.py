@@ -1,0 +1,40 @@
+"""A long upload's log-mel on the engine's device (:func:`device_features`).
+
+A 10-minute file's long-form log-mel costs ~0.15-1 s of one CPU core; 16 such uploads at once
+keep every audio worker busy before their first window can start. On a GPU the same work
+(:func:`~edserve.audio.chunked_mel.chunked_log_mel`) is a few milliseconds. The engine client
+runs it where the engine's weights live (:meth:`~edserve.engine.protocol.EngineClient.features`),
+on a side stream when that is CUDA, and hands back only the columns before the appended
+silence's constant tail (:class:`~edserve.audio.compact_mel.CompactMel`).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from edserve.audio.chunked_mel import chunked_log_mel
+from edserve.audio.compact_mel import CompactMel
+from edserve.audio.prepare import DecodedAudio, PreparedAudio
+
+
+def device_features(audio: DecodedAudio, n_mels: int, device: torch.device | str,
+                    stream: torch.cuda.Stream | None = None,
+                    chunk_frames: int | None = None) -> PreparedAudio:
+    """``audio``'s long-form log-mel computed on ``device`` (on ``stream`` when given: off the
+    engine's stream), as the :class:`PreparedAudio` an audio worker would have made
+    (``features_s``: the seconds spent here, copies included)."""
+    started = time.perf_counter()
+    device = torch.device(device)
+    with torch.cuda.stream(stream) if stream is not None else nullcontext():
+        samples = torch.from_numpy(audio.samples).to(device)  # [num_samples]
+        head, fill, frames = chunked_log_mel(samples, n_mels, chunk_frames=chunk_frames)
+        head_host = head.cpu().numpy()  # waits for this stream only
+        fill_host = np.float32(fill.item())
+    mel = CompactMel(head_host, fill_host, frames)
+    return PreparedAudio(mel, audio.num_samples, audio.decode_s,
+                         time.perf_counter() - started)
+
