@@ -8,6 +8,7 @@
 #   idle (~4 min: GPU-idle time by host frame), serve-now (~3 min: the default server at 1 and 32 clients),
 #   serve-both (~7 min: the engine on a thread vs the default engine process, 1, 32, 64 clients),
 #   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
+#   w13-tests (~1 min), decode-kernels (~1.5 min), serve-mel (~4 min: long-form log-mels on the GPU vs the audio workers)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
@@ -146,5 +147,15 @@ for part in "$@"; do
     # issue 18's whole protocol on the default server: 1, 32, 64, 128 clients and 16 x 10-minute files (~5 min)
     serve-full) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --json "$OUT/serve_full.json" 2>&1 \
              | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # wave 13: the GPU log-mel test, the log-mel timings, the decode step's kernels at 64 rows (~2 min)
+    w13-tests) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/audio/test_chunked_mel.py -rs 2>&1 \
+             | tee "$OUT/w13_tests.log" | tail -5
+           timeout 120 python3 benchmarks/mel_gpu.py 2>&1 | tee "$OUT/mel_gpu.log" ;;
+    decode-kernels) (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
+             --config flat:128 --kernels 30 2>&1 | grep -v "custom logits" | tee "$OUT/decode_kernels.log" | tail -40) ;;
+    # long-form with the log-mels on the GPU (default) vs on the audio workers (~4 min)
+    serve-mel) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --json "$OUT/serve_mel.json" \
+             --serve-flags= --serve-flags='--device-features-above-s -1' 2>&1 \
+             | tee "$OUT/serve_mel.log" | grep -v "^#   [a-z_]* .*(n=") ;;
   esac
 done

@@ -133,9 +133,10 @@ def step_gpu_busy(engine, steps: int) -> float:
     return busy / wall_us
 
 
-def step_kernels(engine, steps: int, rows: int) -> list[str]:
+def step_kernels(engine, steps: int, rows: int, with_total: bool = False):
     """The ``rows`` kernels with the most device time per step over ``steps`` engine steps
-    (torch profiler), one line each: ms per step, launches per step, name."""
+    (torch profiler), one line each: ms per step, launches per step, name; ``with_total``:
+    also the device ms per step of every kernel (a pair)."""
     from torch.profiler import ProfilerActivity, profile
 
     sync("cuda")
@@ -145,8 +146,11 @@ def step_kernels(engine, steps: int, rows: int) -> list[str]:
         sync("cuda")
     kernels = sorted((e for e in prof.key_averages() if e.self_device_time_total > 0),
                      key=lambda e: -e.self_device_time_total)
-    return [f"{e.self_device_time_total / steps / 1000:8.3f} ms/step {e.count / steps:6.1f}x  "
-            f"{e.key[:90]}" for e in kernels[:rows]]
+    lines = [f"{e.self_device_time_total / steps / 1000:8.3f} ms/step {e.count / steps:6.1f}x  "
+             f"{e.key[:90]}" for e in kernels[:rows]]
+    if with_total:
+        return lines, sum(e.self_device_time_total for e in kernels) / steps / 1000
+    return lines
 
 
 def run_hf(model, feats: torch.Tensor, new_tokens: int) -> float:

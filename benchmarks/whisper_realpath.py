@@ -177,6 +177,26 @@ def host_profile(engine, feats, steps: int = 20) -> None:
     pstats.Stats(prof).sort_stats("cumulative").print_stats(22)
 
 
+def kernel_table(engine, feats, rows: int, bw: float, steps: int = 10) -> None:
+    """Steady decode steps with the filters: wall, device time and the top kernels, against
+    the step's memory floor (decoder weights + every row's cross K/V at the copy rate)."""
+    _steady(engine, feats, True)
+    wall = wg.median_step_ms(engine, str(feats.device), steps)
+    lines, device_ms = wg.step_kernels(engine, steps, rows, with_total=True)
+    wg.drain(engine)
+    cfg = engine.model.config
+    d, layers, conc = cfg.d_model, cfg.decoder_layers, feats.shape[0]
+    weights = 2 * (layers * 14 * d * d + cfg.vocab_size * d)  # q,k,v,o x2 (cross q,o), fc1/2
+    cross_kv = 2 * 2 * layers * conc * 1500 * d  # K and V, bf16, every row's 1500 keys
+    floor = 1000 * (weights + cross_kv) / bw
+    print(f"# decode step, {conc} rows: wall {wall:.2f} ms, device {device_ms:.2f} ms "
+          f"({100 * device_ms / wall:.0f} % of the wall), floor {floor:.2f} ms "
+          f"(weights {weights / 1e9:.2f} GB + cross K/V {cross_kv / 1e9:.2f} GB at "
+          f"{bw / 1e12:.2f} TB/s)")
+    for line in lines:
+        print("#  ", line)
+
+
 def run_driver(engine, clips: list[np.ndarray], new_tokens: int) -> tuple[float, int]:
     from edserve.whisper.options import TranscribeOptions
     from edserve.whisper.transcribe import transcribe
@@ -200,6 +220,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--overlap", default="auto", choices=("auto", "on", "off"))
     ap.add_argument("--host-profile", action="store_true", help="cProfile decode steps only")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="only: the N kernels with the most device time per steady decode step")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"
@@ -220,6 +242,10 @@ def main() -> None:
     if args.host_profile:
         run_ours(engine, feats, 3)
         host_profile(engine, feats)
+        return
+    if args.kernels:
+        run_ours(engine, feats, 3)
+        kernel_table(engine, feats, args.kernels, bw)
         return
     procs = hf_processors(hf, tok, dev)
     floor = conc * 30 / wg.floor_seconds(args.arch, conc, n_new, bw, flops)
