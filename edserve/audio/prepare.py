@@ -10,6 +10,7 @@ the same numbers as a :class:`~edserve.whisper.longform.LongformTask` given the 
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from dataclasses import dataclass
@@ -19,9 +20,10 @@ import torch
 
 from edserve.audio.chunked_mel import chunked_log_mel
 from edserve.audio.compact_mel import CompactMel
-from edserve.audio.decode import load_audio
+from edserve.audio.decode import DECLARED_DURATION_SLACK, load_audio
 from edserve.audio.errors import DecodeCancelled, NonFiniteAudioError
 from edserve.audio.mel import N_SAMPLES, SAMPLE_RATE
+from edserve.audio.wav_pcm import read_pcm_wav
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,23 @@ def prepare_samples(audio: np.ndarray, n_mels: int) -> PreparedAudio:
     started = time.perf_counter()
     mel = longform_compact_mel(audio, n_mels)
     return PreparedAudio(mel, len(audio), 0.0, time.perf_counter() - started)
+
+
+def decode_long_wav(data: bytes, max_seconds: float | None,
+                    defer_above_s: float) -> DecodedAudio | None:
+    """The samples of an upload that is a 16 kHz mono 16-bit WAV longer than
+    ``defer_above_s`` (:mod:`edserve.audio.wav_pcm`: the standard library's parser, no FFmpeg;
+    the same samples as :func:`prepare_upload`'s); None for anything else (the audio workers
+    decide). For the server's API process: a 10-minute file would otherwise go to an audio
+    worker and back through its pipe (19 MB there, 38 MB of samples back) only to be
+    converted from int16. Raises AudioTooLongError past ``max_seconds``."""
+    if len(data) < defer_above_s * SAMPLE_RATE * 2:  # too short at 2 bytes per sample
+        return None
+    started = time.perf_counter()
+    audio = read_pcm_wav(io.BytesIO(data), SAMPLE_RATE, max_seconds, DECLARED_DURATION_SLACK)
+    if audio is None or len(audio) <= defer_above_s * SAMPLE_RATE:
+        return None
+    return DecodedAudio(audio, time.perf_counter() - started)
 
 
 def prepare_upload(data: bytes, n_mels: int, max_seconds: float | None,

@@ -36,6 +36,7 @@ from edserve.server.guards import (
     RateLimiter,
 )
 from edserve.server.metrics import ServerMetrics, StatusCounterMiddleware
+from edserve.server.multipart import read_form
 from edserve.server.openapi import (
     api_version,
     audio_operation,
@@ -64,7 +65,8 @@ async def _audio_endpoint(request: Request, task: str) -> Response:
     cfg: ServerConfig = state.config
     started = time.perf_counter()
     try:
-        form = await request.form(max_files=4, max_fields=64, max_part_size=FORM_OVERHEAD)
+        form = await read_form(request, max_files=4, max_fields=64, max_part_size=FORM_OVERHEAD,
+                               spool_bytes=cfg.max_upload_bytes + FORM_OVERHEAD)
     except StarletteHTTPException as exc:
         raise APIError(400, f"malformed multipart body: {exc.detail}") from None
     held = 0

@@ -29,7 +29,12 @@ from edserve.audio.errors import (
     EmptyAudioError,
     NonFiniteAudioError,
 )
-from edserve.audio.prepare import DecodedAudio, PreparedAudio, prepare_samples
+from edserve.audio.prepare import (
+    DecodedAudio,
+    PreparedAudio,
+    decode_long_wav,
+    prepare_samples,
+)
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import SamplingParams
 from edserve.server.audio_pool import AudioWorkerLost
@@ -131,8 +136,13 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     decoding(params, cfg, getattr(client.config, "max_running_requests", None))
     options = build_options(params, task, cfg, client.config.seed)
     started = time.perf_counter()
+    defer_above_s = app_state.audio.defer_above_s
     try:
-        audio = await app_state.audio.prepare(params.audio_bytes, cfg.max_audio_seconds, cancel)
+        audio = None if defer_above_s is None else await asyncio.to_thread(
+            decode_long_wav, params.audio_bytes, cfg.max_audio_seconds, defer_above_s)
+        if audio is None:
+            audio = await app_state.audio.prepare(params.audio_bytes, cfg.max_audio_seconds,
+                                                  cancel)
     except AudioError as exc:
         raise _refusal(exc) from None
     except AudioWorkerLost:

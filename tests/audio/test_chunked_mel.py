@@ -15,9 +15,15 @@ from edserve.audio.chunked_mel import chunked_log_mel
 from edserve.audio.compact_mel import CompactMel
 from edserve.audio.decode import load_audio
 from edserve.audio.device_mel import device_features
-from edserve.audio.errors import NonFiniteAudioError
+from edserve.audio.errors import AudioTooLongError, NonFiniteAudioError
 from edserve.audio.mel import N_SAMPLES, log_mel_spectrogram
-from edserve.audio.prepare import DecodedAudio, PreparedAudio, longform_mel, prepare_upload
+from edserve.audio.prepare import (
+    DecodedAudio,
+    PreparedAudio,
+    decode_long_wav,
+    longform_mel,
+    prepare_upload,
+)
 
 JFK = Path(__file__).resolve().parents[1] / "data" / "jfk.wav"
 
@@ -101,3 +107,17 @@ def test_a_long_upload_is_deferred_a_short_one_is_not(jfk):
     bad[1000] = np.nan
     with pytest.raises(NonFiniteAudioError):  # checked before it leaves the worker
         prepare_upload(_wav(bad, float_pcm=True), 80, 60.0, defer_above_s=5.0)
+
+
+def test_a_long_16_khz_wav_is_decoded_in_place_anything_else_is_left_to_the_workers(jfk):
+    long = np.resize(jfk, 16000 * 40)
+    data = _wav(long)
+    got = decode_long_wav(data, 60.0, 30.0)
+    assert isinstance(got, DecodedAudio) and got.decode_s >= 0
+    np.testing.assert_array_equal(got.samples, load_audio(data))  # FFmpeg's samples, exactly
+    assert decode_long_wav(data, 60.0, 45.0) is None  # not longer than the threshold
+    assert decode_long_wav(_wav(jfk), 60.0, 5.0) is not None
+    assert decode_long_wav(_wav(long, float_pcm=True), 60.0, 30.0) is None  # float: FFmpeg's
+    assert decode_long_wav(b"not a wav" * 200000, 60.0, 30.0) is None
+    with pytest.raises(AudioTooLongError):
+        decode_long_wav(data, 20.0, 5.0)
