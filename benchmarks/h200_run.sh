@@ -148,7 +148,8 @@ for part in "$@"; do
     serve-full) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --json "$OUT/serve_full.json" 2>&1 \
              | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     # wave 13: the GPU log-mel test, the log-mel timings, the decode step's kernels at 64 rows (~2 min)
-    w13-tests) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/audio/test_chunked_mel.py -rs 2>&1 \
+    w13-tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/audio/test_chunked_mel.py tests/engine/test_triton_engine.py \
+             tests/kernels/test_grouped_cross_attention.py tests/engine/test_gpu_syncs.py tests/engine/test_gpu.py -rs 2>&1 \
              | tee "$OUT/w13_tests.log" | tail -5
            timeout 120 python3 benchmarks/mel_gpu.py 2>&1 | tee "$OUT/mel_gpu.log" ;;
     decode-kernels) (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
