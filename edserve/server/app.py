@@ -65,8 +65,7 @@ async def _audio_endpoint(request: Request, task: str) -> Response:
     cfg: ServerConfig = state.config
     started = time.perf_counter()
     try:
-        form = await read_form(request, max_files=4, max_fields=64, max_part_size=FORM_OVERHEAD,
-                               spool_bytes=cfg.max_upload_bytes + FORM_OVERHEAD)
+        form = await read_form(request, max_files=4, max_fields=64, max_part_size=FORM_OVERHEAD)
     except StarletteHTTPException as exc:
         raise APIError(400, f"malformed multipart body: {exc.detail}") from None
     held = 0
