@@ -154,6 +154,9 @@ for part in "$@"; do
            timeout 120 python3 benchmarks/mel_gpu.py 2>&1 | tee "$OUT/mel_gpu.log" ;;
     decode-kernels) (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
              --config flat:128 --kernels 30 2>&1 | grep -v "custom logits" | tee "$OUT/decode_kernels.log" | tail -40) ;;
+    # issue 19's real-path protocol on the default strategy only (flat/128, overlap on) (~2 min)
+    real-flat) (cd benchmarks && timeout 240 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
+             --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee "$OUT/real_flat.log" | tail -4) ;;
     # long-form with the log-mels on the GPU (default) vs on the audio workers (~4 min)
     serve-mel) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --json "$OUT/serve_mel.json" \
              --serve-flags= --serve-flags='--device-features-above-s -1' 2>&1 \
