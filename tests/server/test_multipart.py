@@ -1,5 +1,6 @@
-"""``read_form``: an upload's file part held as its chunks, read back whole in one copy; the
-form's limits and malformed bodies as before (the routes' tests cover the HTTP answers)."""
+"""``read_form``: an upload's file part kept as its chunks, spilled to a temporary file past
+its first MiB, read back whole in one piece; malformed bodies are a 400 (the routes' tests
+cover the HTTP answers)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from edserve.server.errors import APIError
 from edserve.server.multipart import ChunkedFile, read_form
 
 
-def test_chunked_file_reads_back_what_was_written():
-    f = ChunkedFile()
+@pytest.mark.parametrize("memory_bytes", [1 << 20, 4])  # in memory; spilled to a file
+def test_chunked_file_reads_back_what_was_written(memory_bytes):
+    f = ChunkedFile(memory_bytes)
     for part in (b"abc", b"", b"defg"):
         f.write(part)
     assert f.tell() == 7
@@ -41,7 +43,13 @@ def _request(body: bytes, content_type: str, chunk: int = 65536) -> Request:
                     "headers": [(b"content-type", content_type.encode())]}, receive)
 
 
-def test_a_large_file_part_arrives_whole_and_fields_too():
+def test_a_large_file_part_arrives_whole_and_fields_too(monkeypatch):
+    import starlette.datastructures
+
+    def no_thread_hop(*args, **kwargs):
+        raise AssertionError("a chunk went through a worker thread")
+
+    monkeypatch.setattr(starlette.datastructures, "run_in_threadpool", no_thread_hop)
     payload = bytes(range(256)) * 40000  # 10 MB over many 64 KiB chunks
     req = httpx.Request("POST", "http://x/", files={"file": ("a.wav", payload)},
                         data={"model": "whisper-1"})
@@ -52,6 +60,7 @@ def test_a_large_file_part_arrives_whole_and_fields_too():
                                max_part_size=65536)
         upload = form["file"]
         assert isinstance(upload.file, ChunkedFile) and upload.size == len(payload)
+        assert upload.file._disk is not None  # past MEMORY_BYTES: in a temporary file
         data = await upload.read(len(payload) + 1)
         await form.close()
         return form["model"], data
