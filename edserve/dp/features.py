@@ -1,13 +1,12 @@
 """Long uploads' log-mels in an engine worker, beside its engine loop: the ``features`` call.
 
 The engine loop runs other calls between two steps; a 10-minute file's log-mel (copies in and
-out, STFT, filterbank: ~40 ms on the H200, mostly the 38 MB in and 30 MB out) would hold a
-step back that long, so :class:`FeatureService` runs them on threads of their own
-(:data:`THREADS`: 16 uploads arriving together queued ~330 ms on average behind one thread),
-each on a CUDA stream of its own when the engine is on a GPU (the engine's steps keep going;
-the copies and waits release the GIL). Each thread answers through its own PUSH socket on the
-``up`` endpoint (a zmq socket belongs to one thread): a :class:`~edserve.dp.protocol.Reply`
-with the :class:`~edserve.audio.prepare.PreparedAudio`, or the error.
+out, STFT, filterbank) would hold a step back by tens of milliseconds, so
+:class:`FeatureService` runs them on a thread of its own, on a CUDA stream of its own when the
+engine is on a GPU (the engine's steps keep going; the thread's waits release the GIL). The
+thread answers through its own PUSH socket on the ``up`` endpoint (a zmq socket belongs to one
+thread): a :class:`~edserve.dp.protocol.Reply` with the
+:class:`~edserve.audio.prepare.PreparedAudio`, or the error.
 """
 
 from __future__ import annotations
@@ -26,26 +25,21 @@ from edserve.dp import protocol as P
 from edserve.dp import wire
 
 logger = logging.getLogger("edserve.dp")
-THREADS = 4
 
 
 class FeatureService:
-    """``submit(call_id, audio)`` queues one job; :meth:`close` stops the threads after the
+    """``submit(call_id, audio)`` queues one job; :meth:`close` stops the thread after the
     queued jobs. ``n_mels`` None: the model takes no log-mels (every job is refused)."""
 
     def __init__(self, index: int, ctx: zmq.Context, up_endpoint: str, device: torch.device,
-                 n_mels: int | None, threads: int = THREADS) -> None:
+                 n_mels: int | None) -> None:
         self.index, self.device, self.n_mels = index, device, n_mels
         self._jobs: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
-        self._threads = []
-        for i in range(threads):
-            sock = ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 5000)
-            sock.connect(up_endpoint)
-            t = threading.Thread(target=self._run, args=(sock,), name=f"features{i}",
-                                 daemon=True)
-            t.start()
-            self._threads.append(t)
+        self._socket = ctx.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.LINGER, 5000)
+        self._socket.connect(up_endpoint)
+        self._thread = threading.Thread(target=self._run, name="features", daemon=True)
+        self._thread.start()
 
     def submit(self, call_id: int, audio: Any) -> None:
         self._jobs.put((call_id, audio))
@@ -62,16 +56,14 @@ class FeatureService:
             return P.Reply(self.index, call_id, False, str(exc), type(exc).__name__)
         return P.Reply(self.index, call_id, True, value)
 
-    def _run(self, sock: zmq.Socket) -> None:
+    def _run(self) -> None:
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         try:
             while (job := self._jobs.get()) is not None:
-                wire.send(sock, self._answer(*job, stream))
+                wire.send(self._socket, self._answer(*job, stream))
         finally:
-            sock.close()
+            self._socket.close()
 
     def close(self, timeout: float = 5.0) -> None:
-        for _ in self._threads:
-            self._jobs.put(None)
-        for t in self._threads:
-            t.join(timeout)
+        self._jobs.put(None)
+        self._thread.join(timeout)
