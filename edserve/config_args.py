@@ -11,24 +11,20 @@ from typing import Any
 from edserve.config import EngineConfig
 
 
-def _int_or_auto(text: str) -> int | None:
-    """argparse type of fields that take ``auto`` (None) or a positive integer."""
-    if text == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or an integer, got {text!r}") from None
+def _or_auto(convert: type, kind: str):
+    """An argparse type for fields that take ``auto`` (None) or ``convert(text)``."""
+    def parse(text: str):
+        if text == "auto":
+            return None
+        try:
+            return convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected auto or {kind}, got {text!r}") from None
+    return parse
 
 
-def _float_or_auto(text: str) -> float | None:
-    """argparse type of float fields that take ``auto`` (None)."""
-    if text == "auto":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected auto or a number, got {text!r}") from None
+_int_or_auto = _or_auto(int, "an integer")
+_float_or_auto = _or_auto(float, "a number")
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls: type = EngineConfig,
