@@ -29,6 +29,7 @@ from edserve.audio.errors import (
     EmptyAudioError,
     NonFiniteAudioError,
 )
+from edserve.audio.mel import SAMPLE_RATE
 from edserve.audio.prepare import (
     DecodedAudio,
     PreparedAudio,
@@ -137,12 +138,14 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     options = build_options(params, task, cfg, client.config.seed)
     started = time.perf_counter()
     defer_above_s = app_state.audio.defer_above_s
-    try:
-        audio = None if defer_above_s is None else await asyncio.to_thread(
-            decode_long_wav, params.audio_bytes, cfg.max_audio_seconds, defer_above_s)
+    data = params.audio_bytes
+    try:  # only an upload that could hold that many 16-bit samples takes the thread hop
+        audio = await asyncio.to_thread(decode_long_wav, data, cfg.max_audio_seconds,
+                                        defer_above_s) \
+            if defer_above_s is not None and len(data) >= defer_above_s * SAMPLE_RATE * 2 \
+            else None
         if audio is None:
-            audio = await app_state.audio.prepare(params.audio_bytes, cfg.max_audio_seconds,
-                                                  cancel)
+            audio = await app_state.audio.prepare(data, cfg.max_audio_seconds, cancel)
     except AudioError as exc:
         raise _refusal(exc) from None
     except AudioWorkerLost:
