@@ -154,10 +154,10 @@ for part in "$@"; do
            timeout 120 python3 benchmarks/mel_gpu.py 2>&1 | tee "$OUT/mel_gpu.log" ;;
     decode-kernels) (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
              --config flat:128 --kernels 30 2>&1 | grep -v "custom logits" | tee "$OUT/decode_kernels.log" | tail -40) ;;
-    # issue 22's beam 5 vs greedy at 64 requests on the default strategy, and the GPU beam tests (~3 min)
+    # issue 22: beam 5 (beams chosen on the device, the CUDA default) vs greedy at 64 requests, flat/128, and the GPU beam tests (~3 min)
     beam-flat) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_beam.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/beam_tests.log" | tail -3
-           (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 --no-hf \
+           (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 --no-hf --beam-on-device \
              2>&1 | grep -v "custom logits" | tee "$OUT/beam_flat.log" | tail -12) ;;
     # issue 19's real-path protocol on the default strategy only (flat/128, overlap on) (~2 min)
     real-flat) (cd benchmarks && timeout 240 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
