@@ -17,7 +17,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from edserve.audio.mel import FRAME_QUANTUM, HOP_LENGTH, N_FFT, N_SAMPLES, ZERO_TAIL, mel_filters
+from edserve.audio.mel import (
+    FRAME_QUANTUM,
+    HOP_LENGTH,
+    N_FFT,
+    N_SAMPLES,
+    computed_zeros,
+    mel_filters,
+    silence_value,
+)
 
 HOST_CHUNK_FRAMES = 1024
 DEVICE_CHUNK_FRAMES = 1 << 16
@@ -37,9 +45,7 @@ def chunked_log_mel(audio: torch.Tensor, n_mels: int, padding: int = N_SAMPLES,
         raise ValueError(f"chunk_frames must be a positive multiple of {FRAME_QUANTUM}")
     frames = (audio.shape[0] + padding) // HOP_LENGTH
     # as log_mel_spectrogram: frames wholly in the appended zeros are not computed
-    keep = -(-((audio.shape[0] + ZERO_TAIL) // HOP_LENGTH + 1) // FRAME_QUANTUM) * FRAME_QUANTUM
-    tail = max(2 * FRAME_QUANTUM, keep) * HOP_LENGTH - audio.shape[0]
-    signal = F.pad(audio.float(), (0, min(padding, tail)))
+    signal = F.pad(audio.float(), (0, computed_zeros(audio.shape[0], padding)))
     kept = min(signal.shape[0] // HOP_LENGTH, frames)
     half = N_FFT // 2
     padded = F.pad(signal[None, None], (half, half), mode="reflect")[0, 0]
@@ -56,6 +62,4 @@ def chunked_log_mel(audio: torch.Tensor, n_mels: int, padding: int = N_SAMPLES,
     log_spec.clamp_(min=1e-10).log10_()  # [n_mels, kept]
     floor = log_spec.max() - 8.0
     torch.maximum(log_spec, floor, out=log_spec).add_(4.0).div_(4.0)
-    silent = torch.full((), 1e-10, dtype=torch.float32, device=audio.device).log10()
-    fill = (torch.maximum(silent, floor) + 4.0) / 4.0
-    return log_spec, fill, frames
+    return log_spec, silence_value(floor, n_mels)[0, 0], frames

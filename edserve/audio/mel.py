@@ -98,6 +98,23 @@ def pad_or_trim(array: np.ndarray | torch.Tensor, length: int = N_SAMPLES, *, ax
     return array
 
 
+def computed_zeros(num_samples: int, padding: int) -> int:
+    """Of ``padding`` zeros appended to ``num_samples`` samples, how many the STFT must see:
+    frames whose window lies wholly in the zeros have power exactly 0 and are not computed.
+    The computed frames are a multiple of FRAME_QUANTUM, at least 2 * FRAME_QUANTUM, so the
+    FFT's and the filterbank product's vector blocks do not change (bit-identical to the STFT
+    over all of it, tested)."""
+    keep = -(-((num_samples + ZERO_TAIL) // HOP_LENGTH + 1) // FRAME_QUANTUM) * FRAME_QUANTUM
+    return min(padding, max(2 * FRAME_QUANTUM, keep) * HOP_LENGTH - num_samples)
+
+
+def silence_value(floor: torch.Tensor, n_mels: int) -> torch.Tensor:
+    """``[n_mels, 1]``: the scaled log-mel of a frame of power 0 under ``floor`` (max - 8),
+    made by the same (vectorized) ops as the computed frames'."""
+    zeros = torch.zeros(n_mels, FRAME_QUANTUM, dtype=floor.dtype, device=floor.device)
+    return ((torch.maximum(torch.clamp(zeros, min=1e-10).log10(), floor) + 4.0) / 4.0)[:, :1]
+
+
 def log_mel_spectrogram(
     audio: np.ndarray | torch.Tensor,
     n_mels: int = 80,
@@ -120,12 +137,8 @@ def log_mel_spectrogram(
     # Frames whose window lies wholly in the appended zeros have power exactly 0: the STFT runs
     # over the audio + at least ZERO_TAIL zeros only (the frames it gives see the same samples
     # as with all the padding, end reflection included), the other frames stay 0 (30 s of
-    # padding: 73 % of an 11 s clip's frames). Bit-identical to the STFT over all of it
-    # (tested): the computed frames are a multiple of FRAME_QUANTUM, at least
-    # 2 * FRAME_QUANTUM, so the FFT's and the filterbank product's vector blocks do not change.
-    keep = -(-((audio.shape[0] + ZERO_TAIL) // HOP_LENGTH + 1) // FRAME_QUANTUM) * FRAME_QUANTUM
-    tail = max(2 * FRAME_QUANTUM, keep) * HOP_LENGTH - audio.shape[0]
-    audio = F.pad(audio, (0, min(padding, tail)))
+    # padding: 73 % of an 11 s clip's frames); see computed_zeros.
+    audio = F.pad(audio, (0, computed_zeros(audio.shape[0], padding)))
     window = torch.hann_window(N_FFT, device=audio.device)
     stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)  # [201, T'+1]
     magnitudes = stft[..., :-1].abs() ** 2  # [201, T']
@@ -136,9 +149,7 @@ def log_mel_spectrogram(
     out = torch.empty(n_mels, frames, dtype=log_spec.dtype, device=log_spec.device)
     torch.div(torch.maximum(log_spec, floor) + 4.0, 4.0, out=out[:, :kept])
     if kept < frames:  # power 0: one value, made by the same ops as the computed frames'
-        zeros = torch.zeros(n_mels, FRAME_QUANTUM, dtype=log_spec.dtype, device=out.device)
-        tail = (torch.maximum(torch.clamp(zeros, min=1e-10).log10(), floor) + 4.0) / 4.0
-        out[:, kept:] = tail[:, :1]  # [n_mels, 1] broadcast
+        out[:, kept:] = silence_value(floor, n_mels)  # [n_mels, 1] broadcast
     return out  # [n_mels, T]
 
 

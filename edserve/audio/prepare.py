@@ -89,13 +89,22 @@ def longform_mel(audio: np.ndarray | torch.Tensor, n_mels: int) -> torch.Tensor:
     return longform_compact_mel(audio, n_mels).full()
 
 
-def prepare_samples(audio: np.ndarray, n_mels: int) -> PreparedAudio:
-    """:class:`PreparedAudio` of already-decoded samples (``NonFiniteAudioError`` for NaN/inf)."""
+def _check_finite(audio: np.ndarray) -> None:
     if not np.isfinite(audio).all():
         raise NonFiniteAudioError()
+
+
+def prepare_samples(audio: np.ndarray, n_mels: int) -> PreparedAudio:
+    """:class:`PreparedAudio` of already-decoded samples (``NonFiniteAudioError`` for NaN/inf)."""
+    _check_finite(audio)
     started = time.perf_counter()
     mel = longform_compact_mel(audio, n_mels)
     return PreparedAudio(mel, len(audio), 0.0, time.perf_counter() - started)
+
+
+def may_hold(data: bytes, seconds: float) -> bool:
+    """Whether ``data`` is big enough to hold ``seconds`` of 16 kHz 16-bit samples."""
+    return len(data) >= seconds * SAMPLE_RATE * 2
 
 
 def decode_long_wav(data: bytes, max_seconds: float | None,
@@ -105,9 +114,8 @@ def decode_long_wav(data: bytes, max_seconds: float | None,
     the same samples as :func:`prepare_upload`'s); None for anything else (the audio workers
     decide). For the server's API process: a 10-minute file would otherwise go to an audio
     worker and back through its pipe (19 MB there, 38 MB of samples back) only to be
-    converted from int16. Raises AudioTooLongError past ``max_seconds``."""
-    if len(data) < defer_above_s * SAMPLE_RATE * 2:  # too short at 2 bytes per sample
-        return None
+    converted from int16. Raises AudioTooLongError past ``max_seconds``. :func:`may_hold`
+    tells, from the length alone, whether calling it can pay."""
     started = time.perf_counter()
     audio = read_pcm_wav(io.BytesIO(data), SAMPLE_RATE, max_seconds, DECLARED_DURATION_SLACK)
     if audio is None or len(audio) <= defer_above_s * SAMPLE_RATE:
@@ -130,8 +138,7 @@ def prepare_upload(data: bytes, n_mels: int, max_seconds: float | None,
     if cancel is not None and cancel.is_set():
         raise DecodeCancelled("client gone")
     if defer_above_s is not None and len(audio) > defer_above_s * SAMPLE_RATE:
-        if not np.isfinite(audio).all():
-            raise NonFiniteAudioError()
+        _check_finite(audio)
         return DecodedAudio(audio, decoded - started)
     prepared = prepare_samples(audio, n_mels)
     return PreparedAudio(prepared.mel, prepared.num_samples, decoded - started,

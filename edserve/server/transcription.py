@@ -29,11 +29,11 @@ from edserve.audio.errors import (
     EmptyAudioError,
     NonFiniteAudioError,
 )
-from edserve.audio.mel import SAMPLE_RATE
 from edserve.audio.prepare import (
     DecodedAudio,
     PreparedAudio,
     decode_long_wav,
+    may_hold,
     prepare_samples,
 )
 from edserve.engine.errors import RequestFailed
@@ -142,8 +142,7 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     try:  # only an upload that could hold that many 16-bit samples takes the thread hop
         audio = await asyncio.to_thread(decode_long_wav, data, cfg.max_audio_seconds,
                                         defer_above_s) \
-            if defer_above_s is not None and len(data) >= defer_above_s * SAMPLE_RATE * 2 \
-            else None
+            if defer_above_s is not None and may_hold(data, defer_above_s) else None
         if audio is None:
             audio = await app_state.audio.prepare(data, cfg.max_audio_seconds, cancel)
     except AudioError as exc:
