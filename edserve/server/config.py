@@ -7,6 +7,8 @@ from typing import Any
 
 from edserve.config import MAX_GROUP_ROWS, MEL_PADDINGS, check_mel_padding
 
+#: ``--http`` values (the protocols: :func:`edserve.server.connections.guarded_protocol`).
+HTTP_IMPLS = ("auto", "httptools", "h11")
 #: ``--device-features-above-s auto`` on a CUDA engine: uploads longer than one window.
 AUTO_DEVICE_FEATURES_S = 30.0
 
@@ -75,7 +77,7 @@ class ServerConfig:
         "installed, as it is with edserve's dependencies); the event loop is uvloop when "
         "installed. Measured on an H200 host at 32 clients: 5.0 vs 5.8 ms of API-process CPU "
         "per request, 96 vs 87 requests/s (benchmarks/RESULTS.md, wave 12).",
-        choices=("auto", "httptools", "h11"))
+        choices=HTTP_IMPLS)
     timeout_keep_alive: float = _f(
         5.0, "Seconds an idle keep-alive connection stays open between requests.")
     header_timeout: float = _f(

@@ -22,12 +22,12 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from edserve.server.config import HTTP_IMPLS
+
 try:  # the C parser (uvicorn's "httptools" implementation): less CPU per request than h11
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 except ImportError:  # httptools not installed
     HttpToolsProtocol = None
-
-HTTP_IMPLS = ("auto", "httptools", "h11")
 
 FD_RESERVE = 48  # descriptors kept free for the engine, uploads spooled to disk, logging
 
