@@ -9,6 +9,9 @@ Scenarios (large-v3 random bf16 weights, flat/128 unless ``--config``, filters o
   arrivals   256 requests x 17 tokens, 32 closed-loop callers (``arrivals_gpu.py``'s driver)
   prefill16  one step admitting 16 clips into an idle engine, then its drain (``prefill_gpu``)
   decode64   30 decode steps of 64 running rows
+  decode1    30 decode steps of one running row (the single-client latency)
+  beam64     30 decode steps of 64 requests x beam 5, beams chosen on the device
+             (``beam_gpu.py``'s engine)
   serve      the server in this process (``edserve serve``'s app, 64 rows, 17-token windows,
              fallback off) driven by ``edserve bench`` in a subprocess: 256 x jfk.wav at 32
              clients; the engine thread is sampled, and the API thread in a second table
@@ -170,11 +173,35 @@ def serve_scenario(hf, args, dev: str, dtype: torch.dtype):
     return engine, lambda: load(args.requests, args.concurrency), ("edserve-engine", "edserve-http")
 
 
+def beam_scenario(hf, args, dev: str):
+    """(engine, callable): 30 steady steps of 64 requests x beam 5 on the device."""
+    import beam_gpu
+
+    strategy, ps = args.config.split(":")
+    n, beam = 64, 5
+    engine = beam_gpu.make_engine(hf, args.arch, n, beam, 200, strategy, ps, dev,
+                                  beam_on_device=True)
+    gen = torch.Generator().manual_seed(0)
+    feats = (torch.randn(n, wg.ARCHS[args.arch]["n_mels"], 3000, generator=gen) * 0.5).to(dev)
+    for r in beam_gpu.make_requests(engine, feats, 200, beam):
+        engine.add_request(r)
+    for _ in range(12):  # every group admitted, forked and decoding
+        engine.step()
+    print(f"beam64: {len(engine.scheduler.running)} rows decoding")
+
+    def steps() -> None:
+        for _ in range(30):
+            engine.step()
+    return engine, steps
+
+
 def scenario(name: str, hf, args, dev: str, dtype: torch.dtype):
     """(engine, callable) of one scenario; the engine is warm."""
+    if name == "beam64":
+        return beam_scenario(hf, args, dev)
     strategy, ps = args.config.split(":")
-    n = {"arrivals": args.requests, "prefill16": 16, "decode64": 64}[name]
-    tokens = 200 if name == "decode64" else args.new_tokens
+    n = {"arrivals": args.requests, "prefill16": 16, "decode64": 64, "decode1": 1}[name]
+    tokens = 200 if name.startswith("decode") else args.new_tokens
     engine = wg.make_engine(hf, args.arch, n, tokens, device=dev, dtype=str(dtype)[6:],
                             encoder_kv=strategy, page_size=ps, max_prefill_tokens=24576,
                             debug_checks=False)

@@ -154,6 +154,14 @@ for part in "$@"; do
            timeout 120 python3 benchmarks/mel_gpu.py 2>&1 | tee "$OUT/mel_gpu.log" ;;
     decode-kernels) (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
              --config flat:128 --kernels 30 2>&1 | grep -v "custom logits" | tee "$OUT/decode_kernels.log" | tail -40) ;;
+    # wave 14: where the GPU waits for the host (beam 5 at 64, one row, 64 rows) and the kernels of
+    # a one-row step and a beam step (~5 min)
+    w14-profile) (cd benchmarks && timeout 300 python3 -W ignore gpu_idle.py --scenarios beam64 decode1 decode64 --rows 25 \
+             2>&1 | grep -v "custom logits" | tee "$OUT/gpu_idle.log" | grep -v "^| .* | 0.0 |")
+           (cd benchmarks && timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 1 \
+             --config flat:128 --kernels 40 2>&1 | grep -v "custom logits" | tee "$OUT/kernels_1row.log" | tail -42)
+           (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 --no-hf \
+             --beam-on-device --profile 40 2>&1 | grep -v "custom logits" | tee "$OUT/beam_kernels.log" | tail -60) ;;
     # issue 22: beam 5 (beams chosen on the device, the CUDA default) vs greedy at 64 requests, flat/128, and the GPU beam tests (~3 min)
     beam-flat) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_beam.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/beam_tests.log" | tail -3
