@@ -204,7 +204,8 @@ def scenario(name: str, hf, args, dev: str, dtype: torch.dtype):
     tokens = 200 if name.startswith("decode") else args.new_tokens
     engine = wg.make_engine(hf, args.arch, n, tokens, device=dev, dtype=str(dtype)[6:],
                             encoder_kv=strategy, page_size=ps, max_prefill_tokens=24576,
-                            debug_checks=False)
+                            debug_checks=False,
+                            sampling_cuda_graph=args.sampling_graph == "on")
     gen = torch.Generator().manual_seed(0)
     mels = [torch.randn(wg.ARCHS[args.arch]["n_mels"], 3000, generator=gen) * 0.5
             for _ in range(n)]
@@ -242,6 +243,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=17)
     ap.add_argument("--config", default="flat:128", help="strategy:page_size")
+    ap.add_argument("--sampling-graph", default="on", choices=("on", "off"),
+                    help="replay graph steps' sampling as CUDA graphs (--sampling-cuda-graph)")
     ap.add_argument("--interval-us", type=float, default=200.0)
     ap.add_argument("--rows", type=int, default=15)
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")

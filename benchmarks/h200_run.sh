@@ -162,6 +162,16 @@ for part in "$@"; do
              --config flat:128 --kernels 40 2>&1 | grep -v "custom logits" | tee "$OUT/kernels_1row.log" | tail -42)
            (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 --no-hf \
              --beam-on-device --profile 40 2>&1 | grep -v "custom logits" | tee "$OUT/beam_kernels.log" | tail -60) ;;
+    # wave 14: sampling graphs: GPU tests, host idle at 64 rows and one row, the real path on/off (~6 min)
+    w14-sample) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_sample_graphs.py \
+             tests/engine/test_gpu_syncs.py tests/engine/test_gpu_prompt_graphs.py tests/engine/test_gpu.py -rs 2>&1 \
+             | grep -v "Loading weights" | tee "$OUT/w14_tests.log" | tail -4
+           (cd benchmarks && timeout 200 python3 -W ignore gpu_idle.py --scenarios decode64 decode1 --rows 12 \
+             2>&1 | grep -v "custom logits" | tee "$OUT/gpu_idle.log" | grep -v "^| .* | 0.0 |")
+           for sg in on off; do
+             (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
+               --config flat:128 --overlap on --sampling-graph $sg 2>&1 | grep -v "custom logits" | tee -a "$OUT/real_flat.log" | tail -3)
+           done ;;
     # issue 22: beam 5 (beams chosen on the device, the CUDA default) vs greedy at 64 requests, flat/128, and the GPU beam tests (~3 min)
     beam-flat) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_beam.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/beam_tests.log" | tail -3

@@ -211,6 +211,12 @@ def run_driver(engine, clips: list[np.ndarray], new_tokens: int) -> tuple[float,
     return time.perf_counter() - t0, sum(len(s.tokens) for r in results for s in r.segments)
 
 
+def _sampling_replays(engine) -> int | None:
+    """Steps sampled by a replayed graph so far (None: no sampling graphs)."""
+    sampling = getattr(engine.runner.graph_runner, "sampling", None)
+    return None if sampling is None else sampling.replays
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="large-v3", choices=sorted(wg.ARCHS))
@@ -219,6 +225,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--overlap", default="auto", choices=("auto", "on", "off"))
+    ap.add_argument("--sampling-graph", default="on", choices=("on", "off"),
+                    help="replay graph steps' sampling as CUDA graphs (--sampling-cuda-graph)")
     ap.add_argument("--host-profile", action="store_true", help="cProfile decode steps only")
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
                     help="only: the N kernels with the most device time per steady decode step")
@@ -234,7 +242,8 @@ def main() -> None:
     hf = wg.build_hf(args.arch, dev, dtype)
     engine = wg.make_engine(hf, args.arch, conc, n_new + 60, device=dev,
                             dtype="bfloat16" if dev == "cuda" else "float32",
-                            encoder_kv=strategy, page_size=ps, overlap_schedule=args.overlap)
+                            encoder_kv=strategy, page_size=ps, overlap_schedule=args.overlap,
+                            sampling_cuda_graph=args.sampling_graph == "on")
     tok = engine.tokenizer
     gen = torch.Generator().manual_seed(conc)
     feats = (torch.randn(conc, wg.ARCHS[args.arch]["n_mels"], 3000, generator=gen) * 0.5).to(
@@ -267,7 +276,8 @@ def main() -> None:
     syncs, busy = syncs_per_step(engine, feats), gpu_busy(engine, feats)
     engine.check_integrity()
     print(f"# {args.arch} conc {conc} {strategy}/{ps} overlap={engine.overlap} "
-          f"graphs={engine.runner.graph_runner is not None} bw {bw / 1e12:.2f} TB/s "
+          f"graphs={engine.runner.graph_runner is not None} "
+          f"sampling graph replays={_sampling_replays(engine)} bw {bw / 1e12:.2f} TB/s "
           f"bf16 {flops / 1e12:.0f} TFLOP/s; HF runs {[round(t, 3) for t in t_hf]} s, "
           f"edserve {[round(t, 3) for t in t_ours]} s")
     print("arch      conc  HF a-s/s  edserve a-s/s  x HF  floor a-s/s  %floor  driver a-s/s "

@@ -208,6 +208,13 @@ class EngineConfig:
         "Largest decode batch captured in a CUDA graph (default: the running limit; with "
         "--max-running-requests auto, at most 256).",
     )
+    sampling_cuda_graph: bool = _f(
+        True,
+        "With decode CUDA graphs: also replay each graph-replayed step's sampling (logits "
+        "filters that allow it, the greedy choice, log-probabilities) as a CUDA graph, captured "
+        "once per batch size and filter chain, instead of ~55 eager launches per step. Steps "
+        "that sample with temperature or carry beam candidates stay eager.",
+    )
     prompt_cuda_graph_max_tokens: int = _f(
         8,
         "Prefill prompts of at most N tokens per request (Whisper's <|startoftranscript|> "

@@ -24,6 +24,9 @@ import torch
 from edserve.engine.batch_builder import Pools
 from edserve.engine.graph_inputs import GraphInputs, reads_cross_kv_ranges, static_forward
 from edserve.engine.prompt_graphs import PromptReplayer
+from edserve.engine.sample_graphs import SampleGraphs
+from edserve.engine.sampler import SamplingPlan
+from edserve.engine.token_history import TokenHistory
 from edserve.layers.forward_batch import ForwardBatch
 
 logger = logging.getLogger("edserve")
@@ -43,7 +46,7 @@ def replay_loaded(graphs: dict[int, torch.cuda.CUDAGraph], outputs: dict[int, to
 
 class DecodeGraphRunner:
     def __init__(self, model: torch.nn.Module, pools: Pools, max_bs: int,
-                 prompt_max_tokens: int = 0) -> None:
+                 prompt_max_tokens: int = 0, sampling: bool = True) -> None:
         if pools.backend.name == "ragged":
             raise ValueError("--cuda-graph needs fixed shapes, but the ragged strategy gathers "
                              "data-dependent buffers every step; use --encoder-kv flat or "
@@ -65,6 +68,9 @@ class DecodeGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool_handle = None
         self._capture_all()
+        self._padded = 0  # the graph size of the last replay
+        # the sampling of replayed steps (graph_key decides which plans), in the same pool
+        self.sampling = SampleGraphs(pools.device, self.pool_handle) if sampling else None
         # prefill prompts of up to prompt_max_tokens tokens replay these graphs (Whisper);
         # it gets the graphs, not this runner: no reference cycle, so an engine (and its KV
         # pool) is freed as soon as the last reference to it goes
@@ -99,6 +105,17 @@ class DecodeGraphRunner:
     def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Run a real decode batch through the smallest graph that fits; logits [B, V]."""
         bs = batch.batch_size
-        padded = next(s for s in self.sizes if s >= bs)
+        padded = self._padded = next(s for s in self.sizes if s >= bs)
         self.inputs.load(batch, input_ids, padded)
         return replay_loaded(self.graphs, self.outputs, padded)[:bs]
+
+    def sample(self, plan: SamplingPlan, history: TokenHistory, bs: int
+               ) -> tuple[torch.Tensor, torch.Tensor, None] | None:
+        """The last :meth:`replay`'s tokens and log-probabilities ([bs] each) through a
+        sampling graph, or None (sampling graphs off, or ``plan`` not capturable: the caller
+        samples the logits :meth:`replay` returned)."""
+        if self.sampling is None:
+            return None
+        padded = self._padded
+        return self.sampling.sample(plan, self.outputs[padded], self.inputs.rows[:padded], bs,
+                                    history)

@@ -42,6 +42,11 @@ class FilterContext:
 class LogitsFilter(ABC):
     """Edits ``logits`` ``[n, V]`` (float32) of one group of rows in place."""
 
+    #: True when ``apply`` is tensor ops only, with no host-side effect and no input but its
+    #: arguments and its own settings, so a CUDA graph may capture it once and replay it
+    #: (:mod:`edserve.engine.sample_graphs`); False (the default) keeps it eager every step.
+    capturable: bool = False
+
     @abstractmethod
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         """In place; tensor ops only (see the module doc)."""

@@ -49,8 +49,11 @@ class ModelRunner:
             encoder_states = None
         graphs = self.graph_runner
         prompts = getattr(graphs, "prompts", None)
+        picked = None  # (tokens, logprobs, None) from a sampling graph
         if sched.mode == ForwardMode.DECODE and graphs is not None and graphs.can_run(batch):
             logits = graphs.replay(batch, input_ids)
+            if isinstance(graphs, DecodeGraphRunner):
+                picked = graphs.sample(sched.sampling, self.history, batch.batch_size)
         elif prompts is not None and prompts.accepts(batch):
             if encoder_states is not None:  # the cross K/V into the pool, then the prompts
                 self.model.write_cross_kv(encoder_states, batch)
@@ -66,7 +69,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[last])  # [B, V]
             if sched.mode == ForwardMode.EXTEND:
                 no_speech = self._no_speech(hidden, sched)
-        tokens, logprobs, cands = sample(logits, sched.sampling, self.history, rows)
+        tokens, logprobs, cands = picked or sample(logits, sched.sampling, self.history, rows)
         done = None
         if sched.beams is not None:  # device beam groups choose and move their rows
             done = sched.beams.beams.run(sched.beams, *cands, sched.sampling.candidates.topk,

@@ -49,10 +49,11 @@ class TokenHistory:
         """Append ``tokens[i]`` to row ``rows[i]`` ([B] int64 each; device ops only).
 
         A row already full keeps its last column overwritten (that request is at its length
-        limit and finishes at this step)."""
-        col = self.lengths[rows].clamp(max=self.max_tokens - 1)  # [B]
-        self.tokens[rows, col] = tokens
-        self.lengths.index_add_(0, rows, (self.lengths[rows] < self.max_tokens).long())
+        limit and finishes at this step). Lengths are set, not added to, so a row listed more
+        than once (the padding row 0 of a graph-replayed step) stays within ``max_tokens``."""
+        cur = self.lengths[rows]  # [B]
+        self.tokens[rows, cur.clamp(max=self.max_tokens - 1)] = tokens
+        self.lengths[rows] = (cur + 1).clamp(max=self.max_tokens)
 
     def last(self, rows: torch.Tensor) -> torch.Tensor:
         """[B] the most recent token of each row (the next decode step's input ids)."""

@@ -83,7 +83,8 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
     if use_cuda_graph(config, s):
         graphs = DecodeGraphRunner(model, sizing.pools,
                                    min(config.cuda_graph_max_bs or running, running),
-                                   config.prompt_cuda_graph_max_tokens)
+                                   config.prompt_cuda_graph_max_tokens,
+                                   sampling=config.sampling_cuda_graph)
     elif (after := cpu_compile_after(config, s, getattr(model, "model_type", None))) is not None:
         graphs = CompiledDecodeRunner(model, sizing.pools, running, model.max_encoder_len,
                                       max_decoder_len, after, model_cache_dir())

@@ -45,6 +45,8 @@ def interned(cls: type, ids: tuple[int, ...]) -> Any:
 class SuppressTokens(LogitsFilter):
     """Forbid a fixed set of tokens at every position."""
 
+    capturable = True
+
     ids: tuple[int, ...]
     _masks: dict = _cache()
 
@@ -61,6 +63,8 @@ class SuppressTokens(LogitsFilter):
 @dataclass(frozen=True)
 class SuppressBlank(LogitsFilter):
     """At the first sampled position, forbid a blank (``" "``) and end-of-text."""
+
+    capturable = True
 
     ids: tuple[int, ...]
     _masks: dict = _cache()
@@ -90,6 +94,8 @@ class ApplyTimestampRules(LogitsFilter):
     sampled token is a timestamp no later than ``max_initial_index`` steps of 20 ms; when the
     timestamp tokens together are likelier than any single text token, a timestamp is forced.
     """
+
+    capturable = True
 
     eot: int
     no_timestamps: int

@@ -1,0 +1,59 @@
+"""Sampling graphs (edserve.engine.sample_graphs) on the CPU: which plans a graph may capture,
+and that the captured function, run over a graph's padded rows (the padding rows all point at
+the token history's row 0), gives the real rows the eager sampler's tokens, log-probabilities
+and histories. The capture and replay themselves run on CUDA
+(tests/engine/test_gpu_sample_graphs.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from edserve.engine.logits_filter import LogitsRecorder
+from edserve.engine.sample_graphs import graph_key
+from edserve.engine.sampler import FilterGroup, SamplingPlan, sample
+from edserve.engine.token_history import TokenHistory
+from edserve.whisper.logits import ApplyTimestampRules, SuppressBlank, SuppressTokens
+
+V, TS, EOT, NO_TS = 120, 70, 50, 60
+CHAIN = (SuppressBlank((EOT, 3)), SuppressTokens((5, 7, 61)),
+         ApplyTimestampRules(EOT, NO_TS, TS, 10))
+
+
+def _plan(groups, sampled=None) -> SamplingPlan:
+    return SamplingPlan(groups, sampled, None if sampled is None else torch.ones(1), None,
+                        [] if sampled is None else [None])
+
+
+def test_only_greedy_single_chain_capturable_plans_get_a_graph_key():
+    whole = FilterGroup(CHAIN, None, ("a", "b"))
+    assert graph_key(_plan([whole])) == CHAIN
+    assert graph_key(_plan([])) == ()
+    assert graph_key(_plan([whole], sampled=torch.tensor([0]))) is None  # temperature
+    part = FilterGroup(CHAIN, torch.tensor([0]), ("a",))
+    other = FilterGroup(CHAIN[:1], torch.tensor([1]), ("b",))
+    assert graph_key(_plan([part, other])) is None  # two chains in one batch
+    rec = FilterGroup((LogitsRecorder(),), None, ("a", "b"))
+    assert graph_key(_plan([rec])) is None  # host-side effect: stays eager
+    with_cands = _plan([whole])
+    with_cands.candidates = object()  # row-group candidates (beams, best_of)
+    assert graph_key(with_cands) is None
+
+
+def test_padded_rows_sample_like_the_eager_rows_and_keep_row_zero_bounded():
+    gen = torch.Generator().manual_seed(0)
+    max_tokens, rows = 6, torch.tensor([3, 5, 7])
+    eager, padded = TokenHistory(8, max_tokens, torch.device("cpu")), \
+        TokenHistory(8, max_tokens, torch.device("cpu"))
+    prow = torch.tensor([3, 5, 7, 0, 0, 0, 0, 0])  # a graph of 8 rows for 3 real ones
+    plan = _plan([FilterGroup(CHAIN, None, ("a", "b", "c"))])
+    for step in range(max_tokens + 3):  # past max_tokens: the full rows' last column
+        logits = torch.randn(8, V, generator=gen) * 3
+        logits[:, TS:] += 2.0 * (step % 2)  # timestamps win every other step
+        t_e, lp_e, _ = sample(logits[:3].clone(), plan, eager, rows)
+        t_p, lp_p, _ = sample(logits.clone(), plan, padded, prow)
+        assert torch.equal(t_p[:3], t_e) and torch.equal(lp_p[:3], lp_e)
+        assert torch.equal(padded.tokens[1:], eager.tokens[1:])
+        assert torch.equal(padded.lengths[1:], eager.lengths[1:])
+        assert int(padded.lengths[0]) <= max_tokens  # listed 5 times a step, still bounded
+    assert eager.lengths[rows].tolist() == [max_tokens] * 3
+    assert bool((eager.tokens[rows, 0] >= TS).all())  # the grammar: a timestamp first
