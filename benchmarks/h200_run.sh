@@ -172,6 +172,10 @@ for part in "$@"; do
              (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
                --config flat:128 --overlap on --sampling-graph $sg 2>&1 | grep -v "custom logits" | tee -a "$OUT/real_flat.log" | tail -3)
            done ;;
+    # wave 14: the server with sampling graphs: defaults vs log-mels of every upload on the GPU (~7 min)
+    w14-serve) (cd benchmarks && timeout 560 python3 -W ignore serve_gpu.py --concurrency 1 32 64 128 --json "$OUT/serve_w14.json" \
+             --serve-flags= --serve-flags='--device-features-above-s 0' 2>&1 \
+             | tee "$OUT/serve_w14.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     # issue 22: beam 5 (beams chosen on the device, the CUDA default) vs greedy at 64 requests, flat/128, and the GPU beam tests (~3 min)
     beam-flat) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_beam.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/beam_tests.log" | tail -3
