@@ -29,6 +29,7 @@ from edserve.server.chat import router as chat_router
 from edserve.server.checks import check_auth, check_model, require_audio_model
 from edserve.server.config import ServerConfig
 from edserve.server.errors import APIError, api_error_handler, http_error_handler
+from edserve.server.feature_policy import FeaturePolicy
 from edserve.server.guards import (
     BodyTimeoutMiddleware,
     OriginHostMiddleware,
@@ -98,8 +99,9 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     client = engine if isinstance(engine, EngineClient) \
         else InProcessClient(engine, config.served_model_name)
     docs = config.openapi_docs
-    audio = make_preparer(config.audio_workers, client.n_mels or 80,
-                          config.device_features_threshold(client.device_type))
+    features = FeaturePolicy(config.device_features_threshold(client.device_type),
+                             config.device_features_idle_max(client.device_type))
+    audio = make_preparer(config.audio_workers, client.n_mels or 80, features.above_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -111,6 +113,7 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
                   openapi_url="/openapi.json" if docs else None, lifespan=lifespan)
     app.state.engine = client
     app.state.audio = audio
+    app.state.features = features
     app.state.config = config
     app.state.metrics = metrics = ServerMetrics(client)
     app.state.pending = PendingBudget(config.max_pending_audio_bytes,

@@ -62,13 +62,15 @@ class AudioPreparer(ABC):
         # longer audio comes back as DecodedAudio (the engine's device computes its log-mel)
         self.defer_above_s = defer_above_s
 
-    @property
-    def _job_kwargs(self) -> dict[str, float]:
-        return {} if self.defer_above_s is None else {"defer_above_s": self.defer_above_s}
+    def _job_kwargs(self, defer_above_s: float | None) -> dict[str, float]:
+        defer = self.defer_above_s if defer_above_s is None else defer_above_s
+        return {} if defer is None else {"defer_above_s": defer}
 
     @abstractmethod
-    async def prepare(self, data: bytes, max_seconds: float | None,
-                      cancel: threading.Event) -> PreparedAudio | DecodedAudio: ...
+    async def prepare(self, data: bytes, max_seconds: float | None, cancel: threading.Event,
+                      defer_above_s: float | None = None) -> PreparedAudio | DecodedAudio:
+        """``defer_above_s``: this upload's threshold for handing the log-mel to the device
+        (None: the preparer's own)."""
 
     @abstractmethod
     def start(self) -> None:
@@ -83,10 +85,10 @@ class ThreadPreparer(AudioPreparer):
     """``--audio-workers 0``: the job in a thread of the API process (``cancel`` is checked
     between decoded frames)."""
 
-    async def prepare(self, data: bytes, max_seconds: float | None,
-                      cancel: threading.Event) -> PreparedAudio | DecodedAudio:
+    async def prepare(self, data: bytes, max_seconds: float | None, cancel: threading.Event,
+                      defer_above_s: float | None = None) -> PreparedAudio | DecodedAudio:
         return await asyncio.to_thread(self.job, data, self.n_mels, max_seconds, cancel,
-                                       **self._job_kwargs)
+                                       **self._job_kwargs(defer_above_s))
 
     def start(self) -> None:
         return None  # the event loop's default executor starts its threads on demand
@@ -143,11 +145,12 @@ class ProcessPreparer(AudioPreparer):
         for fut in [pool.submit(_ready) for _ in range(self.workers)]:
             fut.result()
 
-    async def prepare(self, data: bytes, max_seconds: float | None,
-                      cancel: threading.Event) -> PreparedAudio | DecodedAudio:
+    async def prepare(self, data: bytes, max_seconds: float | None, cancel: threading.Event,
+                      defer_above_s: float | None = None) -> PreparedAudio | DecodedAudio:
         pool = self._pool()
         try:
-            future = pool.submit(self.job, data, self.n_mels, max_seconds, **self._job_kwargs)
+            future = pool.submit(self.job, data, self.n_mels, max_seconds,
+                                 **self._job_kwargs(defer_above_s))
             return await asyncio.wrap_future(future)
         except BrokenProcessPool:
             self._replace(pool)

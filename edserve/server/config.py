@@ -11,6 +11,7 @@ from edserve.config import MAX_GROUP_ROWS, MEL_PADDINGS, check_mel_padding
 HTTP_IMPLS = ("auto", "httptools", "h11")
 #: ``--device-features-above-s auto`` on a CUDA engine: uploads longer than one window.
 AUTO_DEVICE_FEATURES_S = 30.0
+AUTO_DEVICE_FEATURES_IDLE = 2  # --device-features-idle auto on CUDA
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -95,6 +96,14 @@ class ServerConfig:
         "against ~1 s of an audio worker's CPU per 10 minutes of audio), the audio workers "
         "only decoding them; negative: every log-mel on the audio workers. auto: 30 on a "
         "CUDA engine, off on the CPU.", auto=True)
+    device_features_idle: int | None = _f(
+        None, "While at most N transcription requests are in flight (this one included), every "
+        "upload's log-mel is computed on the engine's device, whatever its length (a 16 kHz "
+        "16-bit WAV is then read in the API process): lower latency on a lightly loaded "
+        "server; under load short uploads go to the audio workers, which keeps the engine's "
+        "device and process for its steps. Needs log-mels on the device "
+        "(--device-features-above-s not negative). auto: 2 on a CUDA engine, 0 on the CPU; "
+        "0: off.", auto=True)
     data_parallel_size: int = _f(
         1, "Engine worker processes behind this server (data parallelism): on CUDA one per "
         "visible GPU (pinned with CUDA_VISIBLE_DEVICES), on CPU the cores split between them; "
@@ -119,6 +128,9 @@ class ServerConfig:
         check_mel_padding(self.mel_padding)
         if self.audio_workers is not None and self.audio_workers < 0:
             raise ValueError(f"--audio-workers must be auto or >= 0, got {self.audio_workers}")
+        if self.device_features_idle is not None and self.device_features_idle < 0:
+            raise ValueError(f"--device-features-idle must be auto or >= 0, got "
+                             f"{self.device_features_idle}")
         for name in ("beam_size", "best_of"):
             n = getattr(self, name)
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_GROUP_ROWS:
@@ -131,6 +143,12 @@ class ServerConfig:
         if above is None:
             return AUTO_DEVICE_FEATURES_S if device_type == "cuda" else None
         return None if above < 0 else above
+
+    def device_features_idle_max(self, device_type: str) -> int:
+        """In-flight requests up to which every upload's log-mel goes to the engine."""
+        if self.device_features_idle is None:
+            return AUTO_DEVICE_FEATURES_IDLE if device_type == "cuda" else 0
+        return self.device_features_idle
 
     @property
     def max_upload_bytes(self) -> int:

@@ -137,14 +137,15 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     decoding(params, cfg, getattr(client.config, "max_running_requests", None))
     options = build_options(params, task, cfg, client.config.seed)
     started = time.perf_counter()
-    defer_above_s = app_state.audio.defer_above_s
+    defer_above_s = app_state.features.defer_above_s()  # feature_policy: host or device
     data = params.audio_bytes
     try:  # only an upload that could hold that many 16-bit samples takes the thread hop
         audio = await asyncio.to_thread(decode_long_wav, data, cfg.max_audio_seconds,
                                         defer_above_s) \
             if defer_above_s is not None and may_hold(data, defer_above_s) else None
         if audio is None:
-            audio = await app_state.audio.prepare(data, cfg.max_audio_seconds, cancel)
+            audio = await app_state.audio.prepare(data, cfg.max_audio_seconds, cancel,
+                                                  defer_above_s)
     except AudioError as exc:
         raise _refusal(exc) from None
     except AudioWorkerLost:
@@ -201,6 +202,12 @@ async def run(request: Request, params: TranscriptionParams, task_name: str,
               on_prepared: Any = None) -> Response:
     """Transcribe and render; a client that goes away cancels the decode, the features and
     the engine work. ``on_prepared()`` runs once the upload is no longer held for decoding."""
+    with request.app.state.features.track():  # in flight: see feature_policy
+        return await _run(request, params, task_name, on_prepared)
+
+
+async def _run(request: Request, params: TranscriptionParams, task_name: str,
+               on_prepared: Any) -> Response:
     state = request.app.state
     start = time.perf_counter()
     cancel = threading.Event()

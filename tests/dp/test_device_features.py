@@ -103,6 +103,25 @@ def test_in_process_engine_computes_them_too(uploads, host_texts):
     assert len(calls) == 1 and calls[0] > 20 * 16000  # only the long upload was deferred
 
 
+def test_an_idle_server_computes_every_log_mel_on_the_device(uploads, host_texts):
+    calls = []
+
+    def spy(client):
+        real = client.features
+
+        async def features(audio):
+            calls.append(audio.num_samples)
+            return await real(audio)
+
+        client.features = features
+
+    # one request at a time: in flight 1 <= --device-features-idle 1, so the 11 s clip too
+    texts = _serve(ServerConfig(audio_workers=1, device_features_above_s=20.0,
+                                device_features_idle=1), uploads, spy)
+    assert texts == host_texts
+    assert len(calls) == 2 and min(calls) < 12 * 16000
+
+
 def test_a_failing_features_call_falls_back_to_the_host(uploads, host_texts):
     def broken(client):
         async def features(audio):
