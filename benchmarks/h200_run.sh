@@ -176,6 +176,18 @@ for part in "$@"; do
     w14-serve) (cd benchmarks && timeout 560 python3 -W ignore serve_gpu.py --concurrency 1 32 64 128 --json "$OUT/serve_w14.json" \
              --serve-flags= --serve-flags='--device-features-above-s 0' 2>&1 \
              | tee "$OUT/serve_w14.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # wave 14 final: GPU tests, decode kernels at 1 and 64 rows, the real path, the server (~8 min)
+    w14-final) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_sample_graphs.py \
+             tests/engine/test_gpu_syncs.py tests/engine/test_gpu.py tests/layers/test_linear_gelu.py -rs 2>&1 \
+             | grep -v "Loading weights" | tee "$OUT/w14_tests.log" | tail -4
+           for c in 1 64; do
+             (cd benchmarks && timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency $c \
+               --config flat:128 --kernels 14 2>&1 | grep -v "custom logits" | tee -a "$OUT/decode_kernels.log" | tail -15)
+           done
+           (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
+             --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee "$OUT/real_flat.log" | tail -3)
+           (cd benchmarks && timeout 300 python3 -W ignore serve_gpu.py --json "$OUT/serve_full.json" 2>&1 \
+             | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     # issue 22: beam 5 (beams chosen on the device, the CUDA default) vs greedy at 64 requests, flat/128, and the GPU beam tests (~3 min)
     beam-flat) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_beam.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/beam_tests.log" | tail -3

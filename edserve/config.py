@@ -92,6 +92,14 @@ class EngineConfig:
         "benchmarks/RESULTS.md 'Encoder GELU'.",
         choices=("auto", "exact", "tanh"),
     )
+    decoder_gelu: str = _f(
+        "auto",
+        "GELU of Whisper's decoder MLPs, the same forms as --encoder-gelu: exact (erf, as "
+        "trained), tanh (on CUDA fused into the fc1 GEMM's epilogue: one kernel less per layer "
+        "and decode step), or auto (tanh for Whisper on CUDA in bfloat16/float16, exact "
+        "elsewhere). See benchmarks/RESULTS.md 'Decoder GELU'.",
+        choices=("auto", "exact", "tanh"),
+    )
     kv_cache_dtype: str = _f(
         "auto",
         "KV-cache storage: auto (the compute dtype) or fp8 (e4m3, per-tensor scale 1, cast to "
@@ -310,9 +318,11 @@ class EngineConfig:
             raise ValueError("--quantization cannot be used with --tensor-parallel-size > 1")
         if self.tensor_parallel_size > 1 and (self.compile_encoder
                                               or self.encoder_cuda_graph_max_bs
-                                              or self.encoder_gelu == "tanh"):
+                                              or self.encoder_gelu == "tanh"
+                                              or self.decoder_gelu == "tanh"):
             raise ValueError("--compile-encoder, --encoder-cuda-graph-max-bs and --encoder-gelu "
-                             "tanh cannot be used with --tensor-parallel-size > 1")
+                             "/ --decoder-gelu tanh cannot be used with --tensor-parallel-size "
+                             "> 1")
         if self.encoder_warmup_max_bs is not None and self.encoder_warmup_max_bs < 0:
             raise ValueError(f"--encoder-warmup-max-bs must be >= 0, got "
                              f"{self.encoder_warmup_max_bs}")

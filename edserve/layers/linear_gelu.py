@@ -1,4 +1,5 @@
-"""``gelu(fc1(x))`` of the encoders' MLPs (Whisper's audio encoder, Mllama's vision tower).
+"""``gelu(fc1(x))`` of the encoders' MLPs (Whisper's audio encoder, Mllama's vision tower) and
+of Whisper's decoder MLPs (``--decoder-gelu``, the same forms and ``auto`` rule).
 
 Two forms of GELU, chosen by ``--encoder-gelu`` (a registry, :data:`LINEAR_GELU`; ``auto``:
 :func:`resolve_linear_gelu`):
@@ -73,7 +74,7 @@ AUTO_TANH_MODELS = ("whisper",)
 
 
 def resolve_linear_gelu(mode: str, device: torch.device, dtype: torch.dtype,
-                        model_type: str | None) -> str:
+                        model_type: str | None, flag: str = "--encoder-gelu") -> str:
     """``--encoder-gelu auto``: ``tanh`` for a model of :data:`AUTO_TANH_MODELS` on CUDA in
     bfloat16/float16 (the epilogue fuses there, and the forms' gap is a few percent of one
     rounding step of those dtypes: on the H200 the large-v3 encoder's output moved by as much
@@ -81,7 +82,7 @@ def resolve_linear_gelu(mode: str, device: torch.device, dtype: torch.dtype,
     explicit mode is returned as is."""
     if mode != "auto":
         if mode not in LINEAR_GELU:
-            raise ValueError(f"--encoder-gelu must be auto or one of {sorted(LINEAR_GELU)}, "
+            raise ValueError(f"{flag} must be auto or one of {sorted(LINEAR_GELU)}, "
                              f"got {mode!r}")
         return mode
     half = dtype in (torch.bfloat16, torch.float16)
@@ -89,21 +90,23 @@ def resolve_linear_gelu(mode: str, device: torch.device, dtype: torch.dtype,
     return "tanh" if fused else "exact"
 
 
-def set_linear_gelu(model: nn.Module, mode: str) -> int:
-    """Give every module of ``model`` that has a ``linear_gelu`` attribute the form ``mode``
+def set_linear_gelu(model: nn.Module, mode: str, attr: str = "linear_gelu",
+                    flag: str = "--encoder-gelu") -> int:
+    """Give every module of ``model`` that has an ``attr`` attribute (``linear_gelu``: the
+    encoder MLPs; ``mlp_gelu``: Whisper's decoder MLPs, ``--decoder-gelu``) the form ``mode``
     (a key of :data:`LINEAR_GELU`); returns how many were set (ValueError for an unknown
     mode, or for ``tanh`` on a model without such layers: the option would do nothing)."""
     if mode not in LINEAR_GELU:
-        raise ValueError(f"--encoder-gelu must be one of {sorted(LINEAR_GELU)}, got {mode!r}")
+        raise ValueError(f"{flag} must be one of {sorted(LINEAR_GELU)}, got {mode!r}")
     n = 0
     for m in model.modules():
-        if hasattr(m, "linear_gelu"):
+        if hasattr(m, attr):
             if hasattr(getattr(m, "fc2", None), "input_gelu"):  # fc2 applies it (fp8)
-                m.fc2.input_gelu, m.linear_gelu = mode, linear_only
+                m.fc2.input_gelu = mode
+                setattr(m, attr, linear_only)
             else:
-                m.linear_gelu = LINEAR_GELU[mode]
+                setattr(m, attr, LINEAR_GELU[mode])
             n += 1
     if n == 0 and mode != "exact":
-        raise ValueError(f"--encoder-gelu {mode}: {type(model).__name__} has no encoder MLP "
-                         "that takes it")
+        raise ValueError(f"{flag} {mode}: {type(model).__name__} has no MLP that takes it")
     return n

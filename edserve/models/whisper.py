@@ -32,6 +32,7 @@ from torch import nn
 from edserve.layers.add_norm import AddNormOps, add_norm_ops
 from edserve.layers.attention.base import Attention
 from edserve.layers.forward_batch import ForwardBatch
+from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
 from edserve.models.encoder_graphs import EncoderGraphs
 from edserve.models.mel_staging import MelStager, mels_to_device
 from edserve.models.weights.fused import FusedLinear, load_hf_tensors
@@ -70,6 +71,7 @@ class WhisperDecoderLayer(nn.Module):
         self.fc1 = nn.Linear(d, cfg.decoder_ffn_dim)
         self.fc2 = nn.Linear(cfg.decoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d)
+        self.mlp_gelu: LinearGelu = linear_gelu_exact  # --decoder-gelu (layers/linear_gelu)
         self.self_site = Attention(layer_id, H, H, self.head_dim, scaling, is_cross=False)
         self.cross_site = Attention(layer_id, H, H, self.head_dim, scaling, is_cross=True)
 
@@ -93,7 +95,7 @@ class WhisperDecoderLayer(nn.Module):
         k, v = cross_kv if cross_kv is not None else (None, None)
         o = self.cross_site(q, k, v, batch)  # [T, H, hd]
         x, h = ops.add_layer_norm(self.final_layer_norm, x, c.out_proj(o.reshape(T, d)))
-        return x, self.fc2(F.gelu(self.fc1(h)))
+        return x, self.fc2(self.mlp_gelu(self.fc1, h))
 
 
 class WhisperDecoder(nn.Module):

@@ -64,8 +64,12 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         del checkpoint
         model = quantize_model(model, config.quantization)
         model = apply_encoder_dtype(model, config.encoder_dtype)
+        model_type = getattr(model, "model_type", None)
         set_linear_gelu(model, resolve_linear_gelu(config.encoder_gelu, s.device, s.dtype,
-                                                   getattr(model, "model_type", None)))
+                                                   model_type))
+        set_linear_gelu(model, resolve_linear_gelu(config.decoder_gelu, s.device, s.dtype,
+                                                   model_type, "--decoder-gelu"),
+                        "mlp_gelu", "--decoder-gelu")
         model = apply_cpu_linear(model, config.cpu_linear, s.onednn_linears,
                                  config.compile_encoder)
         _encoder_options(model, config, s)

@@ -63,7 +63,7 @@ def test_set_linear_gelu_reaches_every_encoder_mlp_and_refuses_what_it_cannot_do
     assert set_linear_gelu(vision, "tanh") == n
     with pytest.raises(ValueError, match="must be one of"):
         set_linear_gelu(enc, "erf")
-    with pytest.raises(ValueError, match="no encoder MLP"):
+    with pytest.raises(ValueError, match="no MLP that takes it"):
         set_linear_gelu(nn.Sequential(nn.Linear(2, 2)), "tanh")
     assert set_linear_gelu(nn.Sequential(nn.Linear(2, 2)), "exact") == 0
     assert sorted(LINEAR_GELU) == ["exact", "tanh"]
@@ -90,6 +90,38 @@ def test_tanh_changes_the_encoder_output_but_not_the_jfk_transcript():
     assert engine.tokenizer.decode(outs["tanh"].token_ids).strip() == TINY_EN_TEXT
 
 
+def test_decoder_tanh_moves_the_logits_but_not_the_transcripts():
+    """``--decoder-gelu tanh`` on the embedded tiny.en (float32, CPU): every decoder layer
+    takes the tanh form, the encoder keeps the exact one; the first step's logits move, the
+    greedy tokens of two real clips do not."""
+    from edserve.audio.decode import load_audio
+    from edserve.audio.mel import whisper_features
+    from edserve.engine.logits_filter import LogitsRecorder
+    from edserve.engine.request import GenerateRequest, SamplingParams
+    from edserve.layers.linear_gelu import linear_gelu_tanh
+    from edserve.runtime import build_engine
+
+    mels = [whisper_features(load_audio(DATA / f"{c}.wav"), 80) for c in ("jfk", "cards_005")]
+    outs, first = {}, {}
+    for mode in ("exact", "tanh"):
+        engine = build_engine(decoder_gelu=mode, dtype="float32", max_running_requests=2)
+        layers = engine.model.model.decoder.layers
+        want = linear_gelu_tanh if mode == "tanh" else linear_gelu_exact
+        assert all(layer.mlp_gelu is want for layer in layers)
+        assert all(layer.linear_gelu is linear_gelu_exact
+                   for layer in engine.model.model.encoder.layers)
+        rec = LogitsRecorder()
+        reqs = [GenerateRequest([50257, 50362], m, SamplingParams(max_new_tokens=60),
+                                logits_processors=[rec] if i == 0 else [])
+                for i, m in enumerate(mels)]
+        outs[mode] = [o.token_ids for o in engine.generate(reqs)]
+        first[mode] = rec.rows[0]
+        engine.check_integrity()
+    assert not torch.equal(first["exact"], first["tanh"])
+    assert outs["tanh"] == outs["exact"]
+    assert engine.tokenizer.decode(outs["tanh"][0]).strip() == TINY_EN_TEXT
+
+
 def test_auto_is_tanh_only_for_whisper_on_cuda_in_half_precision():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert resolve_linear_gelu("auto", cuda, torch.bfloat16, "whisper") == "tanh"
@@ -108,6 +140,8 @@ def test_default_cpu_engine_keeps_the_exact_form():
     engine = build_engine(max_running_requests=1)
     assert all(layer.linear_gelu is linear_gelu_exact
                for layer in engine.model.model.encoder.layers)
+    assert all(layer.mlp_gelu is linear_gelu_exact
+               for layer in engine.model.model.decoder.layers)
 
 
 def test_tensor_parallel_refuses_tanh():
@@ -115,6 +149,8 @@ def test_tensor_parallel_refuses_tanh():
 
     with pytest.raises(ValueError, match="--encoder-gelu"):
         EngineConfig(tensor_parallel_size=2, encoder_gelu="tanh")
+    with pytest.raises(ValueError, match="--decoder-gelu tanh"):
+        EngineConfig(tensor_parallel_size=2, decoder_gelu="tanh")
 
 
 @pytest.mark.gpu
