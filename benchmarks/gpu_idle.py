@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import contextlib
 import sys
 import threading
 import time
+import warnings
 
 import torch
 import whisper_gpu as wg
@@ -82,11 +84,37 @@ def thread_id(name: str | None) -> int:
     return next(t.ident for t in threading.enumerate() if t.name == name)
 
 
+def _steps(engine) -> int:
+    """Engine steps taken so far (every kind)."""
+    return sum(t.steps for t in engine.step_counters.snapshot().values())
+
+
 def idle_by_frame(fn, dev: str, interval_us: float, rows: int, label: str,
-                  threads: tuple[str | None, ...] = (None,)) -> None:
+                  threads: tuple[str | None, ...] = (None,), engine=None) -> None:
     """Runs ``fn`` once under the profiler and one stack sampler per thread (by name; None:
-    this thread); prints wall, device-busy share and, per thread, the frames it was in while
-    the device was idle."""
+    this thread); prints wall, device-busy share, the engine's steps and host<->device syncs
+    per step (``torch.cuda.set_sync_debug_mode``, any thread) and, per thread, the frames it
+    was in while the device was idle."""
+    steps0 = None if engine is None else _steps(engine)
+    caught: list = []
+    with contextlib.ExitStack() as syncs:
+        if dev == "cuda":
+            caught = syncs.enter_context(warnings.catch_warnings(record=True))
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            syncs.callback(torch.cuda.set_sync_debug_mode, 0)
+        _idle_by_frame(fn, dev, interval_us, rows, label, threads)
+    if steps0 is not None:
+        steps = _steps(engine) - steps0
+        where = collections.Counter(f"{w.filename.rsplit('/', 1)[-1]}:{w.lineno}"
+                                    for w in caught)
+        n = sum(where.values())
+        print(f"\n{label}: {steps} engine steps, {n / max(steps, 1):.2f} host<->device syncs "
+              f"per step ({', '.join(f'{k} x{v}' for k, v in where.most_common(4)) or 'none'})")
+
+
+def _idle_by_frame(fn, dev: str, interval_us: float, rows: int, label: str,
+                   threads: tuple[str | None, ...]) -> None:
     wg.sync(dev)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
     old = sys.getswitchinterval()
@@ -255,10 +283,10 @@ def main() -> None:
     for name in args.scenarios:
         if name == "serve":
             engine, fn, threads = serve_scenario(hf, args, dev, dtype)
-            idle_by_frame(fn, dev, args.interval_us, args.rows, name, threads)
+            idle_by_frame(fn, dev, args.interval_us, args.rows, name, threads, engine)
             continue  # the server's engine keeps running until the process exits
         engine, fn = scenario(name, hf, args, dev, dtype)
-        idle_by_frame(fn, dev, args.interval_us, args.rows, name)
+        idle_by_frame(fn, dev, args.interval_us, args.rows, name, engine=engine)
         engine.check_integrity()
         del engine, fn
 

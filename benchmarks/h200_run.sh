@@ -187,7 +187,9 @@ for part in "$@"; do
            (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
              --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee "$OUT/real_flat.log" | tail -3)
            (cd benchmarks && timeout 300 python3 -W ignore serve_gpu.py --json "$OUT/serve_full.json" 2>&1 \
-             | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+             | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=")
+           (cd benchmarks && timeout 200 python3 -W ignore gpu_idle.py --scenarios serve --rows 8 \
+             2>&1 | grep -v "custom logits" | tee "$OUT/gpu_idle_serve.log" | grep -v "^| .* | 0.0 |" | tail -30) ;;
     # issue 22: beam 5 (beams chosen on the device, the CUDA default) vs greedy at 64 requests, flat/128, and the GPU beam tests (~3 min)
     beam-flat) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_beam.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/beam_tests.log" | tail -3
