@@ -29,6 +29,7 @@ import contextlib
 import sys
 import threading
 import time
+import traceback
 import warnings
 
 import torch
@@ -96,18 +97,25 @@ def idle_by_frame(fn, dev: str, interval_us: float, rows: int, label: str,
     per step (``torch.cuda.set_sync_debug_mode``, any thread) and, per thread, the frames it
     was in while the device was idle."""
     steps0 = None if engine is None else _steps(engine)
-    caught: list = []
+    where: collections.Counter = collections.Counter()
+
+    def seen(message, category, filename, lineno, file=None, line=None) -> None:
+        # runs in the thread that synced: name it and its deepest edserve frame
+        frames = [f for f in traceback.extract_stack()[:-1] if "/edserve/" in f.filename]
+        at = (f"{frames[-1].filename.rsplit('/edserve/', 1)[1]}:{frames[-1].lineno}"
+              if frames else f"{filename.rsplit('/', 1)[-1]}:{lineno}")
+        where[f"{threading.current_thread().name} {at}"] += 1
+
     with contextlib.ExitStack() as syncs:
         if dev == "cuda":
-            caught = syncs.enter_context(warnings.catch_warnings(record=True))
+            syncs.enter_context(warnings.catch_warnings())
             warnings.simplefilter("always")
+            warnings.showwarning = seen
             torch.cuda.set_sync_debug_mode("warn")
             syncs.callback(torch.cuda.set_sync_debug_mode, 0)
         _idle_by_frame(fn, dev, interval_us, rows, label, threads)
     if steps0 is not None:
         steps = _steps(engine) - steps0
-        where = collections.Counter(f"{w.filename.rsplit('/', 1)[-1]}:{w.lineno}"
-                                    for w in caught)
         n = sum(where.values())
         print(f"\n{label}: {steps} engine steps, {n / max(steps, 1):.2f} host<->device syncs "
               f"per step ({', '.join(f'{k} x{v}' for k, v in where.most_common(4)) or 'none'})")

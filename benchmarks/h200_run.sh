@@ -190,6 +190,9 @@ for part in "$@"; do
              | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=")
            (cd benchmarks && timeout 200 python3 -W ignore gpu_idle.py --scenarios serve --rows 8 \
              2>&1 | grep -v "custom logits" | tee "$OUT/gpu_idle_serve.log" | grep -v "^| .* | 0.0 |" | tail -30) ;;
+    # wave 14: where the in-process server's host<->device syncs come from (thread + frame) (~2.5 min)
+    w14-syncs) (cd benchmarks && timeout 200 python3 -W ignore gpu_idle.py --scenarios serve --rows 6 \
+             2>&1 | grep -v "custom logits" | tee "$OUT/gpu_idle_serve.log" | grep -v "^| .* | 0.0 |" | tail -24) ;;
     # issue 22: beam 5 (beams chosen on the device, the CUDA default) vs greedy at 64 requests, flat/128, and the GPU beam tests (~3 min)
     beam-flat) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_beam.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/beam_tests.log" | tail -3
