@@ -100,11 +100,13 @@ def idle_by_frame(fn, dev: str, interval_us: float, rows: int, label: str,
     where: collections.Counter = collections.Counter()
 
     def seen(message, category, filename, lineno, file=None, line=None) -> None:
-        # runs in the thread that synced: name it and its deepest edserve frame
+        # runs in the thread that warned: name it and its deepest edserve frame (warnings
+        # other than the sync debug mode's are counted apart)
+        kind = "" if "synchroniz" in str(message) else f"[not a sync: {category.__name__}] "
         frames = [f for f in traceback.extract_stack()[:-1] if "/edserve/" in f.filename]
         at = (f"{frames[-1].filename.rsplit('/edserve/', 1)[1]}:{frames[-1].lineno}"
               if frames else f"{filename.rsplit('/', 1)[-1]}:{lineno}")
-        where[f"{threading.current_thread().name} {at}"] += 1
+        where[f"{kind}{threading.current_thread().name} {at}"] += 1
 
     with contextlib.ExitStack() as syncs:
         if dev == "cuda":
@@ -116,7 +118,7 @@ def idle_by_frame(fn, dev: str, interval_us: float, rows: int, label: str,
         _idle_by_frame(fn, dev, interval_us, rows, label, threads)
     if steps0 is not None:
         steps = _steps(engine) - steps0
-        n = sum(where.values())
+        n = sum(v for k, v in where.items() if not k.startswith("[not a sync"))
         print(f"\n{label}: {steps} engine steps, {n / max(steps, 1):.2f} host<->device syncs "
               f"per step ({', '.join(f'{k} x{v}' for k, v in where.most_common(4)) or 'none'})")
 

@@ -94,6 +94,7 @@ class _InMemoryParser(MultiPartParser):
         super().on_headers_finished()
         upload = self._current_part.file
         if upload is not None:  # a file part: a ChunkedFile, not a spooled file
+            upload.file.close()  # the parser's spooled file, unused (else a ResourceWarning)
             upload.file = ChunkedFile()
             upload._max_mem_size = 0  # UploadFile read the spooled file's; ours never rolls
 

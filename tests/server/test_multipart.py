@@ -5,6 +5,8 @@ cover the HTTP answers)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 
 import httpx
 import pytest
@@ -67,6 +69,27 @@ def test_a_large_file_part_arrives_whole_and_fields_too(monkeypatch):
 
     model, data = asyncio.run(go())
     assert model == "whisper-1" and data == payload
+
+
+def test_reading_and_closing_a_form_leaves_no_unclosed_file():
+    """The parser's own spooled file for a part is closed when ChunkedFile replaces it (it was
+    left to the garbage collector: one ResourceWarning per upload)."""
+    req = httpx.Request("POST", "http://x/", files={"file": ("a.wav", b"RIFF" * 100)},
+                        data={"model": "whisper-1"})
+    body, ctype = req.read(), req.headers["content-type"]
+
+    async def go():
+        form = await read_form(_request(body, ctype), max_files=4, max_fields=64,
+                               max_part_size=65536)
+        assert await form["file"].read() == b"RIFF" * 100
+        await form.close()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(go())
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], \
+        [str(w.message) for w in caught]
 
 
 def test_malformed_multipart_is_a_400():
