@@ -86,10 +86,9 @@ def test_engine_process_computes_long_log_mels_with_the_same_text(uploads, host_
     assert texts == host_texts
 
 
-def test_in_process_engine_computes_them_too(uploads, host_texts):
-    calls = []
-
-    def spy(client):
+def _spy(calls: list[int]):
+    """A ``_serve`` patch that records the samples of every ``features`` call."""
+    def patch(client):
         real = client.features
 
         async def features(audio):
@@ -97,27 +96,22 @@ def test_in_process_engine_computes_them_too(uploads, host_texts):
             return await real(audio)
 
         client.features = features
+    return patch
 
-    texts = _serve(ServerConfig(audio_workers=0, device_features_above_s=20.0), uploads, spy)
+
+def test_in_process_engine_computes_them_too(uploads, host_texts):
+    calls = []
+    texts = _serve(ServerConfig(audio_workers=0, device_features_above_s=20.0), uploads,
+                   _spy(calls))
     assert texts == host_texts
     assert len(calls) == 1 and calls[0] > 20 * 16000  # only the long upload was deferred
 
 
 def test_an_idle_server_computes_every_log_mel_on_the_device(uploads, host_texts):
     calls = []
-
-    def spy(client):
-        real = client.features
-
-        async def features(audio):
-            calls.append(audio.num_samples)
-            return await real(audio)
-
-        client.features = features
-
     # one request at a time: in flight 1 <= --device-features-idle 1, so the 11 s clip too
     texts = _serve(ServerConfig(audio_workers=1, device_features_above_s=20.0,
-                                device_features_idle=1), uploads, spy)
+                                device_features_idle=1), uploads, _spy(calls))
     assert texts == host_texts
     assert len(calls) == 2 and min(calls) < 12 * 16000
 
