@@ -31,6 +31,10 @@ from edserve.engine.token_history import TokenHistory
 
 logger = logging.getLogger("edserve")
 
+#: Sampling graphs kept per runner: (batch sizes) x (filter chains in use) stays far below it
+#: unless requests keep bringing new filter settings; those then sample eagerly.
+MAX_GRAPHS = 256
+
 
 def graph_key(plan: SamplingPlan) -> tuple | None:
     """The filter chain a captured graph can replay for ``plan`` (``()``: no filters), or None
@@ -53,9 +57,10 @@ class SampleGraphs:
     ``pool``: the memory pool of the decode graphs (graphs that never run at the same time may
     share one; every graph's outputs stay referenced here, so no capture reuses them)."""
 
-    def __init__(self, device: torch.device, pool=None) -> None:
+    def __init__(self, device: torch.device, pool=None, max_graphs: int = MAX_GRAPHS) -> None:
         self.device = device
         self.pool = pool
+        self.max_graphs = max_graphs  # past it, new keys are sampled eagerly (bounded memory)
         # (padded, chain) -> (graph, tokens [padded], logprobs [padded])
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.replays = 0
@@ -73,7 +78,8 @@ class SampleGraphs:
         found = self.graphs.get((padded, chain))
         if found is None:
             out = sample(logits[:bs], plan, history, rows[:bs])
-            self._capture(plan, chain, logits, rows, history)
+            if len(self.graphs) < self.max_graphs:
+                self._capture(plan, chain, logits, rows, history)
             return out
         graph, tokens, logprobs = found
         graph.replay()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from edserve.engine.logits_filter import LogitsRecorder
-from edserve.engine.sample_graphs import graph_key
+from edserve.engine.sample_graphs import SampleGraphs, graph_key
 from edserve.engine.sampler import FilterGroup, SamplingPlan, sample
 from edserve.engine.token_history import TokenHistory
 from edserve.whisper.logits import ApplyTimestampRules, SuppressBlank, SuppressTokens
@@ -57,3 +57,21 @@ def test_padded_rows_sample_like_the_eager_rows_and_keep_row_zero_bounded():
         assert int(padded.lengths[0]) <= max_tokens  # listed 5 times a step, still bounded
     assert eager.lengths[rows].tolist() == [max_tokens] * 3
     assert bool((eager.tokens[rows, 0] >= TS).all())  # the grammar: a timestamp first
+
+
+def test_past_its_graph_budget_a_new_key_is_sampled_eagerly():
+    """No capture (which needs CUDA) once ``max_graphs`` graphs exist: the eager sampler's
+    result for the real rows, the history appended once."""
+    gen = torch.Generator().manual_seed(1)
+    graphs = SampleGraphs(torch.device("cpu"), max_graphs=0)
+    hist, ref = TokenHistory(8, 6, torch.device("cpu")), TokenHistory(8, 6, torch.device("cpu"))
+    plan = _plan([FilterGroup(CHAIN, None, ("a", "b"))])
+    logits = torch.randn(4, V, generator=gen)
+    prow = torch.tensor([2, 6, 0, 0])
+    tokens, logprobs, cands = graphs.sample(plan, logits.clone(), prow, 2, hist)
+    t_ref, lp_ref, _ = sample(logits[:2].clone(), plan, ref, prow[:2])
+    assert cands is None and torch.equal(tokens, t_ref) and torch.equal(logprobs, lp_ref)
+    assert torch.equal(hist.tokens, ref.tokens) and torch.equal(hist.lengths, ref.lengths)
+    assert graphs.graphs == {} and graphs.replays == 0
+    sampled = _plan([FilterGroup(CHAIN, None, ("a", "b"))], sampled=torch.tensor([0]))
+    assert graphs.sample(sampled, logits, prow, 2, hist) is None  # not capturable at all
