@@ -286,57 +286,9 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.encoder_kv not in ENCODER_KV_STRATEGIES:
-            raise ValueError(f"--encoder-kv must be one of {ENCODER_KV_STRATEGIES}, "
-                             f"got {self.encoder_kv!r}")
-        if self.cuda_graph and self.encoder_kv == "ragged":
-            raise ValueError("--cuda-graph cannot be used with --encoder-kv ragged: the ragged "
-                             "strategy gathers data-dependent buffers every step; use flat or "
-                             "aligned")
-        if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise ValueError(f"--max-running-requests must be >= 1, "
-                             f"got {self.max_running_requests}")
-        if not 0.0 < self.mem_fraction_static <= 1.0:
-            raise ValueError(f"--mem-fraction-static must be in (0, 1], "
-                             f"got {self.mem_fraction_static}")
-        if self.quantization not in QUANTIZATION_MODES:
-            raise ValueError(f"--quantization must be one of {QUANTIZATION_MODES}, "
-                             f"got {self.quantization!r}")
-        if self.cpu_linear not in CPU_LINEAR_MODES:
-            raise ValueError(f"--cpu-linear must be auto, mkl or onednn, got {self.cpu_linear!r}")
-        if self.cpu_compile not in ("auto", "on", "off"):
-            raise ValueError(f"--cpu-compile must be auto, on or off, got {self.cpu_compile!r}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {self.threads}")
-        if self.tensor_parallel_size < 1:
-            raise ValueError(f"--tensor-parallel-size must be >= 1, "
-                             f"got {self.tensor_parallel_size}")
-        if self.tensor_parallel_size > 1 and self.cuda_graph:
-            raise ValueError("--cuda-graph cannot be used with --tensor-parallel-size > 1 "
-                             "(the other ranks mirror eager steps only)")
-        if self.tensor_parallel_size > 1 and self.quantization != "none":
-            raise ValueError("--quantization cannot be used with --tensor-parallel-size > 1")
-        if self.tensor_parallel_size > 1 and (self.compile_encoder
-                                              or self.encoder_cuda_graph_max_bs
-                                              or self.encoder_gelu == "tanh"
-                                              or self.decoder_gelu == "tanh"):
-            raise ValueError("--compile-encoder, --encoder-cuda-graph-max-bs and --encoder-gelu "
-                             "/ --decoder-gelu tanh cannot be used with --tensor-parallel-size "
-                             "> 1")
-        if self.encoder_warmup_max_bs is not None and self.encoder_warmup_max_bs < 0:
-            raise ValueError(f"--encoder-warmup-max-bs must be >= 0, got "
-                             f"{self.encoder_warmup_max_bs}")
-        if self.encoder_cuda_graph_max_bs is not None and self.encoder_cuda_graph_max_bs < 0:
-            raise ValueError(f"--encoder-cuda-graph-max-bs must be >= 0 (0: off), "
-                             f"got {self.encoder_cuda_graph_max_bs}")
-        if self.prompt_cuda_graph_max_tokens < 0:
-            raise ValueError(f"--prompt-cuda-graph-max-tokens must be >= 0 (0: off), "
-                             f"got {self.prompt_cuda_graph_max_tokens}")
-        if self.admission_wait_ms < 0 or self.admission_batch < 1:
-            raise ValueError("--admission-wait-ms must be >= 0 and --admission-batch >= 1, got "
-                             f"{self.admission_wait_ms} / {self.admission_batch}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        from edserve.config_checks import check_engine_config  # it imports this module
+
+        check_engine_config(self)
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -4,7 +4,6 @@ import argparse
 
 import pytest
 
-from edserve.config import EngineConfig
 from edserve.config_args import add_config_args, config_from_args
 
 
@@ -24,14 +23,3 @@ def test_flags_round_trip_into_frozen_config():
     assert (cfg.page_size, cfg.encoder_kv, cfg.max_running_requests) == ("128", "aligned", 3)
     with pytest.raises(AttributeError):
         cfg.page_size = "1"
-
-
-@pytest.mark.parametrize("kwargs,match", [
-    ({"encoder_kv": "ragged", "cuda_graph": True}, "cannot be used with --encoder-kv ragged"),
-    ({"encoder_kv": "bogus"}, "--encoder-kv must be one of"),
-    ({"max_running_requests": 0}, "--max-running-requests"),
-    ({"mem_fraction_static": 1.5}, "--mem-fraction-static"),
-])
-def test_bad_config_is_a_clear_error(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        EngineConfig(**kwargs)
