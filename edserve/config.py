@@ -13,6 +13,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from edserve.config_checks import (
+    CPU_LINEAR_MODES,
+    ENCODER_KV_STRATEGIES,
+    QUANTIZATION_MODES,
+    check_engine_config,
+)
+
 MAX_GROUP_ROWS = 16  # largest beam_size / best_of a request may ask for (rows per request)
 CPU_RUNNING_DEFAULT = 16  # --max-running-requests auto on CPU
 GRAPH_MAX_BS_DEFAULT = 256  # --max-running-requests auto on CUDA: at most this many (graph cap)
@@ -20,9 +27,6 @@ GRAPH_MAX_BS_DEFAULT = 256  # --max-running-requests auto on CUDA: at most this 
 # "silence" the log-mel of the audio followed by silence; "zeros" openai-whisper's transcribe()
 MEL_PADDINGS = ("silence", "zeros")
 
-ENCODER_KV_STRATEGIES = ("aligned", "ragged", "flat")
-QUANTIZATION_MODES = ("none", "int8")
-CPU_LINEAR_MODES = ("auto", "mkl", "onednn")  # --cpu-linear (edserve.models.cpu_linear)
 
 
 def check_mel_padding(value: object) -> str:
@@ -286,8 +290,6 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        from edserve.config_checks import check_engine_config  # it imports this module
-
         check_engine_config(self)
 
     def replace(self, **changes: Any) -> EngineConfig:

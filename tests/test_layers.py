@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("edserve.layers",),
     ("edserve.mem_cache",),
     ("edserve.kernels",),
-    ("edserve.audio", "edserve.tokenizer", "edserve.config", "edserve.config_args"),
+    ("edserve.audio", "edserve.tokenizer", "edserve.config", "edserve.config_args",
+     "edserve.config_checks"),
 ]
 
 
