@@ -9,14 +9,14 @@ only sends the upload's bytes and receives the log-mel (numpy, pickle protocol 5
 :class:`ThreadPreparer` (``--audio-workers 0``) keeps today's threads.
 
 Contract of :meth:`AudioPreparer.prepare`: the :class:`~edserve.audio.prepare.PreparedAudio`
-(or, for audio longer than ``defer_above_s``, its :class:`~edserve.audio.prepare.DecodedAudio`,
-whose log-mel the engine's device computes), or the upload's refusal as the same
-``AudioError`` that ``load_audio`` raises. Cancelling the
-awaiting coroutine (client gone) drops a job not yet started (a thread job also stops between
-frames; a process job already running finishes, bounded by ``--max-audio-seconds``).
-A worker process that dies (e.g. FFmpeg crashing on a crafted file) fails the jobs then in the
-pool with :class:`AudioWorkerLost` (the server answers 503); the pool is replaced, the server
-keeps serving.
+(or, for audio longer than the call's ``defer_above_s``, its
+:class:`~edserve.audio.prepare.DecodedAudio`, whose log-mel the engine's device computes; the
+threshold comes from :mod:`edserve.server.feature_policy`, per upload), or the upload's refusal
+as the same ``AudioError`` that ``load_audio`` raises. Cancelling the awaiting coroutine (client
+gone) drops a job not yet started (a thread job also stops between frames; a process job already
+running finishes, bounded by ``--max-audio-seconds``). A worker process that dies (e.g. FFmpeg
+crashing on a crafted file) fails the jobs then in the pool with :class:`AudioWorkerLost` (the
+server answers 503); the pool is replaced, the server keeps serving.
 """
 
 from __future__ import annotations
@@ -55,22 +55,19 @@ def auto_workers(cores: int | None = None) -> int:
 class AudioPreparer(ABC):
     """Turns upload bytes into :class:`PreparedAudio` off the event loop (see module doc)."""
 
-    def __init__(self, n_mels: int, job: Callable[..., PreparedAudio] = prepare_upload,
-                 defer_above_s: float | None = None) -> None:
+    def __init__(self, n_mels: int, job: Callable[..., PreparedAudio] = prepare_upload) -> None:
         self.n_mels = n_mels
         self.job = job  # (data, n_mels, max_seconds[, cancel]) -> PreparedAudio; tests swap it
-        # longer audio comes back as DecodedAudio (the engine's device computes its log-mel)
-        self.defer_above_s = defer_above_s
 
-    def _job_kwargs(self, defer_above_s: float | None) -> dict[str, float]:
-        defer = self.defer_above_s if defer_above_s is None else defer_above_s
-        return {} if defer is None else {"defer_above_s": defer}
+    @staticmethod
+    def _job_kwargs(defer_above_s: float | None) -> dict[str, float]:
+        return {} if defer_above_s is None else {"defer_above_s": defer_above_s}
 
     @abstractmethod
     async def prepare(self, data: bytes, max_seconds: float | None, cancel: threading.Event,
                       defer_above_s: float | None = None) -> PreparedAudio | DecodedAudio:
-        """``defer_above_s``: this upload's threshold for handing the log-mel to the device
-        (None: the preparer's own)."""
+        """``defer_above_s``: audio longer than this many seconds comes back as
+        DecodedAudio, for the engine's device to compute its log-mel (None: never)."""
 
     @abstractmethod
     def start(self) -> None:
@@ -114,11 +111,10 @@ class ProcessPreparer(AudioPreparer):
     """``workers`` processes (started on :meth:`start` or the first upload)."""
 
     def __init__(self, n_mels: int, workers: int,
-                 job: Callable[..., PreparedAudio] = prepare_upload,
-                 defer_above_s: float | None = None) -> None:
+                 job: Callable[..., PreparedAudio] = prepare_upload) -> None:
         if workers < 1:
             raise ValueError(f"a process pool needs >= 1 worker, got {workers}")
-        super().__init__(n_mels, job, defer_above_s)
+        super().__init__(n_mels, job)
         self.workers = workers
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
@@ -168,15 +164,14 @@ class ProcessPreparer(AudioPreparer):
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def make_preparer(workers: int | None, n_mels: int,
-                  defer_above_s: float | None = None) -> AudioPreparer:
+def make_preparer(workers: int | None, n_mels: int) -> AudioPreparer:
     """``--audio-workers``: None (auto) -> :func:`auto_workers` processes, 0 -> threads,
-    N -> N processes; ``defer_above_s``: see :func:`~edserve.audio.prepare.prepare_upload`."""
+    N -> N processes."""
     if workers is None:
         workers = auto_workers()
     if workers < 0:
         raise ValueError(f"--audio-workers must be auto or >= 0, got {workers}")
     if workers == 0:
-        return ThreadPreparer(n_mels, defer_above_s=defer_above_s)
-    return ProcessPreparer(n_mels, workers, defer_above_s=defer_above_s)
+        return ThreadPreparer(n_mels)
+    return ProcessPreparer(n_mels, workers)
 
