@@ -110,6 +110,10 @@ class CompiledDecodeRunner:
         hidden = self.model(inp.input_ids[:bs], inp.positions[:bs], batch, None)  # [bs, d]
         return self.model.compute_logits(hidden)  # [bs, V]
 
+    def sample(self, plan: object, history: object, bs: int) -> None:
+        """Compiled steps sample eagerly (the :class:`DecodeGraphRunner` interface: None)."""
+        return None
+
     def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, V]`` of a decode batch that :meth:`can_run` accepted."""
         g, w = self.key(batch)

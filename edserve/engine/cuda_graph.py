@@ -22,7 +22,12 @@ import logging
 import torch
 
 from edserve.engine.batch_builder import Pools
-from edserve.engine.graph_inputs import GraphInputs, reads_cross_kv_ranges, static_forward
+from edserve.engine.graph_inputs import (
+    GraphInputs,
+    padded_size,
+    reads_cross_kv_ranges,
+    static_forward,
+)
 from edserve.engine.prompt_graphs import PromptReplayer
 from edserve.engine.sample_graphs import SampleGraphs
 from edserve.engine.sampler import SamplingPlan
@@ -68,7 +73,6 @@ class DecodeGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool_handle = None
         self._capture_all()
-        self._padded = 0  # the graph size of the last replay
         # the sampling of replayed steps (graph_key decides which plans), in the same pool
         self.sampling = SampleGraphs(pools.device, self.pool_handle) if sampling else None
         # prefill prompts of up to prompt_max_tokens tokens replay these graphs (Whisper);
@@ -105,17 +109,17 @@ class DecodeGraphRunner:
     def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Run a real decode batch through the smallest graph that fits; logits [B, V]."""
         bs = batch.batch_size
-        padded = self._padded = next(s for s in self.sizes if s >= bs)
+        padded = padded_size(self.sizes, bs)
         self.inputs.load(batch, input_ids, padded)
         return replay_loaded(self.graphs, self.outputs, padded)[:bs]
 
     def sample(self, plan: SamplingPlan, history: TokenHistory, bs: int
                ) -> tuple[torch.Tensor, torch.Tensor, None] | None:
-        """The last :meth:`replay`'s tokens and log-probabilities ([bs] each) through a
-        sampling graph, or None (sampling graphs off, or ``plan`` not capturable: the caller
-        samples the logits :meth:`replay` returned)."""
+        """The tokens and log-probabilities ([bs] each) of the :meth:`replay` of ``bs`` rows
+        just run, through a sampling graph; or None (sampling graphs off, or ``plan`` not
+        capturable: the caller samples the logits :meth:`replay` returned)."""
         if self.sampling is None:
             return None
-        padded = self._padded
+        padded = padded_size(self.sizes, bs)
         return self.sampling.sample(plan, self.outputs[padded], self.inputs.rows[:padded], bs,
                                     history)

@@ -24,6 +24,11 @@ from edserve.engine.batch_builder import Pools
 from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 
 
+def padded_size(sizes: list[int], n: int) -> int:
+    """The smallest captured batch size in ``sizes`` (ascending) that holds ``n`` rows."""
+    return next(s for s in sizes if s >= n)
+
+
 def reads_cross_kv_ranges(model: torch.nn.Module) -> bool:
     """Whether ``model``'s decode batches may carry ``cross_kv_ranges`` (Mllama)."""
     return bool(getattr(model, "reads_cross_kv_ranges", False))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edserve.engine.graph_inputs import GraphInputs
+from edserve.engine.graph_inputs import GraphInputs, padded_size
 from edserve.engine.host_copy import to_device
 from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 
@@ -113,7 +113,7 @@ class PromptReplayer:
         decode step; returns its logits ``[n, V]``, a view of the graph's output buffer (read
         before the next replay: stream order keeps that safe)."""
         n = sel.shape[0]
-        padded = next(s for s in self.sizes if s >= n)
+        padded = padded_size(self.sizes, n)
         seq = (batch.prefix_lens.index_select(0, sel) + (k + 1)).to(torch.int32)  # [n]
         self.inputs.load_rows(
             padded, input_ids.index_select(0, tok), batch.positions.index_select(0, tok),

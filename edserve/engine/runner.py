@@ -52,8 +52,7 @@ class ModelRunner:
         picked = None  # (tokens, logprobs, None) from a sampling graph
         if sched.mode == ForwardMode.DECODE and graphs is not None and graphs.can_run(batch):
             logits = graphs.replay(batch, input_ids)
-            if isinstance(graphs, DecodeGraphRunner):
-                picked = graphs.sample(sched.sampling, self.history, batch.batch_size)
+            picked = graphs.sample(sched.sampling, self.history, batch.batch_size)
         elif prompts is not None and prompts.accepts(batch):
             if encoder_states is not None:  # the cross K/V into the pool, then the prompts
                 self.model.write_cross_kv(encoder_states, batch)
