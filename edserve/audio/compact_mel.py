@@ -6,7 +6,8 @@ frames (from a little past the audio's end) all hold one value: ~73 % of an 11 s
 (``head``) and the value once; slicing it (``mel[:, a:b]``, what a window layout does)
 writes the requested columns straight into one new contiguous array, so the API process
 neither rebuilds the whole log-mel nor copies a window twice. Values are bit-exact: the tail
-is cut only where every entry has the same bits (:func:`split_tail`).
+is cut only where every entry has the same bits (:func:`split_tail`). A request's 30 s window
+is one too (:meth:`CompactMel.window`): the engine writes it out where it stages the upload.
 """
 
 from __future__ import annotations
@@ -60,6 +61,32 @@ class CompactMel:
         out[:, split:] = self.fill
         return torch.from_numpy(out)  # [n_mels, stop - start]
 
+    @property
+    def dtype(self) -> np.dtype:
+        return self.head.dtype
+
     def full(self) -> torch.Tensor:
         """The whole log-mel ``[n_mels, frames]``."""
         return self[:, :]
+
+    def window(self, start: int, stop: int) -> CompactMel:
+        """Columns ``start .. stop`` as a CompactMel: the same values as ``mel[:, start:stop]``
+        without writing them out (its head is a view of this head, the fill is shared). A
+        window crosses a process boundary this way (an 11 s clip's 30 s window: its 1,100 head
+        columns instead of 3,000) and is written out once, where it is used
+        (:meth:`write_to`)."""
+        if not 0 <= start <= stop <= self.frames:
+            raise IndexError(f"window {start}:{stop} of a {self.frames}-frame log-mel")
+        t = self.head.shape[1]
+        return CompactMel(self.head[:, min(start, t):min(stop, t)], self.fill, stop - start)
+
+    def write_to(self, out: np.ndarray) -> np.ndarray:
+        """Every value into ``out`` ``[n_mels, frames]`` (e.g. page-locked memory); returns it."""
+        t = self.head.shape[1]
+        out[:, :t] = self.head
+        out[:, t:] = self.fill
+        return out
+
+    def all_finite(self) -> bool:
+        """No NaN or infinity among the values."""
+        return bool(np.isfinite(self.fill)) and bool(np.isfinite(self.head).all())

@@ -40,7 +40,6 @@ import numpy as np
 from edserve.audio.mel import (
     N_FRAMES,
     SAMPLE_RATE,
-    host_contiguous,
     window_features,
 )
 from edserve.audio.prepare import PreparedAudio, longform_compact_mel
@@ -165,7 +164,7 @@ class LongformTask:
             length_penalty=o.length_penalty, **group)
         # a handle is kept only for a retry that can happen (and is released after it)
         retry_left = o.may_fall_back and self._temp_index + 1 < len(o.temperatures)
-        req = GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=host_contiguous(features),
+        req = GenerateRequest(prompt_ids=prefix + sot_seq, encoder_input=features,
                               sampling=sampling, logits_processors=filters,
                               no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech,
                               encoder_kv=self._held,

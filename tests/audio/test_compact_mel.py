@@ -39,6 +39,9 @@ def test_windows_equal_the_tensor_windows(whole, padding):
     for seek, size in [(0, content), (0, 500), (700, content - 700), (content - 1, 1)]:
         want = window_features(whole, seek, size, padding)
         got = window_features(compact, seek, size, padding)
+        # the silence window stays compact (written out where the request is staged)
+        assert isinstance(got, CompactMel) == (padding == "silence")
+        got = got.full() if isinstance(got, CompactMel) else got
         assert got.shape == (80, N_FRAMES) and np.array_equal(_bits(got), _bits(want))
     with pytest.raises(ValueError, match="does not fit"):
         window_features(compact, content + 1, 10, padding)
@@ -57,3 +60,28 @@ def test_exact_cut_and_bad_indexing():
         CompactMel.of(r)[0, 1:3]
     with pytest.raises(IndexError):
         CompactMel.of(r)[:, ::2]
+
+
+def test_a_window_is_compact_and_exact(whole):
+    compact = CompactMel.of(whole.numpy())
+    t, frames = compact.head.shape[1], whole.shape[1]
+    for a, b in [(0, N_FRAMES), (t - 5, t - 5 + N_FRAMES), (t + 2, frames),
+                 (frames - N_FRAMES, frames), (0, t), (4, 4)]:
+        w = compact.window(a, b)
+        assert w.shape == (80, b - a) and w.head.shape[1] <= max(0, min(b, t) - a)
+        assert np.shares_memory(w.head, compact.head) or w.head.size == 0  # no copy made
+        out = w.write_to(np.full((80, b - a), np.nan, np.float32))  # every entry written
+        assert np.array_equal(out.view(np.uint32), _bits(whole[:, a:b])), (a, b)
+        assert np.array_equal(_bits(w.full()), _bits(whole[:, a:b]))
+    for a, b in [(-1, 10), (5, 4), (0, frames + 1)]:
+        with pytest.raises(IndexError):
+            compact.window(a, b)
+
+
+def test_all_finite_reads_the_head_and_the_fill(whole):
+    compact = CompactMel.of(whole.numpy())
+    assert compact.all_finite() and compact.window(0, N_FRAMES).all_finite()
+    head = compact.head.copy()
+    head[3, 7] = np.nan
+    assert not CompactMel(head, compact.fill, compact.frames).all_finite()
+    assert not CompactMel(compact.head, np.float32(np.inf), compact.frames).all_finite()

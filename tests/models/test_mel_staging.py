@@ -8,12 +8,14 @@ from __future__ import annotations
 import gc
 import threading
 
+import numpy as np
 import pytest
 import torch
 
+from edserve.audio.compact_mel import CompactMel
 from edserve.config import EngineConfig
 from edserve.engine.request import GenerateRequest, SamplingParams
-from edserve.models.mel_staging import MelStager, mels_to_device
+from edserve.models.mel_staging import MelStager, as_tensor, host_finite, mels_to_device
 from edserve.models.whisper import WhisperForConditionalGeneration
 from edserve.runtime import build_engine
 
@@ -36,6 +38,43 @@ def test_stage_leaves_cpu_inputs_alone():
     assert stager.stage(mel, torch.device("cpu")) is mel
     assert stager.staged_bytes == 0
     assert torch.equal(mels_to_device([mel, mel], torch.device("cpu")), torch.stack([mel, mel]))
+
+
+def _compact(mel: torch.Tensor, head: int) -> CompactMel:
+    """``mel`` with every column from ``head`` on set to one value, as a CompactMel window."""
+    mel = mel.clone()
+    mel[:, head:] = -0.5
+    return CompactMel.of(mel.numpy()).window(0, mel.shape[1])
+
+
+def test_a_compact_window_is_written_out_once_where_it_is_staged():
+    compact = _compact(_mels(1)[0], 1100)
+    assert compact.head.shape == (80, 1100) and compact.fill == np.float32(-0.5)
+    want = compact.full()
+    staged = MelStager().stage(compact, torch.device("cpu"))  # CPU: a plain tensor
+    assert torch.is_tensor(staged) and torch.equal(staged, want)
+    assert torch.equal(as_tensor(compact), want) and as_tensor(want) is want
+    assert host_finite(compact) and host_finite(want)
+    bad = want.clone()
+    bad[0, 5] = float("inf")
+    assert not host_finite(bad) and not host_finite(CompactMel.of(bad.numpy()))
+
+
+def test_a_compact_window_gives_the_tensors_tokens_and_is_validated(random_whisper):
+    engine = build_engine(model=str(random_whisper), device="cpu", max_running_requests=2)
+    mels = _mels(2, seed=3)
+    compact = [_compact(m, 700 + 500 * i) for i, m in enumerate(mels)]
+    assert _tokens(engine, compact) == _tokens(engine, [c.full() for c in compact])
+    model = engine.model
+    assert model.encoder_len(compact[0]) == model.config.max_source_positions
+    nan = compact[0].head.copy()
+    nan[1, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        model.encoder_len(CompactMel(nan, compact[0].fill, compact[0].frames))
+    with pytest.raises(ValueError, match="shape"):
+        model.encoder_len(compact[0].window(0, 2999))
+    with pytest.raises(ValueError, match="floating-point"):
+        model.encoder_len(CompactMel(compact[0].head.astype(np.int32), 0, 3000))
 
 
 def test_a_copied_model_gets_its_own_stager():
@@ -90,6 +129,11 @@ def test_staged_copy_is_pinned_counted_and_released():
     assert stager.stage(mel, dev) is mel  # over budget: left as it is
     assert stager.stage(a, dev) is a  # already pinned
     del a, b
+    gc.collect()
+    compact = _compact(mel, 1100)
+    c = stager.stage(compact, dev)  # written out straight into the page-locked copy
+    assert c.is_pinned() and stager.is_staged(c) and torch.equal(c, compact.full())
+    del c
     gc.collect()
     assert stager.staged_bytes == 0
 
