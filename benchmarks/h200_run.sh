@@ -9,7 +9,7 @@
 #   serve-both (~7 min: the engine on a thread vs the default engine process, 1, 32, 64 clients),
 #   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
 #   w13-tests (~1 min), decode-kernels (~1.5 min), serve-mel (~4 min: long-form log-mels on the GPU vs the audio workers)
-#   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min)
+#   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
@@ -177,6 +177,11 @@ for part in "$@"; do
     w14-serve) (cd benchmarks && timeout 560 python3 -W ignore serve_gpu.py --concurrency 1 32 64 128 --json "$OUT/serve_w14.json" \
              --serve-flags= --serve-flags='--device-features-above-s 0' 2>&1 \
              | tee "$OUT/serve_w14.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # wave 15: compact windows to the engine process (GPU staging tests, then the server, ~6 min)
+    w15-serve) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/models/test_mel_staging.py -rs 2>&1 \
+             | tee "$OUT/w15_tests.log" | tail -3
+           (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
+             --json "$OUT/serve_w15.json" 2>&1 | tee "$OUT/serve_w15.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     # wave 14 final: GPU tests, decode kernels at 1 and 64 rows, the real path, the server (~8 min)
     w14-final) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_sample_graphs.py \
              tests/engine/test_gpu_syncs.py tests/engine/test_gpu.py tests/layers/test_linear_gelu.py -rs 2>&1 \
