@@ -87,9 +87,7 @@ class MelStager:
 
 def as_tensor(mel: torch.Tensor | CompactMel) -> torch.Tensor:
     """A CompactMel written out as a host tensor; a tensor as it is."""
-    if isinstance(mel, CompactMel):
-        return torch.from_numpy(mel.write_to(np.empty(mel.shape, dtype=mel.dtype)))
-    return mel
+    return mel.full() if isinstance(mel, CompactMel) else mel
 
 
 def host_finite(mel: torch.Tensor | CompactMel) -> bool:
