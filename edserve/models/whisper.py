@@ -35,7 +35,7 @@ from edserve.layers.attention.base import Attention
 from edserve.layers.forward_batch import ForwardBatch
 from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
 from edserve.models.encoder_graphs import EncoderGraphs
-from edserve.models.mel_staging import MelStager, as_tensor, host_finite, mels_to_device
+from edserve.models.mel_staging import MelStager, host_finite, mels_to_device
 from edserve.models.weights.fused import FusedLinear, load_hf_tensors
 from edserve.models.whisper_config import WhisperConfig
 from edserve.models.whisper_encoder import SelfAttention, WhisperEncoder
@@ -229,7 +229,6 @@ class WhisperForConditionalGeneration(nn.Module):
         if not encoder_inputs:
             return []
         p = next(self.parameters())
-        encoder_inputs = [as_tensor(m) for m in encoder_inputs]  # staged ones are already
         for m in encoder_inputs:
             self._check_mel(m)
         # [N, n_mels, 3000]
