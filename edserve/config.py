@@ -230,10 +230,10 @@ class EngineConfig:
     prompt_cuda_graph_max_tokens: int = _f(
         8,
         "Prefill prompts of at most N tokens per request (Whisper's <|startoftranscript|> "
-        "sequence: 1-4) run through the decode CUDA graphs, one replay per prompt position, "
-        "instead of an eager decoder pass, whose kernel launches bound small prefill batches "
-        "(mixed steps too: their decoding rows run in the first replay; longer prompts stay "
-        "eager). 0: off.",
+        "sequence: 1-4) run through the decode CUDA graphs, every prompt token a graph row "
+        "(one replay per largest-graph's worth of tokens), instead of an eager decoder pass, "
+        "whose kernel launches bound small prefill batches (mixed steps too: a decoding row is "
+        "a one-token prompt; longer prompts stay eager). 0: off.",
     )
     cpu_compile: str = _f(
         os.environ.get("EDSERVE_CPU_COMPILE", "auto"),

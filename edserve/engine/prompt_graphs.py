@@ -1,4 +1,4 @@
-"""A prefill's prompt through the decode CUDA graphs: one replay per prompt position.
+"""A prefill's prompt through the decode CUDA graphs: every prompt token a graph row.
 
 A Whisper prefill step runs the encoder, writes every layer's cross K/V into the pool and then
 passes the requests' prompts (``<|startoftranscript|>`` ... , 1-4 tokens, more with a text
@@ -6,20 +6,24 @@ prompt) through the decoder. Eagerly, that decoder pass launches ~25 kernels per
 Python (large-v3: ~40 ms of host time at batch 1 against ~1 ms of device work), so small
 prefill batches are bound by the host and hold up every decoding row behind them.
 
-Here the prompt runs as decode steps instead, through the graphs already captured for decoding:
-replay ``k`` feeds token ``k`` of every prompt longer than ``k`` (position, KV slot and
-``seq_len = prefix + k + 1`` taken from the extend batch), so each token attends to exactly the
-keys it sees in the extend pass: the cross K/V of its row and its own prompt up to itself.
-Replay ``k`` keeps the logits of the rows whose prompt ends at ``k`` (and of the rows whose
-no-speech position is ``k``). Results equal the eager extend pass up to the kernels' rounding
+Here the prompt runs as a decode step instead, through the graphs already captured for
+decoding, with one graph row per prompt token (a *token row*): token ``k`` of a request is a
+row of that request's pool row, with its position and KV slot taken from the extend batch and
+``seq_len = prefix + k + 1``. A decode step writes every row's K/V before any row reads, layer
+by layer, so a token row attends to exactly the keys it sees in the extend pass: the cross K/V
+of its request and its own prompt up to itself, even when the tokens before it are rows of
+the same replay. The rows are laid out position-major (every request's token 0, then token
+1, ...), and a prefill takes ``ceil(prompt tokens / largest graph)`` replays (one for the
+usual batch) rather than one per prompt position: at one request, a 4-token prompt costs one
+decode step instead of four. The logits of each request's last token row (and of its
+no-speech position) are kept. Results equal the eager extend pass up to the kernels' rounding
 (tested against it on the CPU, where the same static forward runs without a graph).
 
 A mixed step (``--mixed-steps``: rows already decoding take their next token beside the
-new rows) replays the same way: a decoding row is a row whose prompt is its one new token, so
-it runs in replay 0 (its K/V slot, position and length are the extend batch's) and its logits
-are kept there. Used for models without per-row key ranges whose prompts have at most
-``max_tokens`` tokens and whose batch fits the largest graph; any other step takes the eager
-pass. Host work is one upload of index lists; no sync.
+new rows) replays the same way: a decoding row is a row whose prompt is its one new token (its
+K/V slot, position and length are the extend batch's). Used for models without per-row key
+ranges whose prompts have at most ``max_tokens`` tokens and whose batch fits the largest
+graph; any other step takes the eager pass. Host work is one upload of index lists; no sync.
 """
 
 from __future__ import annotations
@@ -76,27 +80,32 @@ class PromptReplayer:
         (Whisper's no-speech position). The cross K/V must already be in the pool."""
         B = batch.batch_size
         lens, starts = _q_lens(batch), batch.q_starts_cpu
-        # Host index lists of every replay, uploaded at once: per replay k the rows still in
-        # their prompt, their token indices, and where finished rows' / picks' logits go.
+        # Every prompt token is a graph row of its own ("token rows"), position-major, so a
+        # token's earlier tokens sit in the same replay or an earlier one.
+        tokens = [(i, k) for k in range(max(lens)) for i in range(B) if lens[i] > k]
+        wanted: dict[tuple[int, int], list[int]] = {}
+        for p, key in enumerate(picks):  # a pick lies inside its row's prompt (checked on
+            wanted.setdefault(key, []).append(p)  # the request), so it is a token row
+        # Host index lists of every replay, uploaded at once: its token rows (pool row, index
+        # in the extend layout, k + 1) and where finished rows' / picks' logits go.
         plan: list[tuple[int, int, int, int]] = []  # (rows, ends, picks, offset) per replay
         flat: list[int] = []
-        for k in range(max(lens)):
-            sel = [i for i in range(B) if lens[i] > k]
-            ends = [(j, i) for j, i in enumerate(sel) if lens[i] == k + 1]
-            # a pick's position lies inside its row's prompt (GenerateRequest checks it), so
-            # its row is still in `sel` at replay `at`
-            where = {i: j for j, i in enumerate(sel)}
-            got = [(where[i], p) for p, (i, at) in enumerate(picks) if at == k]
-            plan.append((len(sel), len(ends), len(got), len(flat)))
-            flat += sel + [starts[i] + k for i in sel]
+        cap = self.sizes[-1]
+        for c in range(0, len(tokens), cap):
+            chunk = tokens[c:c + cap]
+            ends = [(j, i) for j, (i, k) in enumerate(chunk) if k == lens[i] - 1]
+            got = [(j, p) for j, key in enumerate(chunk) for p in wanted.get(key, ())]
+            plan.append((len(chunk), len(ends), len(got), len(flat)))
+            flat += [i for i, _ in chunk] + [starts[i] + k for i, k in chunk]
+            flat += [k + 1 for _, k in chunk]
             flat += [j for j, _ in ends] + [i for _, i in ends]
             flat += [j for j, _ in got] + [p for _, p in got]
         idx = to_device(flat, torch.int64, input_ids.device)
         logits = picked = None
-        for k, (n, e, g, at) in enumerate(plan):
-            sel, tok = idx[at:at + n], idx[at + n:at + 2 * n]
-            at += 2 * n
-            out = self._replay(batch, input_ids, sel, tok, k)  # [n, V]
+        for n, e, g, at in plan:
+            sel, tok, upto = idx[at:at + n], idx[at + n:at + 2 * n], idx[at + 2 * n:at + 3 * n]
+            at += 3 * n
+            out = self._replay(batch, input_ids, sel, tok, upto)  # [n, V]
             if logits is None:
                 logits = out.new_empty((B, out.shape[1]))
                 picked = out.new_empty((len(picks), out.shape[1])) if picks else None
@@ -108,13 +117,15 @@ class PromptReplayer:
         return PromptOutputs(logits, picked)
 
     def _replay(self, batch: ForwardBatch, input_ids: torch.Tensor, sel: torch.Tensor,
-                tok: torch.Tensor, k: int) -> torch.Tensor:
-        """Token ``k`` of the rows ``sel`` (``tok``: their indices in the extend layout) as one
-        decode step; returns its logits ``[n, V]``, a view of the graph's output buffer (read
-        before the next replay: stream order keeps that safe)."""
+                tok: torch.Tensor, upto: torch.Tensor) -> torch.Tensor:
+        """Token rows as one decode step: prompt token ``tok`` (index in the extend layout) of
+        pool row ``sel``, seeing its row's first ``prefix + upto`` keys (itself included: every
+        token row writes its K/V before any reads, layer by layer). Returns the logits
+        ``[n, V]``, a view of the graph's output buffer (read before the next replay: stream
+        order keeps that safe)."""
         n = sel.shape[0]
         padded = padded_size(self.sizes, n)
-        seq = (batch.prefix_lens.index_select(0, sel) + (k + 1)).to(torch.int32)  # [n]
+        seq = (batch.prefix_lens.index_select(0, sel) + upto).to(torch.int32)  # [n]
         self.inputs.load_rows(
             padded, input_ids.index_select(0, tok), batch.positions.index_select(0, tok),
             batch.req_pool_indices.index_select(0, sel), seq,

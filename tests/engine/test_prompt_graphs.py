@@ -170,3 +170,43 @@ def test_the_replayer_refuses_what_it_cannot_run(random_whisper):
     assert decisions[0] == ("EXTEND", 1, True, False)
     assert decisions[1][:1] == ("DECODE",) and not any(d[2] for d in decisions[1:3])
     assert ("EXTEND", 3, False, False) in decisions
+
+
+def test_prompt_tokens_share_replays(random_whisper):
+    """Every prompt token is a graph row: a 4-token prompt is one replay, and a batch takes
+    ceil(prompt tokens / largest graph) replays, its logits still the eager pass's."""
+    engine = build_engine(model=str(random_whisper), page_size="16", dtype="float32",
+                          encoder_kv="flat", max_running_requests=8, mixed_steps=False)
+    base = _replayer(engine)
+    sizes = []
+
+    def counted(padded: int) -> torch.Tensor:
+        sizes.append(padded)
+        return base.run_static(padded)
+
+    replayer = PromptReplayer(base.inputs, base.sizes, counted, 8)
+    runner, seen = engine.runner, []
+    run = runner.run
+
+    def compare(sched):
+        if sched.mode == ForwardMode.EXTEND:
+            batch = sched.batch
+            with torch.inference_mode():
+                states = runner._encode(list(sched.reqs))
+                batch.attn_backend.init_forward_metadata(batch)
+                hidden = engine.model(sched.prompt_ids, batch.positions, batch, states)
+                eager = engine.model.compute_logits(hidden[batch.cu_q[1:].long() - 1])
+                sizes.clear()
+                out = replayer.run(batch, sched.prompt_ids)
+            seen.append((batch.num_tokens, list(sizes), out.logits, eager))
+            for r in sched.reqs:  # re-encode in the real step
+                r.encoder_input = r.request.encoder_input
+        return run(sched)
+
+    runner.run = compare
+    reqs = _requests(5)
+    _run(engine, [reqs[3]])  # one 4-token prompt
+    _run(engine, reqs[1:5])  # 2 + 3 + 4 + 5 = 14 tokens, largest graph 6: 3 replays
+    assert [(n, s) for n, s, _, _ in seen] == [(4, [4]), (14, [6, 6, 2])]
+    for _, _, got, eager in seen:
+        torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
