@@ -2,7 +2,8 @@
 
 A request that finished normally (stop or length) may read its KV once more before its pages go
 (``on_finished_kv``: word timestamps); a request that asked for ``keep_encoder`` leaves its
-encoder region held under a handle (``held``) until the caller releases it. A row group reports
+encoder region held under a handle (``held``) until the caller releases it (so does a request
+whose prompt check rejected its guess: :mod:`edserve.engine.prompt_check`). A row group reports
 its chosen sequence through its leader; its encoder hold (taken at prefill) serves the hook
 after its rows are gone.
 """
@@ -54,8 +55,11 @@ class Finisher:
         """End a single-row request: KV hook, encoder hold, free its row, final delta."""
         kept = None
         if req.req_pool_idx is not None:
-            reason, error = self._run_hook(req, reason, error, lambda: self._finished_kv(req))
-            if req.request.keep_encoder and req.request.encoder_kv is None \
+            if not req.check_rejected:  # a wrong guess has no output to read the KV for
+                reason, error = self._run_hook(req, reason, error,
+                                               lambda: self._finished_kv(req))
+            keep = req.request.keep_encoder or req.check_rejected  # the retry reuses it
+            if keep and req.request.encoder_kv is None \
                     and req.group is None and reason in (FinishReason.STOP, FinishReason.LENGTH):
                 # the row computed its region: the handle is its only other holder
                 kept = hold_encoder(self.pools, req, exclusive=True)

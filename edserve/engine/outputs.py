@@ -33,6 +33,8 @@ class GenerateOutput:
     encoder_kv: EncoderKV | None = None  # set when the request asked for keep_encoder
     timing: RequestTiming | None = None  # engine stage times (None: never admitted)
     readout: Any = None  # the request's readout result (see GenerateRequest.readout)
+    # (chosen token, its log-probability among the choices) of the request's prompt_check
+    prompt_check: tuple[int, float] | None = None
 
     @property
     def sum_logprob(self) -> float:

@@ -40,6 +40,9 @@ class Req:
     group: RowGroup | None = None  # beam search / best_of rows of one request
     cow_pending: bool = False  # a fork: copy a shared partial last page before writing
     kept_encoder: EncoderKV | None = None  # the keep_encoder handle, once finished
+    # the prefill's (token, log-prob) for request.prompt_check; rejected: the guess was wrong
+    prompt_check: tuple[int, float] | None = None
+    check_rejected: bool = False
     serial: int = field(default_factory=lambda: next(_serials))  # unique per Req object
     # perf_counter() stamps for the output's RequestTiming: made (submitted), admitted
     # (prefill scheduled), first token committed
@@ -89,7 +92,8 @@ class Req:
         assert self.finish_reason is not None
         return GenerateOutput(self.rid, list(self.output_ids), list(self.logprobs),
                               self.finish_reason, self.no_speech_prob, self.error,
-                              self.stop_logprob, self.kept_encoder, self._timing())
+                              self.stop_logprob, self.kept_encoder, self._timing(),
+                              prompt_check=self.prompt_check)
 
     def _timing(self) -> RequestTiming | None:
         if self.admitted_at is None:

@@ -14,6 +14,7 @@ import torch
 
 from edserve.config import MAX_GROUP_ROWS
 from edserve.engine.logits_filter import LogitsFilter
+from edserve.engine.prompt_check import PromptCheck
 
 _rid_counter = itertools.count()
 # Beam search stops after round(beam_size * patience) finished candidates; beyond a few
@@ -158,6 +159,9 @@ class GenerateRequest:
     # readout: what the engine computes from the finished KV for the caller, returned in
     # ``GenerateOutput.readout`` (see edserve.engine.readout; picklable, no callback).
     readout: Any = None
+    # prompt_check: the prompt holds a guessed token, checked by the prefill (a request whose
+    # guess is wrong ends after it; see edserve.engine.prompt_check)
+    prompt_check: PromptCheck | None = None
     rid: str = field(default_factory=next_rid)
 
     def __post_init__(self) -> None:
@@ -190,6 +194,11 @@ class GenerateRequest:
         if self.encoder_kv is not None and not isinstance(self.encoder_kv, EncoderKV):
             raise ValueError(f"encoder_kv must be an EncoderKV handle or None, got "
                              f"{type(self.encoder_kv).__name__}")
+        if self.prompt_check is not None:
+            if not isinstance(self.prompt_check, PromptCheck):
+                raise ValueError(f"prompt_check must be a PromptCheck or None, got "
+                                 f"{type(self.prompt_check).__name__}")
+            self.prompt_check.validate(self.prompt_ids, self.sampling.group_size)
         if not isinstance(self.rid, str) or not self.rid:
             raise ValueError(f"rid must be a non-empty string, got {self.rid!r}")
 
@@ -225,7 +234,9 @@ def check_vocab(request: GenerateRequest, vocab_size: int) -> None:
     named = [("prompt_ids", request.prompt_ids),
              ("sampling.stop_token_ids", request.sampling.stop_token_ids),
              ("no_speech_token", [] if request.no_speech_token is None
-              else [request.no_speech_token])]
+              else [request.no_speech_token]),
+             ("prompt_check.choices", [] if request.prompt_check is None
+              else request.prompt_check.choices)]
     for name, ids in named:
         if ids and max(ids) >= vocab_size:
             raise ValueError(f"{name} holds token id {max(ids)}, outside the model's vocabulary "

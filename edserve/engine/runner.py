@@ -7,11 +7,14 @@ leave as a :class:`~edserve.engine.step.StepOutput` whose host copy is fetched l
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from edserve.engine.cpu_compile import CompiledDecodeRunner
 from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.host_copy import to_device
+from edserve.engine.prompt_check import CheckScorer, PromptCheck
 from edserve.engine.req import Req
 from edserve.engine.sampler import sample
 from edserve.engine.step import ScheduledBatch, StepOutput
@@ -29,6 +32,7 @@ class ModelRunner:
         self.graph_runner = graph_runner
         self.num_encoder_runs = 0  # encoder forward passes (one per prefill batch with audio)
         self.num_encoded_inputs = 0  # encoder inputs encoded (reused encoder KV: not counted)
+        self.check_scorer = CheckScorer()  # prompt checks' choices, uploaded once
 
     @torch.inference_mode()
     def run(self, sched: ScheduledBatch) -> StepOutput:
@@ -50,30 +54,38 @@ class ModelRunner:
         graphs = self.graph_runner
         prompts = getattr(graphs, "prompts", None)
         picked = None  # (tokens, logprobs, None) from a sampling graph
+        at = self._prompt_picks(sched)  # (row, prompt position): no-speech, then checks
+        at_logits = None  # [len(at), V] logits at those positions
         if sched.mode == ForwardMode.DECODE and graphs is not None and graphs.can_run(batch):
             logits = graphs.replay(batch, input_ids)
             picked = graphs.sample(sched.sampling, self.history, batch.batch_size)
         elif prompts is not None and prompts.accepts(batch):
             if encoder_states is not None:  # the cross K/V into the pool, then the prompts
                 self.model.write_cross_kv(encoder_states, batch)
-            picks = self._no_speech_picks(sched)
-            out = prompts.run(batch, input_ids, [(i, pos) for i, pos, _ in picks])
-            logits = out.logits
-            if picks:
-                no_speech = self._no_speech_probs(picks, out.picked, len(reqs))
+            out = prompts.run(batch, input_ids, [(i, pos) for i, pos, _ in at])
+            logits, at_logits = out.logits, out.picked
         else:
             batch.attn_backend.init_forward_metadata(batch)
             hidden = self.model(input_ids, batch.positions, batch, encoder_states)  # [T, d]
             last = batch.cu_q[1:].long() - 1  # [B] index of each request's last new token
             logits = self.model.compute_logits(hidden[last])  # [B, V]
-            if sched.mode == ForwardMode.EXTEND:
-                no_speech = self._no_speech(hidden, sched)
+            if at:
+                starts = batch.q_starts_cpu
+                pos = to_device([starts[i] + p for i, p, _ in at], torch.int64, hidden.device)
+                at_logits = self.model.compute_logits(hidden[pos])
+        no_speech = checks = None
+        if at:
+            n = sum(1 for _, _, what in at if not isinstance(what, PromptCheck))
+            if n:
+                no_speech = self._no_speech_probs(at[:n], at_logits[:n], len(reqs))
+            if n < len(at):
+                checks = self._checks(at[n:], at_logits[n:], len(reqs))
         tokens, logprobs, cands = picked or sample(logits, sched.sampling, self.history, rows)
         done = None
         if sched.beams is not None:  # device beam groups choose and move their rows
             done = sched.beams.beams.run(sched.beams, *cands, sched.sampling.candidates.topk,
                                          self.history)
-        return StepOutput(tokens, logprobs, no_speech, cands, done).start_copy()
+        return StepOutput(tokens, logprobs, no_speech, cands, done, checks).start_copy()
 
     def _encode(self, reqs: list[Req]) -> torch.Tensor | None:
         with_enc = [r for r in reqs if r.encoder_len > 0 and r.request.encoder_kv is None]
@@ -89,24 +101,27 @@ class ModelRunner:
             r.encoder_input = None  # encoded once; the cross K/V now live in the pool
         return torch.cat(states)
 
-    def _no_speech_picks(self, sched: ScheduledBatch) -> list[tuple[int, int, int]]:
-        """``(row, position within its prompt, no-speech token)`` of the new rows that ask for
-        Whisper's no-speech probability."""
-        return [(i, r.request.no_speech_pos, r.request.no_speech_token)
-                for i, r in enumerate(sched.reqs)
-                if sched.is_new(i) and r.request.no_speech_pos is not None
-                and r.request.no_speech_token is not None]
+    def _prompt_picks(self, sched: ScheduledBatch) -> list[tuple[int, int, Any]]:
+        """``(row, position within its prompt, what)`` for the new rows: first the rows that
+        ask for Whisper's no-speech probability (``what``: the no-speech token), then those
+        with a prompt check (``what``: the :class:`PromptCheck`). Empty for decode steps."""
+        if sched.mode != ForwardMode.EXTEND:
+            return []
+        new = [(i, r.request) for i, r in enumerate(sched.reqs) if sched.is_new(i)]
+        return [(i, q.no_speech_pos, q.no_speech_token) for i, q in new
+                if q.no_speech_pos is not None and q.no_speech_token is not None] \
+            + [(i, q.prompt_check.at, q.prompt_check) for i, q in new
+               if q.prompt_check is not None]
 
-    def _no_speech(self, hidden: torch.Tensor, sched: ScheduledBatch) -> torch.Tensor | None:
-        """[B] softmax(logits at each new request's ``no_speech_pos``)[no_speech_token]; NaN
-        for rows that do not ask or are decoding (Whisper's no-speech probability)."""
-        picks = self._no_speech_picks(sched)
-        if not picks:
-            return None
-        starts = sched.batch.q_starts_cpu
-        pos = to_device([starts[i] + p for i, p, _ in picks], torch.int64, hidden.device)
-        return self._no_speech_probs(picks, self.model.compute_logits(hidden[pos]),
-                                     len(sched.reqs))
+    def _checks(self, picks: list[tuple[int, int, PromptCheck]], logits: torch.Tensor,
+                batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B] chosen tokens (-1 at rows without a check) and [B] their log-probs."""
+        dev = logits.device
+        tok, lp = self.check_scorer.score(logits, [c for _, _, c in picks])
+        which = to_device([i for i, _, _ in picks], torch.int64, dev)
+        tokens = torch.full((batch_size,), -1, dtype=torch.int64, device=dev)
+        logprobs = torch.full((batch_size,), float("nan"), device=dev)
+        return tokens.index_copy_(0, which, tok), logprobs.index_copy_(0, which, lp)
 
     def _no_speech_probs(self, picks: list[tuple[int, int, int]], logits: torch.Tensor,
                          batch_size: int) -> torch.Tensor:

@@ -247,12 +247,18 @@ class Scheduler(RowGroupSteps):
             self._update_groups(sched, output, tokens, logprobs, no_speech)
         if sched.beams is not None:
             self._update_device_groups(sched, output, no_speech)
+        checks = output.fetch_checks()
         for i, (req, tok, lp, ns) in enumerate(zip(sched.reqs, tokens, logprobs, no_speech,
                                                    strict=True)):
             if req.finish_reason is not None or req.group is not None:
                 continue  # finished or aborted while this step was in flight; groups: above
             if sched.is_new(i):
-                req.no_speech_prob = ns
+                req.no_speech_prob, req.prompt_check = ns, checks[i]
+                if checks[i] is not None and \
+                        checks[i][0] != req.request.prompt_check.guess(req.prompt_ids):
+                    req.check_rejected = True  # a wrong guess: ends here (prompt_check.py)
+                    self._finish_running(req, FinishReason.STOP, [])
+                    continue
             sp = req.request.sampling
             if (tok == self.limits.eos_token_id and not sp.ignore_eos) \
                     or tok in sp.stop_token_ids:

@@ -56,7 +56,9 @@ class StepOutput:
     # Row groups' candidates (see SamplingPlan.candidates): ([C] int64, [C] float32) or None
     candidates: tuple[torch.Tensor, torch.Tensor] | None = None
     beam_done: torch.Tensor | None = None  # [capacity] bool device beam groups done
-    _host: torch.Tensor | None = None  # [3 * B + 2 * C] float64 copy (pinned on CUDA)
+    # prompt checks of new rows: ([B] int64 chosen token, -1 where none; [B] float32 log-prob)
+    checks: tuple[torch.Tensor, torch.Tensor] | None = None
+    _host: torch.Tensor | None = None  # [3B (+ 2B checks) + 2C (+ D)] float64 (pinned on CUDA)
     _ready: torch.cuda.Event | None = None
     _flat: list[float] | None = None  # _host as a list, once fetched
 
@@ -65,6 +67,8 @@ class StepOutput:
         ns = self.no_speech if self.no_speech is not None \
             else torch.full_like(self.logprobs, float("nan"))
         parts = [self.tokens, self.logprobs, ns]
+        if self.checks is not None:
+            parts += list(self.checks)
         if self.candidates is not None:
             parts += list(self.candidates)
         if self.beam_done is not None:
@@ -90,12 +94,21 @@ class StepOutput:
         return ([int(t) for t in tok], lp,
                 [None if x != x else x for x in ns])  # NaN -> None
 
+    def fetch_checks(self) -> list[tuple[int, float] | None]:
+        """Per row, the prompt check's (chosen token, log-prob), or None (after :meth:`fetch`)."""
+        B = self.tokens.shape[0]
+        if self.checks is None:
+            return [None] * B
+        tok, lp = self._flat[3 * B:4 * B], self._flat[4 * B:5 * B]
+        return [None if t < 0 else (int(t), x) for t, x in zip(tok, lp, strict=True)]
+
     def fetch_candidates(self) -> tuple[list[int], list[float]]:
         """The candidates' ([C] tokens, [C] log-probs) on the host (after :meth:`fetch`)."""
         flat, B = self._flat, self.tokens.shape[0]
         D = 0 if self.beam_done is None else self.beam_done.numel()
-        C = (len(flat) - 3 * B - D) // 2
-        return [int(t) for t in flat[3 * B:3 * B + C]], flat[3 * B + C:]
+        start = 3 * B if self.checks is None else 5 * B
+        C = (len(flat) - start - D) // 2
+        return [int(t) for t in flat[start:start + C]], flat[start + C:start + 2 * C]
 
     def fetch_beam_done(self) -> list[bool]:
         """The device beam groups' done flags (by group slot; after :meth:`fetch`)."""
