@@ -17,6 +17,9 @@ class BatchRun:
 
     def __init__(self, client: Any, args: Any, options: Any) -> None:
         self.client, self.args, self.options = client, args, options
+        from edserve.whisper.language import LanguageGuess
+
+        self.language_guess = LanguageGuess()  # what windows detecting a language guess
         workers = len(getattr(client, "workers", [None]))
         self.limit = max(2, workers * client.config.max_running_requests)
         self.failed = 0
@@ -54,7 +57,7 @@ class BatchRun:
             return self._error(f"{exc}")
         for attempt in range(LOST_RETRIES + 1):
             try:
-                task = make_task(self.client, audio, self.options, path)
+                task = make_task(self.client, audio, self.options, path, self.language_guess)
                 async for _ in transcribe_async(self.client, task):
                     pass
                 result = task.result()

@@ -48,6 +48,7 @@ from edserve.server.openapi import (
 )
 from edserve.server.params import mib_label, parse_form
 from edserve.server.transcription import run
+from edserve.whisper.language import LanguageGuess
 
 DESCRIPTION = ("OpenAI-compatible speech-to-text (Whisper) and image chat (Llama-3.2-Vision) "
                "served by edserve. Errors: `{\"error\": {message, type, param, code}}`.")
@@ -114,6 +115,7 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     app.state.engine = client
     app.state.audio = audio
     app.state.features = features
+    app.state.language_guess = LanguageGuess()  # detecting windows guess the last language
     app.state.config = config
     app.state.metrics = metrics = ServerMetrics(client)
     app.state.pending = PendingBudget(config.max_pending_audio_bytes,

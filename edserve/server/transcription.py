@@ -162,7 +162,7 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     metrics.stage("features", audio.features_s)
     if cancel.is_set():
         raise DecodeCancelled("client gone")
-    return make_task(client, audio, options, "upload")
+    return make_task(client, audio, options, "upload", app_state.language_guess)
 
 
 async def _device_features(client: Any, audio: DecodedAudio) -> PreparedAudio:

@@ -16,6 +16,14 @@ Detection is greedy at every temperature (openai-whisper detects with ``argmax``
 decodes at any temperature): :class:`DetectLanguage` marks its rows greedy for that step
 (``FilterContext.greedy``), so a window sampled at temperature > 0 still gets the most likely
 language, with the same probability.
+
+Detecting in the row costs a decoder pass per token of the sot sequence after the prefill
+(``<|lang|> <|task|> [<|notimestamps|>]``). A single-row window guesses instead
+(:class:`LanguageGuess`: the language detected last, shared by a server's tasks): its prompt is
+the guessed language's whole sot sequence, and the prefill checks the guess
+(:func:`language_check`, :mod:`edserve.engine.prompt_check`) with the same probabilities. A
+right guess decodes on from that prefill; a wrong one ends there, and the window is decoded
+again with the detected language, reusing the encoder K/V the engine kept.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import torch
 
 from edserve.engine.host_copy import to_device
 from edserve.engine.logits_filter import FilterContext, LogitsFilter, vocab_mask
+from edserve.engine.prompt_check import PromptCheck
 from edserve.tokenizer import WhisperTokenizer
 from edserve.whisper.logits import interned
 
@@ -133,3 +142,18 @@ def detection_chain(tokenizer: WhisperTokenizer, tail: list[int],
     ``tail`` (the sot sequence after the language token), then decodes under ``filters``."""
     return [DetectLanguage.of(tokenizer), interned(ForceTokens, tuple(tail)),  # start 1
             Shifted(tuple(filters), 1 + len(tail))]
+
+
+class LanguageGuess:
+    """The language a detecting window guesses: the last one detected (``initial`` before
+    any). One is shared by the tasks of a server or of a run; a plain attribute, so tasks on
+    other threads read some recently detected language, which is all a guess needs."""
+
+    def __init__(self, initial: str = "en") -> None:
+        self.code = initial
+
+
+def language_check(tokenizer: WhisperTokenizer, sot_at: int) -> PromptCheck:
+    """The prompt check of a guessed language: the language tokens scored at the prompt's
+    ``<|startoftranscript|>`` (position ``sot_at``), the guess right after it."""
+    return PromptCheck(sot_at, DetectLanguage.of(tokenizer).ids)

@@ -48,7 +48,7 @@ from edserve.engine.outputs import GenerateOutput
 from edserve.engine.request import EncoderKV, FinishReason, GenerateRequest, SamplingParams
 from edserve.tokenizer import WhisperTokenizer
 from edserve.whisper.cross_weights import AlignmentReadout
-from edserve.whisper.language import detection_chain
+from edserve.whisper.language import LanguageGuess, detection_chain, language_check
 from edserve.whisper.logits import (
     ApplyTimestampRules,
     SuppressBlank,
@@ -85,7 +85,8 @@ class LongformTask:
 
     def __init__(self, audio: np.ndarray | PreparedAudio, tokenizer: WhisperTokenizer, n_mels: int,
                  options: TranscribeOptions, max_decoder_len: int = 448,
-                 source: str = "", aligner: Any = None, reuse_encoder: bool = False) -> None:
+                 source: str = "", aligner: Any = None, reuse_encoder: bool = False,
+                 language_guess: LanguageGuess | None = None) -> None:
         if options.word_timestamps and aligner is None:
             raise ValueError("word_timestamps needs an aligner (see whisper.transcribe.make_task)")
         self.aligner = aligner
@@ -93,6 +94,9 @@ class LongformTask:
         # output) so fallback retries skip the encoder; handles come back through
         # :meth:`take_released` for the driver to release.
         self.reuse_encoder = reuse_encoder
+        # a single-row detecting window guesses this language (language.py; needs handles)
+        self.guess = language_guess if reuse_encoder else None
+        self._guessed: str | None = None  # the language the last request guessed
         self._held: EncoderKV | None = None
         self._released: list[EncoderKV] = []
         self._last_speech = 0.0
@@ -151,11 +155,17 @@ class LongformTask:
                                    self.opts.mel_padding)
         prompt = self._all_tokens[self._prompt_reset_since:]
         prefix = [self.tok.sot_prev] + prompt[-(self.n_ctx // 2 - 1):] if prompt else []
+        t, o = self.temperature, self.opts
         sot_seq, filters, forced = self._sot_seq, list(self._processors), 0
-        if self._detecting:  # [sot] then <|lang|> (detected) + the forced rest of sot_seq
+        language, check = self.language, None
+        if self._detecting and self.guess is not None \
+                and (o.best_of if t > 0 else o.beam_size) == 1:  # guess, checked by the prefill
+            language = self._guessed = self.guess.code
+            sot_seq = self.tok.sot_sequence(language, o.task, self.timestamps)
+            check = language_check(self.tok, len(prefix))
+        elif self._detecting:  # [sot] then <|lang|> (detected) + the forced rest of sot_seq
             sot_seq, tail = self._sot_seq[:1], self._sot_seq[1:]
             filters, forced = detection_chain(self.tok, tail, filters), 1 + len(tail)
-        t, o = self.temperature, self.opts
         group = dict(best_of=o.best_of) if t > 0 else dict(beam_size=o.beam_size,
                                                             patience=o.patience)
         sampling = SamplingParams(
@@ -169,12 +179,12 @@ class LongformTask:
                               no_speech_pos=len(prefix), no_speech_token=self.tok.no_speech,
                               encoder_kv=self._held,
                               keep_encoder=self.reuse_encoder and self._held is None
-                              and retry_left)
+                              and retry_left, prompt_check=check)
         if self.opts.word_timestamps:
-            req.readout = self._readout(forced)
+            req.readout = self._readout(forced, language)
         return req
 
-    def _readout(self, forced: int) -> AlignmentReadout:
+    def _readout(self, forced: int, language: str | None) -> AlignmentReadout:
         """What the window asks the engine for: its alignment pass (returned in the output's
         ``readout``). ``forced``: tokens that precede the text (detection: <|lang|> ...)."""
         tok, task = self.tok, self.opts.task
@@ -182,7 +192,7 @@ class LongformTask:
             seqs = {tok.language_token(code): tuple(tok.sot_sequence(code, task, False))
                     for code in tok.all_language_codes}
         else:
-            seqs = {None: tuple(tok.sot_sequence(self.language, task, timestamps=False))}
+            seqs = {None: tuple(tok.sot_sequence(language, task, timestamps=False))}
         return AlignmentReadout(tuple(map(tuple, self.aligner.heads)), tok.eot,
                                 tok.timestamp_begin, forced, seqs)
 
@@ -195,6 +205,12 @@ class LongformTask:
         if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
             self._let_go()
             raise RequestFailed(out.error or f"request {out.rid} was aborted", out.rid)
+        if self._detecting and out.prompt_check is not None:
+            token, logprob = out.prompt_check
+            self._set_language(self.tok.language_code(token), logprob)
+            self.guess.code = self.language
+            if self.language != self._guessed:
+                return []  # decoded again with the detected language (encoder kept: _held)
         segments = self._feed(out)
         if self._temp_index == 0:  # the window is over (accepted or skipped as silence)
             self._let_go()
@@ -267,11 +283,14 @@ class LongformTask:
         if len(tokens) < forced:
             raise RequestFailed(f"{self.source or 'audio'}: language detection produced no "
                                 "output (max_new_tokens too small?)")
-        self.language = self.tok.language_code(tokens[0])
-        self.language_probability = math.exp(logprobs[0])
-        self._detecting = False
-        self._sot_seq = self.tok.sot_sequence(self.language, self.opts.task, self.timestamps)
+        self._set_language(self.tok.language_code(tokens[0]), logprobs[0])
         return tokens[forced:], logprobs[forced:]
+
+    def _set_language(self, code: str, logprob: float) -> None:
+        """The detected language (and its log-probability): this and later windows use it."""
+        self.language, self.language_probability = code, math.exp(logprob)
+        self._detecting = False
+        self._sot_seq = self.tok.sot_sequence(code, self.opts.task, self.timestamps)
 
     def result(self) -> Transcription:
         words = [w for s in self.segments for w in s.words or []] \

@@ -21,6 +21,7 @@ from edserve.audio.prepare import PreparedAudio
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput, TokenDelta
 from edserve.engine.request import GenerateRequest
+from edserve.whisper.language import LanguageGuess
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions, temperature_schedule
 from edserve.whisper.result import Segment, Transcription
@@ -36,9 +37,12 @@ def _name(item: Any, index: int) -> str:
 
 
 def make_task(engine: Any, audio: np.ndarray | PreparedAudio, options: TranscribeOptions,
-              source: str = "") -> LongformTask:
+              source: str = "", language_guess: LanguageGuess | None = None) -> LongformTask:
     """A :class:`LongformTask` for ``audio`` (16 kHz float32, or its
     :class:`~edserve.audio.prepare.PreparedAudio`) on ``engine``'s model.
+
+    ``language_guess``: what a window that detects the language guesses (share one across a
+    server's or a run's tasks; None: a new one, English at first).
 
     With ``options.word_timestamps`` the task gets an
     :class:`~edserve.whisper.cross_weights.Aligner` on the engine's model and alignment heads.
@@ -53,7 +57,8 @@ def make_task(engine: Any, audio: np.ndarray | PreparedAudio, options: Transcrib
         aligner = Aligner(engine.model, model_alignment_heads(engine))
     reuse = getattr(engine, "supports_encoder_handles", True)  # an Engine: yes
     return LongformTask(audio, engine.tokenizer, engine.model.config.num_mel_bins, options,
-                        engine.max_decoder_len, source, aligner, reuse_encoder=reuse)
+                        engine.max_decoder_len, source, aligner, reuse_encoder=reuse,
+                        language_guess=language_guess or LanguageGuess())
 
 
 def run_tasks(engine: Any, tasks: list[LongformTask],
@@ -117,7 +122,8 @@ def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
     audios = [a if isinstance(a, np.ndarray) else load_audio(a) for a in inputs]
     if any(not np.isfinite(a).all() for a in audios):  # files: refused by load_audio
         raise NonFiniteAudioError()
-    tasks = [make_task(engine, audio, options, _name(inputs[i], i))
+    guess = LanguageGuess()
+    tasks = [make_task(engine, audio, options, _name(inputs[i], i), guess)
              for i, audio in enumerate(audios)]
     run_tasks(engine, tasks, on_finish)
     return [t.result() for t in tasks]

@@ -13,7 +13,13 @@ from edserve.audio.decode import load_audio
 from edserve.engine.logits_filter import FilterContext
 from edserve.engine.sampler import FilterGroup, SamplingPlan, sample
 from edserve.engine.token_history import TokenHistory
-from edserve.whisper.language import DetectLanguage, ForceTokens, Shifted, language_name
+from edserve.whisper.language import (
+    DetectLanguage,
+    ForceTokens,
+    LanguageGuess,
+    Shifted,
+    language_name,
+)
 from edserve.whisper.logits import SuppressBlank
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions
@@ -110,6 +116,44 @@ def test_detection_stays_greedy_when_sampling(base_engine, audios, together):
     assert r.language == "de"
     assert r.language_probability == pytest.approx(together["espeak_de"].language_probability,
                                                    abs=1e-5)
+
+
+def _alone(engine, audio, guess: LanguageGuess | None, **opts):
+    """One task driven alone with ``guess`` (None: in-row detection); with the engine's
+    decode steps and encoder inputs it took."""
+    from edserve.whisper.transcribe import run_tasks
+
+    task = LongformTask(audio, engine.tokenizer, 80, TranscribeOptions(**opts),
+                        engine.max_decoder_len, "clip", reuse_encoder=True,
+                        language_guess=guess)
+    steps0, enc0 = engine.step_counters.snapshot(), engine.runner.num_encoded_inputs
+    run_tasks(engine, [task])
+    steps = engine.step_counters.snapshot()
+    decode = sum(steps[k].steps - steps0[k].steps for k in ("decode", "mixed"))
+    return task.result(), decode, engine.runner.num_encoded_inputs - enc0
+
+
+@pytest.mark.parametrize("name", ["espeak_de", "jfk"])
+def test_a_guessed_language_is_checked_by_the_prefill(base_engine, audios, name):
+    """A detecting window that guesses right or wrong gives what in-row detection gives (text,
+    language, probability); a right guess saves the sot sequence's decode steps, a wrong one
+    costs a second prefill but no second encoder pass; the guess learns the language."""
+    cap = dict(max_new_tokens=6, temperatures=(0.0,))
+    inrow, inrow_steps, inrow_enc = _alone(base_engine, audios[name], None, **cap)
+    assert inrow.language == CLIPS[name] and inrow_enc == 1
+    for guess in ("en", "de"):
+        shared = LanguageGuess(guess)
+        got, steps, enc = _alone(base_engine, audios[name], shared, **cap)
+        assert (got.text, got.language) == (inrow.text, inrow.language), guess
+        assert got.language_probability == pytest.approx(inrow.language_probability, abs=1e-5)
+        assert enc == 1 and shared.code == CLIPS[name]
+        forced = len(base_engine.tokenizer.sot_sequence(CLIPS[name], "transcribe", False)) - 1
+        right = guess == CLIPS[name]
+        # in-row: the language and the rest of the sot sequence take decode steps; a right
+        # guess none of them; a wrong one as many as a right one
+        assert steps == inrow_steps - forced, (guess, steps, inrow_steps)
+        if right:
+            assert got.segments[0].tokens == inrow.segments[0].tokens
 
 
 def test_language_names():
