@@ -9,7 +9,7 @@
 #   serve-both (~7 min: the engine on a thread vs the default engine process, 1, 32, 64 clients),
 #   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
 #   w13-tests (~1 min), decode-kernels (~1.5 min), serve-mel (~4 min: long-form log-mels on the GPU vs the audio workers)
-#   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-serve (~7 min), w16-before (~6 min)
+#   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-ab (~7 min), w16-guess (~2 min), w16-long (~5 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
@@ -182,16 +182,25 @@ for part in "$@"; do
              | tee "$OUT/w15_tests.log" | tail -3
            (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
              --json "$OUT/serve_w15.json" 2>&1 | tee "$OUT/serve_w15.log" | grep -v "^#   [a-z_]* .*(n=") ;;
-    # wave 16: prompt tokens as graph rows + guessed languages checked by the prefill (~7 min);
-    # w16-before: the same server run on the tree before them (copied to _ab/before, untracked)
-    w16-serve) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_prompt_graphs.py \
-             tests/engine/test_prompt_graphs.py tests/engine/test_prompt_check.py tests/engine/test_gpu_syncs.py \
-             tests/engine/test_prefill_syncs.py -rs 2>&1 | grep -v "Loading weights" | tee "$OUT/w16_tests.log" | tail -4
-           (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
-             --json "$OUT/serve_w16.json" 2>&1 | tee "$OUT/serve_w16.log" | grep -v "^#   [a-z_]* .*(n=") ;;
-    w16-before) cp -r _ab/before/edserve . && cp _ab/before/benchmarks/serve_gpu.py benchmarks/
-           (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
-             --json "$OUT/serve_w16_before.json" 2>&1 | tee "$OUT/serve_w16_before.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # wave 16: prompt tokens as graph rows + guessed languages checked by the prefill (~7 min):
+    # GPU tests, then the server on this tree, on the tree before (copied to _ab/before,
+    # untracked), and on this tree again (interleaved A/B)
+    w16-ab) timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu_prompt_graphs.py \
+             tests/engine/test_prompt_check.py tests/engine/test_gpu_syncs.py tests/engine/test_prefill_syncs.py -rs 2>&1 \
+             | grep -v "Loading weights" | tee "$OUT/w16_tests.log" | tail -4
+           rm -rf /tmp/after && mkdir -p /tmp/after/benchmarks && cp -r edserve /tmp/after/ && cp benchmarks/serve_gpu.py /tmp/after/benchmarks/
+           for tree in after before after2; do
+             src=/tmp/after; [ $tree = before ] && src=_ab/before
+             cp -r $src/edserve . && cp $src/benchmarks/serve_gpu.py benchmarks/
+             echo "--- $tree"
+             (cd benchmarks && timeout 300 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
+               --json "$OUT/serve_w16_$tree.json" 2>&1 | tee "$OUT/serve_w16_$tree.log" | grep -v "^#   [a-z_]* .*(n=")
+           done ;;
+    # wave 16: in-row detection vs guessed vs given language, one engine, alternated (~2 min)
+    w16-guess) (cd benchmarks && timeout 400 python3 -W ignore guess_gpu.py 2>&1 | grep -v Writing | tee "$OUT/guess_gpu.log") ;;
+    # long-form through the server vs the engine's driver, 16 x 10 min (~5 min)
+    w16-long) (cd benchmarks && timeout 500 python3 -W ignore serve_gpu.py --concurrency 1 --requests 32 \
+             --json "$OUT/serve_w16_long.json" 2>&1 | tee "$OUT/serve_w16_long.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     # wave 14 final: GPU tests, decode kernels at 1 and 64 rows, the real path, the server (~8 min)
     w14-final) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_sample_graphs.py \
              tests/engine/test_gpu_syncs.py tests/engine/test_gpu.py tests/layers/test_linear_gelu.py -rs 2>&1 \

@@ -26,9 +26,14 @@ SOT, TASK, NO_TS = 50257, 50358, 50362
 CHOICES = tuple(range(50258, 50270))  # stand-ins for the language tokens
 
 
-def _engine(random_whisper, replays: bool):
+GPU = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])
+
+
+def _engine(random_whisper, replays: bool, device: str = "cpu"):
     engine = build_engine(model=str(random_whisper), page_size="16", dtype="float32",
-                          encoder_kv="flat", max_running_requests=8)
+                          encoder_kv="flat", max_running_requests=8, device=device,
+                          max_total_tokens=65536)  # on CUDA: leave the GPU to other tests
     if replays:  # the replays a DecodeGraphRunner makes, graphs run eagerly (CPU)
         pools = engine.pools
         inputs = GraphInputs(8, engine.device, ranged=False,
@@ -49,9 +54,11 @@ def _req(prompt, seed, check=None, **kw):
     return GenerateRequest(list(prompt), _mel(seed), sp, prompt_check=check)
 
 
+@pytest.mark.parametrize("device", ["cpu", GPU])
 @pytest.mark.parametrize("replays", [False, True])
-def test_checks_score_decide_and_keep_the_encoder(random_whisper, replays):
-    engine = _engine(random_whisper, replays)
+def test_checks_score_decide_and_keep_the_encoder(random_whisper, replays, device):
+    """On CUDA, ``replays=False`` is the engine's own prompt graphs (captured CUDA graphs)."""
+    engine = _engine(random_whisper, replays, device)
     # what the prefill sees at <|startoftranscript|>: a request that samples its first token
     # there, restricted to the choices by a stop after one token
     from edserve.whisper.language import DetectLanguage
