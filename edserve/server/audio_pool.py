@@ -5,7 +5,8 @@ in threads of the API process they serialize on its GIL with the event loop (mea
 H200: 16 ms alone, ~800 ms per request at 32 concurrent). :class:`ProcessPreparer` runs
 :func:`~edserve.audio.prepare.prepare_upload` in ``--audio-workers`` processes (forked from a
 forkserver that has imported the audio stack once, one torch thread each): the API process
-only sends the upload's bytes and receives the log-mel (numpy, pickle protocol 5).
+only sends the upload's bytes (through shared memory when they fit a slot,
+:mod:`edserve.server.upload_slots`) and receives the log-mel (numpy, pickle protocol 5).
 :class:`ThreadPreparer` (``--audio-workers 0``) keeps today's threads.
 
 Contract of :meth:`AudioPreparer.prepare`: the :class:`~edserve.audio.prepare.PreparedAudio`
@@ -32,6 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 from edserve.audio.prepare import DecodedAudio, PreparedAudio, prepare_upload
+from edserve.server.upload_slots import SlotReader, SlotRef, UploadSlots, open_slots
 
 #: Most worker processes ``--audio-workers auto`` starts.
 MAX_AUTO_WORKERS = 8
@@ -107,6 +109,15 @@ def _ready() -> int:
     return os.getpid()
 
 
+_reader = SlotReader()  # in each worker process: the shared upload files it has mapped
+
+
+def _from_slot(job: Callable[..., PreparedAudio], ref: SlotRef, *args, **kwargs
+               ) -> PreparedAudio | DecodedAudio:
+    """In a worker: ``job`` on the upload in shared-memory slot ``ref``."""
+    return job(_reader.read(ref), *args, **kwargs)
+
+
 class ProcessPreparer(AudioPreparer):
     """``workers`` processes (started on :meth:`start` or the first upload)."""
 
@@ -118,6 +129,7 @@ class ProcessPreparer(AudioPreparer):
         self.workers = workers
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
+        self._slots: UploadSlots | None = None  # made with the first pool (None: no room)
         self.restarts = 0  # pools replaced after a worker died
 
     def _pool(self) -> ProcessPoolExecutor:
@@ -127,6 +139,8 @@ class ProcessPreparer(AudioPreparer):
                 ctx.set_forkserver_preload(_PRELOAD)
                 self._executor = ProcessPoolExecutor(self.workers, mp_context=ctx,
                                                      initializer=_init_worker)
+                if self._slots is None:
+                    self._slots = open_slots()
             return self._executor
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
@@ -144,13 +158,25 @@ class ProcessPreparer(AudioPreparer):
     async def prepare(self, data: bytes, max_seconds: float | None, cancel: threading.Event,
                       defer_above_s: float | None = None) -> PreparedAudio | DecodedAudio:
         pool = self._pool()
+        slots = self._slots
+        ref = slots.put(data) if slots is not None else None
+        args = (self.n_mels, max_seconds)
         try:
-            future = pool.submit(self.job, data, self.n_mels, max_seconds,
-                                 **self._job_kwargs(defer_above_s))
+            if ref is None:  # too large for a slot, or none free: the bytes go by pipe
+                future = pool.submit(self.job, data, *args, **self._job_kwargs(defer_above_s))
+            else:
+                future = pool.submit(_from_slot, self.job, ref, *args,
+                                     **self._job_kwargs(defer_above_s))
+                # the slot is the job's until its future is done: then no worker reads it
+                future.add_done_callback(lambda _, taken=ref: slots.free(taken))
+                ref = None
             return await asyncio.wrap_future(future)
         except BrokenProcessPool:
             self._replace(pool)
             raise AudioWorkerLost("an audio worker process died") from None
+        finally:
+            if ref is not None:  # submit itself failed
+                slots.free(ref)
 
     def pids(self) -> list[int]:
         """The worker processes' ids (tests, diagnostics)."""
@@ -160,8 +186,11 @@ class ProcessPreparer(AudioPreparer):
     def shutdown(self) -> None:
         with self._lock:
             pool, self._executor = self._executor, None
+            slots, self._slots = self._slots, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        if slots is not None:
+            slots.close()
 
 
 def make_preparer(workers: int | None, n_mels: int) -> AudioPreparer:

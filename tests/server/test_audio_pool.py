@@ -97,6 +97,41 @@ def test_cancelled_caller_drops_its_queued_job(pool):
     assert all(r.num_samples == 176000 for r in _run(scenario()))
 
 
+def test_uploads_go_through_shared_slots_and_come_back(pool):
+    """A job's upload takes a shared-memory slot while it runs and frees it when done (also
+    after a worker died or a caller left, the tests above); an upload larger than a slot
+    goes by pipe and gives the same features as the threads."""
+    from edserve.server.upload_slots import SLOT_BYTES, SLOTS
+    from tests.server.server_helpers import wav_bytes
+
+    assert pool._slots is not None and pool._slots.num_free == SLOTS
+
+    async def one_slow():
+        job = asyncio.ensure_future(pool.prepare(b"slow0.3", None, threading.Event()))
+        await asyncio.sleep(0.1)
+        taken = pool._slots.num_free
+        await job
+        return taken
+
+    assert _run(one_slow()) == SLOTS - 1 and pool._slots.num_free == SLOTS
+    big = wav_bytes(_long_audio())
+    assert len(big) > SLOT_BYTES
+    a = _run(pool.prepare(big, None, threading.Event()))
+    b = _run(ThreadPreparer(80).prepare(big, None, threading.Event()))
+    assert a.num_samples == b.num_samples and torch.equal(a.mel.full(), b.mel.full())
+    assert pool._slots.num_free == SLOTS
+
+
+def _long_audio():
+    """40 s of audio (the test clip repeated): a WAV larger than one slot."""
+    import numpy as np
+
+    from edserve.audio.decode import load_audio
+
+    clip = load_audio(JFK)
+    return np.concatenate([clip] * 4)
+
+
 def test_worker_count_and_strategy():
     assert auto_workers(16) == 8 and auto_workers(2) == 1 and auto_workers(64) == 8
     assert isinstance(make_preparer(0, 80), ThreadPreparer)
