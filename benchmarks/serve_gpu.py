@@ -85,7 +85,7 @@ def engine_figures(folder: Path, clip: np.ndarray, n_short: int, long_audio: lis
 
     guess = LanguageGuess()  # shared, as the server shares one: learnt in the warm-up
 
-    def short_run(engine, n: int) -> float:
+    def short_run(engine, n: int, label: str) -> float:
         tasks = [make_task(engine, clip, options(), "clip", guess) for _ in range(n)]
         reqs = [t.next_request() for t in tasks]
         wg.sync(dev)
@@ -99,12 +99,12 @@ def engine_figures(folder: Path, clip: np.ndarray, n_short: int, long_audio: lis
             for h in t.abandon():
                 engine.release_encoder(h)
         if any(not o.token_ids for o in outs):
-            print(f"# engine figure: {sum(not o.token_ids for o in outs)} of {n} windows "
-                  "guessed the language wrong", flush=True)
+            print(f"# engine figure, {label}: {sum(not o.token_ids for o in outs)} of {n} "
+                  "windows guessed the language wrong (each ends after its prefill)", flush=True)
         return took
 
-    short_run(engine, min(n_short, rows))  # warm-up
-    short_s = short_run(engine, n_short)
+    short_run(engine, min(n_short, rows), "warm-up")
+    short_s = short_run(engine, n_short, "measured")
     t_feat = time.perf_counter()  # the log-mels of the long files (one thread, as transcribe)
     tasks = [make_task(engine, a, options(), f"long{i}") for i, a in enumerate(long_audio)]
     features_s = time.perf_counter() - t_feat
