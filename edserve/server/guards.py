@@ -76,6 +76,17 @@ class _BodyTimeout(Exception):
     pass
 
 
+async def _within(awaitable: Any, seconds: float) -> Any:
+    """``await awaitable``, or ``asyncio.TimeoutError`` after ``seconds``. Python >= 3.11:
+    ``asyncio.timeout`` (a timer on the current task: ~7 us) rather than ``wait_for`` (a new
+    task per call: ~18 us), which matters once per body chunk of every upload."""
+    timeout = getattr(asyncio, "timeout", None)
+    if timeout is None:  # Python 3.10
+        return await asyncio.wait_for(awaitable, seconds)
+    async with timeout(seconds):
+        return await awaitable
+
+
 class BodyTimeoutMiddleware:
     """408 (and close) when a request body stalls: each ``receive()`` of a body chunk must
     arrive within ``timeout`` seconds. Once the body is complete, ``receive()`` (waiting for
@@ -97,7 +108,7 @@ class BodyTimeoutMiddleware:
             if body_done:
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), self.timeout)
+                message = await _within(receive(), self.timeout)
             except asyncio.TimeoutError:
                 raise _BodyTimeout from None
             if message["type"] != "http.request" or not message.get("more_body", False):
