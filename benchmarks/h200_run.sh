@@ -9,7 +9,7 @@
 #   serve-both (~7 min: the engine on a thread vs the default engine process, 1, 32, 64 clients),
 #   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
 #   w13-tests (~1 min), decode-kernels (~1.5 min), serve-mel (~4 min: long-form log-mels on the GPU vs the audio workers)
-#   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-ab (~7 min), w16-guess (~2 min), w16-long (~5 min), w16-slots (~6 min)
+#   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-ab (~7 min), w16-guess (~2 min), w16-long (~5 min), w16-slots (~6 min), w16-vision (~2 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
@@ -211,6 +211,9 @@ for part in "$@"; do
              (cd benchmarks && timeout 200 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 \
                --json "$OUT/serve_w16_slots_$tree.json" 2>&1 | tee "$OUT/serve_w16_slots_$tree.log" | grep -E "^ +32 |engine:")
            done ;;
+    # wave 16: the 11B vision tower's kernel table (issue 24's prefill), 4-tile and mixed batches (~2 min)
+    w16-vision) timeout 150 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 2 \
+             --shapes 4,mixed --profile 2>&1 | grep -v "USDT\|profiler_st" | tee "$OUT/mllama_vision_profile.log" ;;
     # wave 14 final: GPU tests, decode kernels at 1 and 64 rows, the real path, the server (~8 min)
     w14-final) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_sample_graphs.py \
              tests/engine/test_gpu_syncs.py tests/engine/test_gpu.py tests/layers/test_linear_gelu.py -rs 2>&1 \

@@ -106,6 +106,30 @@ def timed(fn, runs: int, device: str) -> float:
     return statistics.median(times)
 
 
+def kernel_table(fn, b, device: str, top: int = 18) -> None:
+    """Where one batch's device time goes: the kernels (CUDA; CPU ops on the CPU) with the
+    most self time, with their share and calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(b)
+    sync(device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        fn(b)
+        sync(device)
+    attr = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    if device == "cuda":  # kernels only (ops' own device time double-counts them)
+        events = [e for e in events if e.device_type.name == "CUDA"]
+    total = sum(getattr(e, attr) for e in events)
+    print(f"# kernel table, grouped plan, {len(b[3])} tiles: {total / 1000:.2f} ms of "
+          f"{'device' if device == 'cuda' else 'CPU'} time", flush=True)
+    print("| kernel | calls | ms | share |\n|---|---:|---:|---:|")
+    for e in sorted(events, key=lambda e: -getattr(e, attr))[:top]:
+        t = getattr(e, attr)
+        print(f"| `{e.key[:90]}` | {e.count} | {t / 1000:.3f} | {100 * t / total:.1f} % |")
+
+
 def sdpa_backends(fn, b, args) -> None:
     """The grouped plan on the mixed batch with each SDPA backend alone (which one SDPA picks
     by default, and whether it is the fastest)."""
@@ -129,6 +153,11 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true", help="skip HF's vision model")
     ap.add_argument("--dry-run", action="store_true", help="toy sizes on CPU (fp32)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also a kernel table (torch profiler) of the grouped plan on a batch "
+                    "of 4-tile images")
+    ap.add_argument("--shapes", default="1,2,3,4,mixed",
+                    help="batches to time: tile counts 1-4 and/or 'mixed'")
     args = ap.parse_args(argv)
     from edserve.layers.add_norm import TORCH_ADD_NORM
 
@@ -150,7 +179,7 @@ def main(argv=None) -> int:
         runners["hf"] = lambda b: run_hf(hf, proj, b)
     print(f"# vision {'toy' if args.dry_run else args.size} on {device} {dtype}, "
           f"{args.images} images per batch, median of {args.runs}", flush=True)
-    shapes = [[1], [2], [3], [4], [4, 1, 2, 3]]
+    shapes = [[4, 1, 2, 3] if x == "mixed" else [int(x)] for x in args.shapes.split(",")]
     for tiles in shapes:
         b = batch(args.images, tiles, d["image"], device, dtype, seed=len(tiles) + tiles[0])
         n_tiles = len(b[3])
@@ -161,6 +190,9 @@ def main(argv=None) -> int:
                        f"{1000 * s / n_tiles:6.2f} ms/tile")
         label = "mixed 4,1,2,3" if len(tiles) > 1 else f"{tiles[0]} tile{'s' * (tiles[0] > 1)}"
         print(f"{label:>14}: " + " | ".join(row), flush=True)
+    if args.profile:
+        kernel_table(runners["grouped"], batch(args.images, [4], d["image"], device, dtype, 7),
+                     device)
     if device == "cuda":
         sdpa_backends(runners["grouped"], b, args)
     outs = {name: fn(b).float() for name, fn in runners.items()}  # the mixed batch
