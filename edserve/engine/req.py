@@ -40,9 +40,8 @@ class Req:
     group: RowGroup | None = None  # beam search / best_of rows of one request
     cow_pending: bool = False  # a fork: copy a shared partial last page before writing
     kept_encoder: EncoderKV | None = None  # the keep_encoder handle, once finished
-    # the prefill's (token, log-prob) for request.prompt_check; rejected: the guess was wrong
+    # the prefill's (token, log-prob) for request.prompt_check (see check_rejected)
     prompt_check: tuple[int, float] | None = None
-    check_rejected: bool = False
     serial: int = field(default_factory=lambda: next(_serials))  # unique per Req object
     # perf_counter() stamps for the output's RequestTiming: made (submitted), admitted
     # (prefill scheduled), first token committed
@@ -65,7 +64,7 @@ class Req:
                    kv_len=self.kv_len, steps=self.steps, output_ids=[], logprobs=[],
                    stop_logprob=None, no_speech_prob=None, finish_reason=None, error=None,
                    generator=generator, encoder_input=None, group=self.group,
-                   cow_pending=True, kept_encoder=None)
+                   cow_pending=True, kept_encoder=None, prompt_check=None)
 
     @property
     def rid(self) -> str:
@@ -79,6 +78,13 @@ class Req:
     def row_len(self) -> int:
         """Columns of the row in use: encoder region + cached decoder tokens."""
         return self.enc_region + self.kv_len
+
+    @property
+    def check_rejected(self) -> bool:
+        """The prefill chose another token than the request's guess (``prompt_check``)."""
+        check = self.request.prompt_check
+        return self.prompt_check is not None and check is not None \
+            and self.prompt_check[0] != check.guess(self.prompt_ids)
 
     @property
     def shares_pages(self) -> bool:

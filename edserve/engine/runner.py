@@ -7,8 +7,6 @@ leave as a :class:`~edserve.engine.step.StepOutput` whose host copy is fetched l
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from edserve.engine.cpu_compile import CompiledDecodeRunner
@@ -54,7 +52,8 @@ class ModelRunner:
         graphs = self.graph_runner
         prompts = getattr(graphs, "prompts", None)
         picked = None  # (tokens, logprobs, None) from a sampling graph
-        at = self._prompt_picks(sched)  # (row, prompt position): no-speech, then checks
+        ns_at, check_at = self._prompt_picks(sched)  # (row, prompt position, what)
+        at = ns_at + check_at
         at_logits = None  # [len(at), V] logits at those positions
         if sched.mode == ForwardMode.DECODE and graphs is not None and graphs.can_run(batch):
             logits = graphs.replay(batch, input_ids)
@@ -74,12 +73,11 @@ class ModelRunner:
                 pos = to_device([starts[i] + p for i, p, _ in at], torch.int64, hidden.device)
                 at_logits = self.model.compute_logits(hidden[pos])
         no_speech = checks = None
-        if at:
-            n = sum(1 for _, _, what in at if not isinstance(what, PromptCheck))
-            if n:
-                no_speech = self._no_speech_probs(at[:n], at_logits[:n], len(reqs))
-            if n < len(at):
-                checks = self._checks(at[n:], at_logits[n:], len(reqs))
+        n = len(ns_at)
+        if ns_at:
+            no_speech = self._no_speech_probs(ns_at, at_logits[:n], len(reqs))
+        if check_at:
+            checks = self._checks(check_at, at_logits[n:], len(reqs))
         tokens, logprobs, cands = picked or sample(logits, sched.sampling, self.history, rows)
         done = None
         if sched.beams is not None:  # device beam groups choose and move their rows
@@ -101,17 +99,19 @@ class ModelRunner:
             r.encoder_input = None  # encoded once; the cross K/V now live in the pool
         return torch.cat(states)
 
-    def _prompt_picks(self, sched: ScheduledBatch) -> list[tuple[int, int, Any]]:
-        """``(row, position within its prompt, what)`` for the new rows: first the rows that
-        ask for Whisper's no-speech probability (``what``: the no-speech token), then those
-        with a prompt check (``what``: the :class:`PromptCheck`). Empty for decode steps."""
+    def _prompt_picks(self, sched: ScheduledBatch
+                      ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, PromptCheck]]]:
+        """``(row, position within its prompt, what)`` of the new rows whose prompt logits are
+        read: those asking for Whisper's no-speech probability (``what``: the no-speech
+        token), and those with a prompt check (``what``: the :class:`PromptCheck`). Empty for
+        decode steps."""
         if sched.mode != ForwardMode.EXTEND:
-            return []
+            return [], []
         new = [(i, r.request) for i, r in enumerate(sched.reqs) if sched.is_new(i)]
-        return [(i, q.no_speech_pos, q.no_speech_token) for i, q in new
-                if q.no_speech_pos is not None and q.no_speech_token is not None] \
-            + [(i, q.prompt_check.at, q.prompt_check) for i, q in new
-               if q.prompt_check is not None]
+        return ([(i, q.no_speech_pos, q.no_speech_token) for i, q in new
+                 if q.no_speech_pos is not None and q.no_speech_token is not None],
+                [(i, q.prompt_check.at, q.prompt_check) for i, q in new
+                 if q.prompt_check is not None])
 
     def _checks(self, picks: list[tuple[int, int, PromptCheck]], logits: torch.Tensor,
                 batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:

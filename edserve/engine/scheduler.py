@@ -254,9 +254,7 @@ class Scheduler(RowGroupSteps):
                 continue  # finished or aborted while this step was in flight; groups: above
             if sched.is_new(i):
                 req.no_speech_prob, req.prompt_check = ns, checks[i]
-                if checks[i] is not None and \
-                        checks[i][0] != req.request.prompt_check.guess(req.prompt_ids):
-                    req.check_rejected = True  # a wrong guess: ends here (prompt_check.py)
+                if req.check_rejected:  # a wrong guess: ends here (prompt_check.py)
                     self._finish_running(req, FinishReason.STOP, [])
                     continue
             sp = req.request.sampling
