@@ -4,9 +4,10 @@ Decoding (PyAV), resampling and the log-mel of an upload take ~25 ms of CPU for 
 in threads of the API process they serialize on its GIL with the event loop (measured on the
 H200: 16 ms alone, ~800 ms per request at 32 concurrent). :class:`ProcessPreparer` runs
 :func:`~edserve.audio.prepare.prepare_upload` in ``--audio-workers`` processes (forked from a
-forkserver that has imported the audio stack once, one torch thread each): the API process
-only sends the upload's bytes (through shared memory when they fit a slot,
-:mod:`edserve.server.upload_slots`) and receives the log-mel (numpy, pickle protocol 5).
+forkserver that has imported the audio stack once, one torch thread each; jobs sent from the
+event loop itself, :mod:`edserve.server.audio_dispatch`): the API process only sends the
+upload's bytes (through shared memory when they fit a slot, :mod:`edserve.server.upload_slots`)
+and receives the log-mel (numpy, pickle protocol 5).
 :class:`ThreadPreparer` (``--audio-workers 0``) keeps today's threads.
 
 Contract of :meth:`AudioPreparer.prepare`: the :class:`~edserve.audio.prepare.PreparedAudio`
@@ -16,33 +17,28 @@ threshold comes from :mod:`edserve.server.feature_policy`, per upload), or the u
 as the same ``AudioError`` that ``load_audio`` raises. Cancelling the awaiting coroutine (client
 gone) drops a job not yet started (a thread job also stops between frames; a process job already
 running finishes, bounded by ``--max-audio-seconds``). A worker process that dies (e.g. FFmpeg
-crashing on a crafted file) fails the jobs then in the pool with :class:`AudioWorkerLost` (the
-server answers 503); the pool is replaced, the server keeps serving.
+crashing on a crafted file) fails the job it held with :class:`AudioWorkerLost` (the server
+answers 503); that worker is replaced, the others keep their jobs, the server keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
-import signal
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 
 from edserve.audio.prepare import DecodedAudio, PreparedAudio, prepare_upload
-from edserve.server.upload_slots import SlotReader, SlotRef, UploadSlots, open_slots
+from edserve.server.audio_dispatch import AudioWorkerLost, WorkerPool
+from edserve.server.upload_slots import UploadSlots, open_slots
+
+__all__ = ["AudioPreparer", "AudioWorkerLost", "ProcessPreparer", "ThreadPreparer",
+           "auto_workers", "make_preparer"]
 
 #: Most worker processes ``--audio-workers auto`` starts.
 MAX_AUTO_WORKERS = 8
-_PRELOAD = ["edserve.audio.prepare"]
-
-
-class AudioWorkerLost(RuntimeError):
-    """An audio worker process died while this upload was in the pool (not the upload's
-    fault, as far as the server can tell): retry."""
+_PRELOAD = ["edserve.audio.prepare", "edserve.server.audio_worker"]
 
 
 def auto_workers(cores: int | None = None) -> int:
@@ -96,30 +92,9 @@ class ThreadPreparer(AudioPreparer):
         return None
 
 
-def _init_worker() -> None:
-    """In each worker: one torch thread (the pool is the parallelism), Ctrl-C is the
-    server's to handle."""
-    import torch
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(1)
-
-
-def _ready() -> int:
-    return os.getpid()
-
-
-_reader = SlotReader()  # in each worker process: the shared upload files it has mapped
-
-
-def _from_slot(job: Callable[..., PreparedAudio], ref: SlotRef, *args, **kwargs
-               ) -> PreparedAudio | DecodedAudio:
-    """In a worker: ``job`` on the upload in shared-memory slot ``ref``."""
-    return job(_reader.read(ref), *args, **kwargs)
-
-
 class ProcessPreparer(AudioPreparer):
-    """``workers`` processes (started on :meth:`start` or the first upload)."""
+    """``workers`` processes (started on :meth:`start` or the first upload), fed from the
+    event loop by :class:`~edserve.server.audio_dispatch.WorkerPool`."""
 
     def __init__(self, n_mels: int, workers: int,
                  job: Callable[..., PreparedAudio] = prepare_upload) -> None:
@@ -128,67 +103,39 @@ class ProcessPreparer(AudioPreparer):
         super().__init__(n_mels, job)
         self.workers = workers
         self._lock = threading.Lock()
-        self._executor: ProcessPoolExecutor | None = None
-        self._slots: UploadSlots | None = None  # made with the first pool (None: no room)
-        self.restarts = 0  # pools replaced after a worker died
+        self._workers: WorkerPool | None = None
+        self._slots: UploadSlots | None = None  # made with the pool (None: no room)
 
-    def _pool(self) -> ProcessPoolExecutor:
+    def _pool(self) -> WorkerPool:
         with self._lock:
-            if self._executor is None:
-                ctx = multiprocessing.get_context("forkserver")
-                ctx.set_forkserver_preload(_PRELOAD)
-                self._executor = ProcessPoolExecutor(self.workers, mp_context=ctx,
-                                                     initializer=_init_worker)
-                if self._slots is None:
-                    self._slots = open_slots()
-            return self._executor
+            if self._workers is None:
+                self._slots = open_slots()
+                self._workers = WorkerPool(self.workers, _PRELOAD, self._slots)
+            return self._workers
 
-    def _replace(self, broken: ProcessPoolExecutor) -> None:
-        with self._lock:
-            if self._executor is broken:  # the first job to see it replaces it
-                self._executor = None
-                self.restarts += 1
-        broken.shutdown(wait=False, cancel_futures=True)
+    @property
+    def restarts(self) -> int:
+        """Workers replaced after one died."""
+        return 0 if self._workers is None else self._workers.restarts
 
     def start(self) -> None:
-        pool = self._pool()  # one job per worker at once: each starts its own process
-        for fut in [pool.submit(_ready) for _ in range(self.workers)]:
-            fut.result()
+        self._pool().start()
 
     async def prepare(self, data: bytes, max_seconds: float | None, cancel: threading.Event,
                       defer_above_s: float | None = None) -> PreparedAudio | DecodedAudio:
-        pool = self._pool()
-        slots = self._slots
-        ref = slots.put(data) if slots is not None else None
-        args = (self.n_mels, max_seconds)
-        try:
-            if ref is None:  # too large for a slot, or none free: the bytes go by pipe
-                future = pool.submit(self.job, data, *args, **self._job_kwargs(defer_above_s))
-            else:
-                future = pool.submit(_from_slot, self.job, ref, *args,
-                                     **self._job_kwargs(defer_above_s))
-                # the slot is the job's until its future is done: then no worker reads it
-                future.add_done_callback(lambda _, taken=ref: slots.free(taken))
-                ref = None
-            return await asyncio.wrap_future(future)
-        except BrokenProcessPool:
-            self._replace(pool)
-            raise AudioWorkerLost("an audio worker process died") from None
-        finally:
-            if ref is not None:  # submit itself failed
-                slots.free(ref)
+        return await self._pool().submit(self.job, data, (self.n_mels, max_seconds),
+                                         self._job_kwargs(defer_above_s))
 
     def pids(self) -> list[int]:
         """The worker processes' ids (tests, diagnostics)."""
-        pool = self._executor
-        return [] if pool is None else list(getattr(pool, "_processes", {}) or {})
+        return [] if self._workers is None else self._workers.pids()
 
     def shutdown(self) -> None:
         with self._lock:
-            pool, self._executor = self._executor, None
+            pool, self._workers = self._workers, None
             slots, self._slots = self._slots, None
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown()
         if slots is not None:
             slots.close()
 

@@ -1,6 +1,6 @@
 """The audio preparers: worker processes give the same features and refusals as threads;
-a worker that dies fails only the jobs then in the pool (``AudioWorkerLost``) and the pool
-is replaced; a job still queued is dropped when its caller is cancelled."""
+a worker that dies fails only the job it held (``AudioWorkerLost``) and is replaced; a job
+still queued is dropped when its caller is cancelled."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import torch
 from edserve.audio.compact_mel import CompactMel
 from edserve.audio.errors import AudioDecodeError, AudioTooLongError, EmptyAudioError
 from edserve.audio.prepare import prepare_upload
+from edserve.server.audio_dispatch import DEPTH
 from edserve.server.audio_pool import (
     AudioWorkerLost,
     ProcessPreparer,
@@ -68,24 +69,38 @@ def test_refusals_cross_the_process_boundary(pool, data, limit, exc):
         _run(pool.prepare(data, limit, threading.Event()))
 
 
-def test_dead_worker_fails_its_jobs_then_the_pool_is_replaced(pool):
+def test_dead_worker_fails_its_job_and_is_replaced(pool):
     async def burst():
         return await asyncio.gather(pool.prepare(b"slow0.5", None, threading.Event()),
                                     pool.prepare(DIE, None, threading.Event()),
                                     return_exceptions=True)
 
     before = pool.restarts
-    results = _run(burst())
-    assert any(isinstance(r, AudioWorkerLost) for r in results), results
+    slow, dead = _run(burst())
+    assert isinstance(dead, AudioWorkerLost), dead
+    assert slow.num_samples == 176000  # the other worker's job is not lost with it
     assert pool.restarts == before + 1
     again = _run(pool.prepare(JFK, 60.0, threading.Event()))  # a fresh pool serves
     assert again.num_samples == 176000
 
 
+def test_jobs_travel_without_helper_threads(pool):
+    """The event loop sends jobs and reads answers itself (no executor manager or queue
+    feeder threads in the API process)."""
+    before = threading.active_count()
+
+    async def many():
+        return await asyncio.gather(*(pool.prepare(JFK, 60.0, threading.Event())
+                                      for _ in range(6)))
+
+    assert all(r.num_samples == 176000 for r in _run(many()))
+    assert threading.active_count() == before
+
+
 def test_cancelled_caller_drops_its_queued_job(pool):
     async def scenario():
         busy = [asyncio.ensure_future(pool.prepare(b"slow0.6", None, threading.Event()))
-                for _ in range(2 + 1)]  # both workers busy, one more in the call queue
+                for _ in range(2 * DEPTH)]  # both workers running one, one queued behind
         await asyncio.sleep(0.2)
         queued = asyncio.ensure_future(pool.prepare(JFK, 60.0, threading.Event()))
         await asyncio.sleep(0.05)
