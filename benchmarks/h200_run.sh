@@ -10,6 +10,7 @@
 #   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
 #   w13-tests (~1 min), decode-kernels (~1.5 min), serve-mel (~4 min: long-form log-mels on the GPU vs the audio workers)
 #   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-ab (~7 min), w16-guess (~2 min), w16-long (~5 min), w16-slots (~6 min), w16-vision (~2 min)
+#   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
@@ -212,6 +213,29 @@ for part in "$@"; do
                --json "$OUT/serve_w16_slots_$tree.json" 2>&1 | tee "$OUT/serve_w16_slots_$tree.log" | grep -E "^ +32 |engine:")
            done ;;
     # wave 16: the 11B vision tower's kernel table (issue 24's prefill), 4-tile and mixed batches (~2 min)
+    # wave 17: attention at the vision tower's head dim 80, native vs zero-padded, per backend (~1 min)
+    w17-attn) timeout 150 python3 -W ignore benchmarks/attn_headdim.py 2>&1 | tee "$OUT/attn_headdim.log" ;;
+    # wave 17: audio jobs sent from the event loop (zmq) vs ProcessPoolExecutor, interleaved at
+    # 1 and 32 clients (~7 min; the executor's audio_pool.py copied to _ab/w17_before, untracked)
+    w17-ab) cp edserve/server/audio_pool.py /tmp/audio_pool_after.py
+           for tree in after before after2 before2; do
+             src=/tmp/audio_pool_after.py; case $tree in before*) src=_ab/w17_before/audio_pool.py;; esac
+             cp $src edserve/server/audio_pool.py
+             echo "--- $tree"
+             (cd benchmarks && timeout 240 python3 -W ignore serve_gpu.py --concurrency 1 32 --longform 0 \
+               --json "$OUT/serve_w17_$tree.json" 2>&1 | tee "$OUT/serve_w17_$tree.log" | grep -E "^ +(1|32) |engine:")
+           done
+           cp /tmp/audio_pool_after.py edserve/server/audio_pool.py ;;
+    # wave 17: long-form (16 x 10 min) with audio jobs from the event loop vs the process pool (~4 min)
+    w17-long) cp edserve/server/audio_pool.py /tmp/audio_pool_after.py
+           for tree in after before; do
+             src=/tmp/audio_pool_after.py; case $tree in before*) src=_ab/w17_before/audio_pool.py;; esac
+             cp $src edserve/server/audio_pool.py
+             echo "--- $tree"
+             (cd benchmarks && timeout 280 python3 -W ignore serve_gpu.py --concurrency 1 --requests 32 \
+               --json "$OUT/serve_w17_long_$tree.json" 2>&1 | tee "$OUT/serve_w17_long_$tree.log" | grep -E "^long-form|engine:")
+           done
+           cp /tmp/audio_pool_after.py edserve/server/audio_pool.py ;;
     w16-vision) timeout 150 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 2 \
              --shapes 4,mixed --profile 2>&1 | grep -v "USDT\|profiler_st" | tee "$OUT/mllama_vision_profile.log" ;;
     # wave 14 final: GPU tests, decode kernels at 1 and 64 rows, the real path, the server (~8 min)
