@@ -16,7 +16,9 @@ Contract:
     the rest wait in the loop, where cancelling the future drops the job; a job already sent
     finishes and its result is dropped.
   * A dead worker (its process sentinel becomes readable) fails only the jobs it held and is
-    replaced at once (:attr:`restarts`).
+    replaced at once (:attr:`restarts`). After :data:`MAX_FAILED_STARTS` workers in a row die
+    before their first message, none is started again; when none is left the pool is
+    :attr:`broken` (every job fails with AudioWorkerLost; the owner makes a new pool).
   * Uploads that fit a :class:`~edserve.server.upload_slots.UploadSlots` slot go through shared
     memory; the slot is freed when the worker answers or dies. Larger uploads are a zmq frame
     sent from the caller's buffer (no copy in Python).
@@ -45,6 +47,8 @@ from edserve.server.upload_slots import SlotRef, UploadSlots
 #: Jobs sent to a worker at once: the one it runs and one queued behind it, so a worker
 #: starts its next job without waiting for the event loop to read its answer.
 DEPTH = 2
+#: Workers in a row that may die before their first message before no more are started.
+MAX_FAILED_STARTS = 3
 #: How long :meth:`WorkerPool.start` waits for every worker's first message.
 START_TIMEOUT_S = 120.0
 
@@ -103,6 +107,8 @@ class WorkerPool:
         self._pending: collections.deque[_Job] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._failed_starts = 0  # workers in a row that died before saying ready
+        self.broken = False  # no worker left and none could start: make a new pool
         for _ in range(workers):
             self._spawn()
 
@@ -140,7 +146,14 @@ class WorkerPool:
         while w.jobs:  # the job it ran and the one queued behind it
             self._finish(w.jobs.popleft(), False,
                          AudioWorkerLost("an audio worker process died"))
-        self._spawn()
+        self._failed_starts = 0 if w.ready else self._failed_starts + 1
+        if self._failed_starts < MAX_FAILED_STARTS:
+            self._spawn()
+        elif not self._by_identity:  # none left and none can start: fail what waits
+            self.broken = True
+            while self._pending:
+                self._finish(self._pending.popleft(), False,
+                             AudioWorkerLost("audio worker processes exit before they start"))
 
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
         """Block until every worker has said it is ready (call outside the event loop)."""
@@ -166,6 +179,9 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         self._bind(loop)
         job = _Job(next(self._ids), fn, data, args, kwargs, loop.create_future())
+        if self.broken:
+            job.future.set_exception(AudioWorkerLost("the audio workers cannot start"))
+            return job.future
         self._pending.append(job)
         self._dispatch()
         return job.future

@@ -108,8 +108,12 @@ class ProcessPreparer(AudioPreparer):
 
     def _pool(self) -> WorkerPool:
         with self._lock:
+            if self._workers is not None and self._workers.broken:  # try a new one
+                self._workers.shutdown()
+                self._workers = None
             if self._workers is None:
-                self._slots = open_slots()
+                if self._slots is None:
+                    self._slots = open_slots()
                 self._workers = WorkerPool(self.workers, _PRELOAD, self._slots)
             return self._workers
 

@@ -97,6 +97,29 @@ def test_jobs_travel_without_helper_threads(pool):
     assert threading.active_count() == before
 
 
+def exit_at_start(endpoint: str, identity: bytes) -> None:
+    """A worker main that dies before its first message (as a broken install would)."""
+    os._exit(5)
+
+
+def test_workers_that_cannot_start_fail_the_job_then_a_new_pool_serves(monkeypatch):
+    import edserve.server.audio_dispatch as dispatch
+
+    serve = dispatch.serve
+    monkeypatch.setattr(dispatch, "serve", exit_at_start)
+    p = ProcessPreparer(80, 1)
+    try:
+        with pytest.raises(AudioWorkerLost):
+            _run(asyncio.wait_for(p.prepare(JFK, 60.0, threading.Event()), 60))
+        assert p._workers.broken and p.pids() == []
+        assert p._workers.restarts == dispatch.MAX_FAILED_STARTS
+        monkeypatch.setattr(dispatch, "serve", serve)
+        again = _run(p.prepare(JFK, 60.0, threading.Event()))
+        assert again.num_samples == 176000 and not p._workers.broken
+    finally:
+        p.shutdown()
+
+
 def test_cancelled_caller_drops_its_queued_job(pool):
     async def scenario():
         busy = [asyncio.ensure_future(pool.prepare(b"slow0.6", None, threading.Event()))
