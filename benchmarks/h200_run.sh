@@ -10,7 +10,7 @@
 #   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
 #   w13-tests (~1 min), decode-kernels (~1.5 min), serve-mel (~4 min: long-form log-mels on the GPU vs the audio workers)
 #   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-ab (~7 min), w16-guess (~2 min), w16-long (~5 min), w16-slots (~6 min), w16-vision (~2 min)
-#   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min)
+#   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
 # PyAV is not on the GPU image: carry its wheel in .whl/ (see benchmarks/RESULTS.md)
@@ -236,6 +236,9 @@ for part in "$@"; do
                --json "$OUT/serve_w17_long_$tree.json" 2>&1 | tee "$OUT/serve_w17_long_$tree.log" | grep -E "^long-form|engine:")
            done
            cp /tmp/audio_pool_after.py edserve/server/audio_pool.py ;;
+    # wave 17: a shorter GPU soak on the event-loop audio dispatcher (4,000 at 256, ~3 min)
+    w17-soak) (cd benchmarks && timeout 240 python3 -W ignore soak_gpu.py --requests 4000 --concurrency 256 \
+             --json "$OUT/soak_w17.json" 2>&1 | tee "$OUT/soak_w17.log" | tail -12) ;;
     w16-vision) timeout 150 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 2 \
              --shapes 4,mixed --profile 2>&1 | grep -v "USDT\|profiler_st" | tee "$OUT/mllama_vision_profile.log" ;;
     # wave 14 final: GPU tests, decode kernels at 1 and 64 rows, the real path, the server (~8 min)
