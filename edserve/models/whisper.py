@@ -112,6 +112,9 @@ class WhisperDecoder(nn.Module):
         # from HF's layers.{i}.encoder_attn.{k,v}_proj (k has no bias: zero bias rows).
         cross = [f"layers.{i}.encoder_attn.{p}_proj" for i in range(L) for p in "kv"]
         self.cross_kv_proj = FusedLinear(d, [(c, d) for c in cross], no_bias=cross[::2])
+        # Set by a post-load transform (``--quantization int8``): one module per layer
+        # computing that layer's ``[S, 2d]`` cross k|v, used instead of the stacked GEMM.
+        self.cross_kv_layers: nn.ModuleList | None = None
 
     def cross_kv(self, enc: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Cross K/V of every layer, in layer order: enc ``[S, d]`` -> (k, v) ``[S, H, hd]``.
@@ -120,6 +123,11 @@ class WhisperDecoder(nn.Module):
         would exceed :data:`CROSS_KV_CHUNK_BYTES`); k/v are strided views of its output."""
         S, d = enc.shape
         L, H = len(self.layers), self.num_heads
+        if self.cross_kv_layers is not None:
+            for proj in self.cross_kv_layers:
+                y = proj(enc).view(S, 2, H, d // H)  # [S, 2, H, hd]
+                yield y[:, 0], y[:, 1]
+            return
         group = max(1, min(L, CROSS_KV_CHUNK_BYTES // max(1, S * 2 * d * enc.element_size())))
         w, b = self.cross_kv_proj.weight, self.cross_kv_proj.bias  # [L * 2d, d], [L * 2d]
         for first in range(0, L, group):
