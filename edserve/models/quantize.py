@@ -11,8 +11,9 @@ lookup itself keeps the float table.
 
 Whisper's stacked cross K/V projection (``decoder.cross_kv_proj``, ``[L * 2d, d]``, whose rows
 the float path slices directly) becomes one int8 linear per decoder layer
-(``decoder.cross_kv_layers``): at prefill, tiny.en's ``[1500, 384] x [3072, 384]`` took 27 ms in
-float32 and 8 ms as four int8 GEMMs on the 2-core AVX-512 dev box (~3 % of an int8 beam-5 clip).
+(``decoder.cross_kv_layers``; the float module is dropped): at prefill, tiny.en's
+``[1500, 384] x [3072, 384]`` took 27 ms in float32 and 8 ms as four int8 GEMMs on the 2-core
+AVX-512 dev box (~3 % of an int8 beam-5 clip).
 Left in float: convolutions, layer norms and attention.
 
 Measured on the 2-core AVX2 development machine (``benchmarks/cpu_whisper.py``): fbgemm's
@@ -127,8 +128,9 @@ def quantize_model(model: nn.Module, mode: str) -> nn.Module:
     decoder.cross_kv_layers = nn.ModuleList(
         int8_linear(w[i * rows:(i + 1) * rows], None if b is None else b[i * rows:(i + 1) * rows])
         for i in range(len(decoder.layers)))
+    decoder.cross_kv_proj = None  # its float weight is read no more (large-v3: 420 MB)
     replaced += len(decoder.layers)
-    head = _TiedInt8Head(model.model.decoder.embed_tokens.weight)
+    head = _TiedInt8Head(decoder.embed_tokens.weight)
     model.int8_logits_head = head  # registered submodule (repr, .to(), memory accounting)
     # Instance attribute shadows the class method: compute_logits(hidden) -> int8 GEMM.
     object.__setattr__(model, "compute_logits", head.forward)

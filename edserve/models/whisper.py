@@ -113,7 +113,8 @@ class WhisperDecoder(nn.Module):
         cross = [f"layers.{i}.encoder_attn.{p}_proj" for i in range(L) for p in "kv"]
         self.cross_kv_proj = FusedLinear(d, [(c, d) for c in cross], no_bias=cross[::2])
         # Set by a post-load transform (``--quantization int8``): one module per layer
-        # computing that layer's ``[S, 2d]`` cross k|v, used instead of the stacked GEMM.
+        # computing that layer's ``[S, 2d]`` cross k|v, used instead of the stacked GEMM
+        # (which the transform then drops).
         self.cross_kv_layers: nn.ModuleList | None = None
 
     def cross_kv(self, enc: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

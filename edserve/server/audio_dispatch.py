@@ -79,7 +79,6 @@ class _Worker:
     identity: bytes
     jobs: collections.deque = field(default_factory=collections.deque)  # sent, oldest first
     ready: bool = False
-    loops: list = field(default_factory=list)  # loops whose reader watches its sentinel
 
 
 class WorkerPool:
@@ -121,19 +120,22 @@ class WorkerPool:
         proc.start()
         w = _Worker(proc, identity)
         self._by_identity[identity] = w
-        if self._loop is not None and not self._loop.is_closed():
-            self._watch(w, self._loop)
+        self._watch(w)
         return w
 
-    def _watch(self, w: _Worker, loop: asyncio.AbstractEventLoop) -> None:
-        loop.add_reader(w.process.sentinel, self._died, w)
-        w.loops.append(loop)
+    def _live_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop the pool is bound to, unless there is none or it is closed."""
+        loop = self._loop
+        return None if loop is None or loop.is_closed() else loop
+
+    def _watch(self, w: _Worker) -> None:
+        """Watch ``w``'s process sentinel from the bound loop (if any)."""
+        if (loop := self._live_loop()) is not None:
+            loop.add_reader(w.process.sentinel, self._died, w)
 
     def _unwatch(self, w: _Worker) -> None:
-        for loop in w.loops:
-            if not loop.is_closed():
-                loop.remove_reader(w.process.sentinel)
-        w.loops.clear()
+        if (loop := self._live_loop()) is not None:
+            loop.remove_reader(w.process.sentinel)
 
     def _died(self, w: _Worker) -> None:
         """``w``'s process ended: fail the job it held, replace it."""
@@ -190,12 +192,13 @@ class WorkerPool:
         """Watch the socket and the workers from ``loop`` (the caller's) from now on."""
         if loop is self._loop:
             return
-        old, self._loop = self._loop, loop
-        if old is not None and not old.is_closed():
+        if (old := self._live_loop()) is not None:
             old.remove_reader(self._fd)
         for w in self._by_identity.values():
-            self._unwatch(w)
-            self._watch(w, loop)
+            self._unwatch(w)  # from the old loop
+        self._loop = loop
+        for w in self._by_identity.values():
+            self._watch(w)
         loop.add_reader(self._fd, self._drain)
         loop.call_soon(self._drain)  # messages that came while no loop watched
 
@@ -205,7 +208,7 @@ class WorkerPool:
             w = min((w for w in self._by_identity.values() if w.ready), default=None,
                     key=lambda w: len(w.jobs))
             if w is None or len(w.jobs) >= DEPTH:
-                return self._after_send(sent)
+                break
             job = self._pending.popleft()
             if job.dropped():
                 continue
@@ -222,9 +225,6 @@ class WorkerPool:
                 continue
             w.jobs.append(job)
             sent = True
-        self._after_send(sent)
-
-    def _after_send(self, sent: bool) -> None:
         if sent and self._loop is not None:
             self._loop.call_soon(self._drain)  # a send may consume the fd's edge
 
@@ -266,8 +266,7 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
+        if (loop := self._live_loop()) is not None:
             try:
                 loop.remove_reader(self._fd)
             except RuntimeError:  # called from outside a loop that is shutting down

@@ -15,10 +15,11 @@ Contract of :meth:`AudioPreparer.prepare`: the :class:`~edserve.audio.prepare.Pr
 :class:`~edserve.audio.prepare.DecodedAudio`, whose log-mel the engine's device computes; the
 threshold comes from :mod:`edserve.server.feature_policy`, per upload), or the upload's refusal
 as the same ``AudioError`` that ``load_audio`` raises. Cancelling the awaiting coroutine (client
-gone) drops a job not yet started (a thread job also stops between frames; a process job already
-running finishes, bounded by ``--max-audio-seconds``). A worker process that dies (e.g. FFmpeg
-crashing on a crafted file) fails the job it held with :class:`AudioWorkerLost` (the server
-answers 503); that worker is replaced, the others keep their jobs, the server keeps serving.
+gone) drops a job not yet sent to a worker (a thread job also stops between frames; a process
+job already sent finishes, bounded by ``--max-audio-seconds``, and its result is dropped). A
+worker process that dies (e.g. FFmpeg crashing on a crafted file) fails the jobs it held with
+:class:`AudioWorkerLost` (the server answers 503); that worker is replaced, the others keep their
+jobs, the server keeps serving.
 """
 
 from __future__ import annotations

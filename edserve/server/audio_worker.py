@@ -1,7 +1,8 @@
 """The audio worker process: one job at a time from the API process's dispatcher
 (:mod:`edserve.server.audio_dispatch`), over one zmq DEALER socket.
 
-Protocol (every message pickled by :mod:`edserve.dp.wire`, arrays out of band):
+Protocol (the worker's messages pickled by :mod:`edserve.dp.wire`, arrays out of band; the
+API process's job header by plain pickle):
   * worker -> API, once at start: ``("ready",)``;
   * API -> worker: ``(job_id, fn, ref, args, kwargs)`` and, when ``ref`` is None, the upload's
     bytes as a second frame (else ``ref`` is a :class:`~edserve.server.upload_slots.SlotRef`

@@ -1,15 +1,16 @@
 """Uploads to the audio worker processes through shared memory: :class:`UploadSlots`.
 
-A process pool sends a job's arguments through a pipe: the API process pickles the upload's
-bytes (an 11 s WAV: 352 KB) and writes them 64 KB at a time, waiting for the worker to read
-each chunk (``multiprocessing.Connection._send``: ~13 % of the API process's samples at 32
-clients). Here the API process copies the upload once into a slot of a file in ``/dev/shm``
-that every worker maps, and the pipe carries only ``(path, offset, length)``.
+Sending a job's upload through a socket or pipe costs the API process a copy into the message
+and the writes (with ``ProcessPoolExecutor``, ``multiprocessing.Connection._send`` was ~13 % of
+the API process's samples at 32 clients: an 11 s WAV is 352 KB, written 64 KB at a time). Here
+the API process copies the upload once into a slot of a file in ``/dev/shm`` that every worker
+maps, and the job message carries only ``(path, offset, length)``
+(:mod:`edserve.server.audio_dispatch`).
 
 Contract: :meth:`UploadSlots.put` returns a :class:`SlotRef` or None (upload larger than a
-slot, every slot taken, or no shared memory on this host: the caller sends the bytes as
-before). A slot is the job's until :meth:`UploadSlots.free`, which the caller runs when the
-job's future is done (finished, failed or cancelled), so no worker ever reads a slot that is
+slot, every slot taken, or no shared memory on this host: the caller sends the bytes in the
+message instead). A slot is the job's until :meth:`UploadSlots.free`, which the caller runs
+once the worker holding the job has answered or died, so no worker ever reads a slot that is
 being rewritten. ``put`` and ``free`` may run on different threads (a lock guards the free
 list). :meth:`UploadSlots.close` unmaps and removes the file.
 """
