@@ -1,4 +1,4 @@
-from edserve.cli import main
+from edserve.cli import console_main
 
 if __name__ == "__main__":
-    main()
+    console_main()

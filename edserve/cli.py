@@ -172,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def console_main() -> None:
+    """The ``edserve`` console script and ``python -m edserve``: :func:`main`, then the
+    process ends without the interpreter's teardown (:mod:`edserve.process_exit`)."""
+    from edserve.process_exit import run
+
+    run(main)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
