@@ -58,8 +58,9 @@ class EngineConfig:
     dtype: str = _f(
         "auto",
         "Compute and KV-cache dtype: float32, float16, bfloat16, or auto (bfloat16 on CUDA; "
-        "on CPU bfloat16 where torch reports AMX or AVX-512 BF16, else float32: AVX2 CPUs "
-        "emulate bfloat16, slower; float32 with --quantization int8; see README 'CPU').",
+        "on CPU bfloat16 where torch reports AMX tiles, else float32: AVX-512 BF16 without AMX "
+        "measured slower, AVX2 CPUs emulate bfloat16; float32 with --quantization int8; see "
+        "README 'CPU').",
     )
     quantization: str = _f(
         "none",

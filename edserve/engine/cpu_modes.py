@@ -1,10 +1,13 @@
 """CPU threads, resolved and set once at engine start (``--threads``), and the CPU dtype.
 
 CPU modes (README "CPU", ``benchmarks/cpu_whisper.py``): ``--dtype auto`` is bfloat16 on CPUs
-with native bf16 matmuls (AMX tiles or AVX-512 BF16: measured 20 % faster than float32 with the
-same text on a 2-core Xeon with AMX) and float32 elsewhere: on AVX2-only CPUs bf16 matmuls are
-emulated (~5x slower than fp32), and ``--quantization int8``, the fastest mode there, changes
-punctuation on a bundled clip, so the fastest mode whose text equals float32's is float32.
+with AMX tiles (measured 20 % faster than float32 with the same text on a 2-core Xeon with AMX)
+and float32 elsewhere. On AVX-512 BF16 without AMX (a 2-core AMD EPYC) bf16 was measured
+slower than float32 where it counts: ``edserve transcribe`` on the 10 bundled clips as whole
+processes 11.1 / 11.7 / 12.7 s vs 8.8 / 9.9 / 9.4 s (interleaved; its batched decode steps
+convert between dtypes and its logits GEMM leaves oneDNN), equal on one clip. On AVX2-only CPUs
+bf16 matmuls are emulated (~5x slower than fp32). ``--quantization int8`` changes punctuation on
+a bundled clip, so the fastest mode whose text equals float32's is float32 there.
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ def apply_threads(threads: int | None, device: torch.device) -> int | None:
     return n
 
 
-# The CPU features behind a native bf16 matmul (oneDNN: AMX tiles, AVX-512 BF16).
-NATIVE_BF16 = ("amx_tile", "avx512_bf16")
+# The CPU features under which bf16 is the faster CPU dtype (measured: AMX tiles; AVX-512 BF16
+# alone is slower than float32 on the batched CLI, see the module doc).
+NATIVE_BF16 = ("amx_tile",)
 _PROBES = {"avx2": "_is_avx2_supported", "avx512": "_is_avx512_supported",
            "avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported",
            "vnni": "_is_vnni_supported"}
@@ -70,8 +74,8 @@ def cpu_features() -> frozenset[str]:
 
 
 def auto_cpu_dtype(features: frozenset[str], quantization: str = "none") -> torch.dtype:
-    """``--dtype auto`` on CPU: bfloat16 where the CPU multiplies bf16 natively (never the
-    emulated bf16 of AVX2-only CPUs), float32 elsewhere and under ``--quantization int8``
+    """``--dtype auto`` on CPU: bfloat16 on CPUs with AMX tiles, float32 elsewhere (AVX-512
+    BF16 alone measured slower; AVX2 bf16 is emulated) and under ``--quantization int8``
     (whose int8 x int8 linears take float32 activations)."""
     if quantization == "none" and any(f in features for f in NATIVE_BF16):
         return torch.bfloat16
