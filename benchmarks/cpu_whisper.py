@@ -1,12 +1,15 @@
 """CPU Whisper benchmark: edserve (fp32, bf16, int8) vs faster-whisper (int8, float32) vs HF fp32.
 
-One process, one model (the embedded tiny.en CTranslate2 folder for all systems; HF gets
+One model (the embedded tiny.en CTranslate2 folder for all systems; HF gets
 edserve's loader state dict in float32), greedy (``--beam-size 1``, the default) or beam search
 with ``--beam-size N`` for every system, temperature 0, no timestamps,
 English, same thread count. Every clip of ``tests/data`` and ``../shared/assets`` (same name
 counted once) is transcribed one at a time from its decoded 16 kHz waveform (each system does
 its own log-mel; HF uses edserve's). Rounds interleave the systems, so a shared machine's load
-hits all of them alike; the tables give medians over rounds.
+hits all of them alike; the tables give medians over rounds. Each system runs in a fresh
+process per round (``--isolation process``, the default): CTranslate2 and torch each bring an
+OpenMP runtime, and in one process whichever system ran after the other was measured up to
+1.75x slower (``--isolation shared`` keeps the old one-process protocol).
 
 Reported per system: start-up (model load + first transcription), total wall over all clips,
 median per-clip wall, tokens/s (output tokens of the tiny.en tokenizer / total wall), WER
@@ -26,8 +29,11 @@ faster-whisper and transformers are optional: systems whose package is missing a
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -140,39 +146,87 @@ def hf_system(beam_size: int = 1):
     return hf
 
 
-def run_systems(args, paths: list[Path]) -> None:
+def _load(name: str, args, paths: list[Path]):
+    """(transcribe fn or None, decoded clips, start-up s: model load + the first clip)."""
     import numpy as np
     import torch
 
     from edserve.audio.decode import load_audio
-    from edserve.models.weights import default_model_folder, load_checkpoint
-    from edserve.tokenizer import WhisperTokenizer
+    from edserve.models.weights import default_model_folder
 
     torch.set_num_threads(args.threads)
     audios = [load_audio(p).astype(np.float32) for p in paths]
+    t0 = time.perf_counter()
+    fn = make_system(name, args.threads, str(default_model_folder()), args.beam_size,
+                     args.beam_on_device)
+    if fn is not None:
+        fn(audios[0])
+    return fn, audios, time.perf_counter() - t0
+
+
+def _one_round(fn, audios) -> tuple[list[float], list[str]]:
+    times, out = [], []
+    for audio in audios:
+        t0 = time.perf_counter()
+        out.append(fn(audio))
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def worker(args, paths: list[Path]) -> None:
+    """``--worker NAME``: one system in this process, one round; a JSON line on stdout."""
+    fn, audios, startup = _load(args.worker, args, paths)
+    if fn is None:
+        print(json.dumps(None))
+        return
+    times, texts = _one_round(fn, audios)
+    print(json.dumps({"startup": startup, "times": times, "texts": texts}))
+
+
+def run_systems(args, paths: list[Path]) -> None:
+    """Every round runs every system once, interleaved. ``--isolation process`` (default):
+    each system in a fresh process per round (faster-whisper's CTranslate2 and torch bring
+    two OpenMP runtimes; in one process, whichever runs after the other was measured up to
+    1.75x slower); ``shared``: all systems in this process, as before."""
+    from edserve.models.weights import load_checkpoint
+    from edserve.tokenizer import WhisperTokenizer
+
     ckpt = load_checkpoint(None)
     tok = WhisperTokenizer.from_file(ckpt.tokenizer_path, vocab_size=ckpt.config["vocab_size"])
-    systems, startup = {}, {}
-    for name in args.systems:
-        t0 = time.perf_counter()
-        fn = make_system(name, args.threads, str(default_model_folder()), args.beam_size,
-                         args.beam_on_device)
-        if fn is None:
-            print(f"# {name}: package missing, skipped")
-            continue
-        fn(audios[0])
-        startup[name], systems[name] = time.perf_counter() - t0, fn
-    times = {n: [[] for _ in paths] for n in systems}
+    startups: dict[str, list[float]] = {}
+    times: dict[str, list[list[float]]] = {}
     texts: dict[str, list[str]] = {}
+    loaded = {}
+    if args.isolation == "shared":
+        for name in args.systems:
+            fn, audios, startup = _load(name, args, paths)
+            if fn is None:
+                print(f"# {name}: package missing, skipped")
+                continue
+            loaded[name], startups[name] = (fn, audios), [startup]
     for _ in range(args.rounds):
-        for name, fn in systems.items():
-            out = []
-            for i, audio in enumerate(audios):
-                t0 = time.perf_counter()
-                out.append(fn(audio))
-                times[name][i].append(time.perf_counter() - t0)
+        for name in args.systems:
+            if args.isolation == "shared":
+                if name not in loaded:
+                    continue
+                ts, out = _one_round(*loaded[name])
+            else:
+                cmd = [sys.executable, __file__, "--worker", name, "--threads",
+                       str(args.threads), "--beam-size", str(args.beam_size),
+                       *(["--clips", str(args.clips)] if args.clips else []),
+                       *(["--beam-on-device"] if args.beam_on_device else [])]
+                res = json.loads(subprocess.run(cmd, capture_output=True, text=True,
+                                                check=True).stdout.splitlines()[-1])
+                if res is None:
+                    print(f"# {name}: package missing, skipped")
+                    continue
+                startups.setdefault(name, []).append(res["startup"])
+                ts, out = res["times"], res["texts"]
+            for i, t in enumerate(ts):
+                times.setdefault(name, [[] for _ in paths])[i].append(t)
             texts[name] = out
-    report(args, paths, systems, startup, times, texts, tok)
+    startup = {n: statistics.median(v) for n, v in startups.items()}
+    report(args, paths, [n for n in args.systems if n in times], startup, times, texts, tok)
 
 
 def report(args, paths, systems, startup, times, texts, tok) -> None:
@@ -180,7 +234,7 @@ def report(args, paths, systems, startup, times, texts, tok) -> None:
     base = texts.get("edserve-fp32")
     print(f"# {len(paths)} clips ({sum(1 for p in paths if p.name in refs)} with references), "
           f"threads {args.threads}, beam size {args.beam_size}, medians of {args.rounds} "
-          "interleaved rounds")
+          f"interleaved rounds, {args.isolation} isolation")
     print("| system | start-up s | total s | per-clip median s | tokens/s | WER % | "
           "= edserve fp32 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -214,12 +268,20 @@ def main() -> None:
     ap.add_argument("--beam-on-device", action="store_true",
                     help="edserve chooses beams on the device (fixed rows per beam group)")
     ap.add_argument("--clips", type=int, default=None, help="only the first N clips")
+    ap.add_argument("--isolation", choices=("process", "shared"), default="process",
+                    help="process: every system in a fresh process per round (default); "
+                    "shared: all in this one (the OpenMP runtimes of torch and CTranslate2 "
+                    "then slow each other)")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads is None:
         from edserve.engine.cpu_modes import physical_cores
 
         args.threads = physical_cores()
     paths = clips()[:args.clips]
+    if args.worker:
+        worker(args, paths)
+        return
     from cpu_step import cpu_description
 
     print(f"# {cpu_description()}")
