@@ -10,6 +10,7 @@
 #   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
 #   w13-tests (~1 min), decode-kernels (~1.5 min), serve-mel (~4 min: long-form log-mels on the GPU vs the audio workers)
 #   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-ab (~7 min), w16-guess (~2 min), w16-long (~5 min), w16-slots (~6 min), w16-vision (~2 min)
+#   w18-mix (~5 min: greedy rows beside one beam request)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
@@ -266,6 +267,13 @@ for part in "$@"; do
     # issue 19's real-path protocol on the default strategy only (flat/128, overlap on) (~2 min)
     real-flat) (cd benchmarks && timeout 240 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
              --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee "$OUT/real_flat.log" | tail -4) ;;
+    # issue 22: greedy rows beside one beam request, device vs host beams, large-v3 and tiny.en (~5 min)
+    w18-mix) (cd benchmarks && timeout 560 python3 -W ignore beam_mix_gpu.py --arch large-v3 tiny.en \
+             --greedy 64 256 --repeats 2 2>&1 | grep -v "custom logits" | tee "$OUT/beam_mix.log") ;;
+    # the host's time per step of a tiny.en batch with one beam request (cProfile) (~1 min)
+    w18-mixprof) (cd benchmarks && timeout 300 python3 -W ignore beam_mix_gpu.py --arch tiny.en \
+             --greedy 64 --repeats 1 --profile 45 2>&1 | grep -v "custom logits" | tee "$OUT/beam_mix_prof.log" \
+             | grep -v "^ *[0-9/]* *0.000 *0.000 *0.00[0-9] *0.000" | head -200) ;;
     # long-form with the log-mels on the GPU (default) vs on the audio workers (~4 min)
     serve-mel) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --json "$OUT/serve_mel.json" \
              --serve-flags= --serve-flags='--device-features-above-s -1' 2>&1 \
