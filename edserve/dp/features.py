@@ -2,11 +2,14 @@
 
 The engine loop runs other calls between two steps; a 10-minute file's log-mel (copies in and
 out, STFT, filterbank) would hold a step back by tens of milliseconds, so
-:class:`FeatureService` runs them on a thread of its own, on a CUDA stream of its own when the
-engine is on a GPU (the engine's steps keep going; the thread's waits release the GIL). The
-thread answers through its own PUSH socket on the ``up`` endpoint (a zmq socket belongs to one
-thread): a :class:`~edserve.dp.protocol.Reply` with the
-:class:`~edserve.audio.prepare.PreparedAudio`, or the error.
+:class:`FeatureService` runs them on threads of their own, each on a CUDA stream of its own when
+the engine is on a GPU (the engine's steps keep going; the threads' waits release the GIL). On a
+GPU a job is mostly its two copies (~26 ms per 10-minute file on the H200, 16 such uploads at
+once waited ~0.2 s each behind one thread), so jobs run :data:`CUDA_THREADS` at a time there; on
+a CPU one thread, beside the engine's own. Each thread answers through its own PUSH socket on
+the ``up`` endpoint (a zmq socket belongs to one thread): a
+:class:`~edserve.dp.protocol.Reply` with the :class:`~edserve.audio.prepare.PreparedAudio`, or
+the error.
 """
 
 from __future__ import annotations
@@ -26,20 +29,32 @@ from edserve.dp import wire
 
 logger = logging.getLogger("edserve.dp")
 
+#: Feature jobs run at once on a CUDA engine (one thread, one stream and one socket each).
+CUDA_THREADS = 4
+
 
 class FeatureService:
-    """``submit(call_id, audio)`` queues one job; :meth:`close` stops the thread after the
-    queued jobs. ``n_mels`` None: the model takes no log-mels (every job is refused)."""
+    """``submit(call_id, audio)`` queues one job; :meth:`close` stops the threads after the
+    queued jobs. ``n_mels`` None: the model takes no log-mels (every job is refused).
+    ``threads``: jobs at once (default :data:`CUDA_THREADS` on CUDA, else 1)."""
 
     def __init__(self, index: int, ctx: zmq.Context, up_endpoint: str, device: torch.device,
-                 n_mels: int | None) -> None:
+                 n_mels: int | None, threads: int | None = None) -> None:
         self.index, self.device, self.n_mels = index, device, n_mels
+        if threads is None:
+            threads = CUDA_THREADS if device.type == "cuda" else 1
+        if threads < 1:
+            raise ValueError(f"FeatureService needs >= 1 thread, got {threads}")
         self._jobs: queue.SimpleQueue[tuple[int, Any] | None] = queue.SimpleQueue()
-        self._socket = ctx.socket(zmq.PUSH)
-        self._socket.setsockopt(zmq.LINGER, 5000)
-        self._socket.connect(up_endpoint)
-        self._thread = threading.Thread(target=self._run, name="features", daemon=True)
-        self._thread.start()
+        self._threads = []
+        for i in range(threads):
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 5000)
+            sock.connect(up_endpoint)
+            t = threading.Thread(target=self._run, args=(sock,), name=f"features-{i}",
+                                 daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def submit(self, call_id: int, audio: Any) -> None:
         self._jobs.put((call_id, audio))
@@ -56,14 +71,16 @@ class FeatureService:
             return P.Reply(self.index, call_id, False, str(exc), type(exc).__name__)
         return P.Reply(self.index, call_id, True, value)
 
-    def _run(self) -> None:
+    def _run(self, sock: zmq.Socket) -> None:
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         try:
             while (job := self._jobs.get()) is not None:
-                wire.send(self._socket, self._answer(*job, stream))
+                wire.send(sock, self._answer(*job, stream))
         finally:
-            self._socket.close()
+            sock.close()
 
     def close(self, timeout: float = 5.0) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout)
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout)
