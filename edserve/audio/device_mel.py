@@ -20,6 +20,8 @@ from edserve.audio.chunked_mel import chunked_log_mel
 from edserve.audio.compact_mel import CompactMel
 from edserve.audio.prepare import DecodedAudio, PreparedAudio
 
+PCM16_SCALE = 1.0 / 32768.0  # a power of two: int16 -> float32 scaling is exact
+
 
 def device_features(audio: DecodedAudio, n_mels: int, device: torch.device | str,
                     stream: torch.cuda.Stream | None = None,
@@ -31,6 +33,8 @@ def device_features(audio: DecodedAudio, n_mels: int, device: torch.device | str
     device = torch.device(device)
     with torch.cuda.stream(stream) if stream is not None else nullcontext():
         samples = torch.from_numpy(audio.samples).to(device)  # [num_samples]
+        if samples.dtype == torch.int16:  # x / 32768 as the host does it (exact)
+            samples = samples.float().mul_(PCM16_SCALE)
         head, fill, frames = chunked_log_mel(samples, n_mels, chunk_frames=chunk_frames)
         head_host = head.cpu().numpy()  # waits for this stream only
         fill_host = np.float32(fill.item())

@@ -23,7 +23,7 @@ from edserve.audio.compact_mel import CompactMel
 from edserve.audio.decode import DECLARED_DURATION_SLACK, load_audio
 from edserve.audio.errors import DecodeCancelled, NonFiniteAudioError
 from edserve.audio.mel import N_SAMPLES, SAMPLE_RATE
-from edserve.audio.wav_pcm import read_pcm_wav
+from edserve.audio.wav_pcm import pcm16_to_float, read_pcm_wav
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,9 @@ class PreparedAudio:
 class DecodedAudio:
     """An upload decoded, its features not computed yet: what an audio worker hands back for
     audio longer than the server's ``--device-features-above-s`` (the engine's device computes
-    the log-mel, :mod:`edserve.audio.device_mel`). ``samples``: ``[num_samples]`` float32
-    16 kHz, finite (checked)."""
+    the log-mel, :mod:`edserve.audio.device_mel`). ``samples``: ``[num_samples]`` 16 kHz,
+    float32 and finite (checked), or int16 as a 16-bit WAV stores them (half the bytes to
+    send to the engine process; :meth:`float_samples` is ``x / 32768``, exact)."""
 
     samples: np.ndarray
     decode_s: float = 0.0
@@ -67,6 +68,10 @@ class DecodedAudio:
     @property
     def num_samples(self) -> int:
         return len(self.samples)
+
+    def float_samples(self) -> np.ndarray:
+        """``[num_samples]`` float32 in [-1, 1]."""
+        return pcm16_to_float(self.samples) if self.samples.dtype == np.int16 else self.samples
 
 
 def _rebuild(head: np.ndarray, fill: np.generic | float, frames: int, num_samples: int,
@@ -114,10 +119,12 @@ def decode_long_wav(data: bytes, max_seconds: float | None,
     the same samples as :func:`prepare_upload`'s); None for anything else (the audio workers
     decide). For the server's API process: a 10-minute file would otherwise go to an audio
     worker and back through its pipe (19 MB there, 38 MB of samples back) only to be
-    converted from int16. Raises AudioTooLongError past ``max_seconds``. :func:`may_hold`
+    converted from int16. The samples stay int16 (19 MB, not 38, to the engine process; the
+    device converts them). Raises AudioTooLongError past ``max_seconds``. :func:`may_hold`
     tells, from the length alone, whether calling it can pay."""
     started = time.perf_counter()
-    audio = read_pcm_wav(io.BytesIO(data), SAMPLE_RATE, max_seconds, DECLARED_DURATION_SLACK)
+    audio = read_pcm_wav(io.BytesIO(data), SAMPLE_RATE, max_seconds, DECLARED_DURATION_SLACK,
+                         pcm16=True)
     if audio is None or len(audio) <= defer_above_s * SAMPLE_RATE:
         return None
     return DecodedAudio(audio, time.perf_counter() - started)

@@ -25,11 +25,17 @@ from edserve.audio.errors import AudioTooLongError
 _S16_SCALE = np.float32(1.0 / 32768.0)
 
 
+def pcm16_to_float(pcm: np.ndarray) -> np.ndarray:
+    """int16 samples -> float32 in [-1, 1) (``x / 32768``: exact in float32)."""
+    return pcm.astype(np.float32) * _S16_SCALE
+
+
 def read_pcm_wav(file: BinaryIO, sample_rate: int, max_seconds: float | None,
-                 slack: float) -> np.ndarray | None:
-    """``[num_samples]`` float32 in [-1, 1) when ``file`` (seekable, at the audio's start) is
-    a 16-bit PCM mono WAV at ``sample_rate`` Hz whose data chunk is complete; else ``None``
-    (nothing raised; the samples are read only once the header matches).
+                 slack: float, pcm16: bool = False) -> np.ndarray | None:
+    """``[num_samples]`` float32 in [-1, 1) (``pcm16``: the int16 samples as stored) when
+    ``file`` (seekable, at the audio's start) is a 16-bit PCM mono WAV at ``sample_rate`` Hz
+    whose data chunk is complete; else ``None`` (nothing raised; the samples are read only
+    once the header matches).
 
     Raises :class:`AudioTooLongError` (``exact=True``) when such a file declares more than
     ``max_seconds + slack`` seconds, as the FFmpeg path does for WAV's exact header duration;
@@ -54,4 +60,5 @@ def read_pcm_wav(file: BinaryIO, sample_rate: int, max_seconds: float | None,
             raise AudioTooLongError(seconds, max_seconds, exact=True)
         if frames > math.floor(max_seconds * sample_rate):
             return None
-    return np.frombuffer(raw, dtype="<i2").astype(np.float32) * _S16_SCALE  # [frames]
+    pcm = np.frombuffer(raw, dtype="<i2")  # [frames]
+    return pcm.astype(np.int16) if pcm16 else pcm16_to_float(pcm)

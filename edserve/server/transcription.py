@@ -174,7 +174,7 @@ async def _device_features(client: Any, audio: DecodedAudio) -> PreparedAudio:
         logger.warning("log-mel on the engine's device failed (%s); computing it on the host",
                        exc)
     n_mels = client.n_mels or 80
-    prepared = await asyncio.to_thread(prepare_samples, audio.samples, n_mels)
+    prepared = await asyncio.to_thread(prepare_samples, audio.float_samples(), n_mels)
     return dataclasses.replace(prepared, decode_s=audio.decode_s)
 
 

@@ -114,7 +114,13 @@ def test_a_long_16_khz_wav_is_decoded_in_place_anything_else_is_left_to_the_work
     data = _wav(long)
     got = decode_long_wav(data, 60.0, 30.0)
     assert isinstance(got, DecodedAudio) and got.decode_s >= 0
-    np.testing.assert_array_equal(got.samples, load_audio(data))  # FFmpeg's samples, exactly
+    assert got.samples.dtype == np.int16  # half the bytes to the engine process
+    np.testing.assert_array_equal(got.float_samples(), load_audio(data))  # FFmpeg's, exactly
+    # the device converts them as the host does: the same log-mel, bit for bit
+    as_int16 = device_features(got, 80, "cpu", chunk_frames=256).mel.full()
+    as_float = device_features(DecodedAudio(got.float_samples()), 80, "cpu",
+                               chunk_frames=256).mel.full()
+    assert torch.equal(as_int16, as_float)
     assert decode_long_wav(data, 60.0, 45.0) is None  # not longer than the threshold
     assert decode_long_wav(_wav(jfk), 60.0, 5.0) is not None
     assert decode_long_wav(_wav(long, float_pcm=True), 60.0, 30.0) is None  # float: FFmpeg's
