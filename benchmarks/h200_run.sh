@@ -270,16 +270,18 @@ for part in "$@"; do
     # issue 22: greedy rows beside one beam request, device vs host beams, large-v3 and tiny.en (~5 min)
     w18-mix) (cd benchmarks && timeout 560 python3 -W ignore beam_mix_gpu.py --arch large-v3 tiny.en \
              --greedy 64 256 --repeats 2 2>&1 | grep -v "custom logits" | tee "$OUT/beam_mix.log") ;;
-    # wave 18: long-form (16 x 10 min) with 4 feature threads per engine process vs 1 (~6 min)
-    w18-long) cp edserve/dp/features.py /tmp/features_after.py
+    # wave 18: long-form (16 x 10 min): 4 feature threads + int16 samples to the engine process vs before (~6 min)
+    w18-long) files="edserve/dp/features.py edserve/audio/prepare.py edserve/audio/device_mel.py edserve/audio/wav_pcm.py edserve/server/transcription.py"
+           mkdir -p /tmp/w18_after; for f in $files; do cp $f /tmp/w18_after/; done
            for tree in after before after2; do
-             src=/tmp/features_after.py; case $tree in before*) src=_ab/w18_before/features.py;; esac
-             cp $src edserve/dp/features.py
+             for f in $files; do
+               case $tree in before*) cp _ab/w18_before/$(basename $f) $f;; *) cp /tmp/w18_after/$(basename $f) $f;; esac
+             done
              echo "--- $tree"
              (cd benchmarks && timeout 250 python3 -W ignore serve_gpu.py --concurrency 1 --requests 32 \
-               --json "$OUT/serve_w18_long_$tree.json" 2>&1 | tee "$OUT/serve_w18_long_$tree.log" | grep -E "^long-form|engine:|audio_wait|features ")
+               --json "$OUT/serve_w18_long_$tree.json" 2>&1 | tee "$OUT/serve_w18_long_$tree.log" | grep -E "^long-form|engine:")
            done
-           cp /tmp/features_after.py edserve/dp/features.py ;;
+           for f in $files; do cp /tmp/w18_after/$(basename $f) $f; done ;;
     # the host's time per step of a tiny.en batch with one beam request (cProfile) (~1 min)
     w18-mixprof) (cd benchmarks && timeout 300 python3 -W ignore beam_mix_gpu.py --arch tiny.en \
              --greedy 64 --repeats 1 --profile 45 2>&1 | grep -v "custom logits" | tee "$OUT/beam_mix_prof.log" \
