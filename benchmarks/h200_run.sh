@@ -273,7 +273,7 @@ for part in "$@"; do
     # wave 18: long-form (16 x 10 min): 4 feature threads + int16 samples to the engine process vs before (~6 min)
     w18-long) files="edserve/dp/features.py edserve/audio/prepare.py edserve/audio/device_mel.py edserve/audio/wav_pcm.py edserve/server/transcription.py"
            mkdir -p /tmp/w18_after; for f in $files; do cp $f /tmp/w18_after/; done
-           for tree in after before after2; do
+           for tree in ${W18_TREES:-after before after2}; do
              for f in $files; do
                case $tree in before*) cp _ab/w18_before/$(basename $f) $f;; *) cp /tmp/w18_after/$(basename $f) $f;; esac
              done
