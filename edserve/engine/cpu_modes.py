@@ -56,7 +56,7 @@ def apply_threads(threads: int | None, device: torch.device) -> int | None:
 
 # The CPU features under which bf16 is the faster CPU dtype (measured: AMX tiles; AVX-512 BF16
 # alone is slower than float32 on the batched CLI, see the module doc).
-NATIVE_BF16 = ("amx_tile",)
+BF16_FASTER_WITH = ("amx_tile",)
 _PROBES = {"avx2": "_is_avx2_supported", "avx512": "_is_avx512_supported",
            "avx512_bf16": "_is_avx512_bf16_supported", "amx_tile": "_is_amx_tile_supported",
            "vnni": "_is_vnni_supported"}
@@ -77,6 +77,6 @@ def auto_cpu_dtype(features: frozenset[str], quantization: str = "none") -> torc
     """``--dtype auto`` on CPU: bfloat16 on CPUs with AMX tiles, float32 elsewhere (AVX-512
     BF16 alone measured slower; AVX2 bf16 is emulated) and under ``--quantization int8``
     (whose int8 x int8 linears take float32 activations)."""
-    if quantization == "none" and any(f in features for f in NATIVE_BF16):
+    if quantization == "none" and any(f in features for f in BF16_FASTER_WITH):
         return torch.bfloat16
     return torch.float32
