@@ -293,3 +293,22 @@ def test_check_integrity_with_holders_names_the_wrong_pages():
     a.book.refcount[2] = 0  # a handed-out page nobody references
     with pytest.raises(IntegrityError, match="leaked"):
         a.check_integrity()
+
+
+@pytest.mark.parametrize("ps", [1, 4, 16])
+def test_row_page_starts_matches_a_per_page_reference(ps):
+    """Random rows and lengths (zeros, whole pages, partial pages, one row listed twice)."""
+    from edserve.mem_cache.req_to_token import ReqToTokenPool
+
+    gen = torch.Generator().manual_seed(ps)
+    rtp = ReqToTokenPool(6, 64, "cpu")
+    rtp.req_to_token.copy_(torch.randint(0, 10_000, rtp.req_to_token.shape, generator=gen,
+                                         dtype=rtp.req_to_token.dtype))
+    for _ in range(20):
+        n = int(torch.randint(1, 6, (1,), generator=gen))
+        rows = torch.randint(0, 6, (n,), generator=gen).tolist()
+        lengths = torch.randint(0, 65, (n,), generator=gen).tolist()
+        want = [int(rtp.req_to_token[r, c]) for r, n_ in zip(rows, lengths, strict=True)
+                for c in range(0, n_, ps)]
+        got = row_page_starts(rtp, rows, lengths, ps)
+        assert got.dtype == torch.int64 and got.tolist() == want
