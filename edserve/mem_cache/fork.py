@@ -104,10 +104,14 @@ def row_page_starts(rtp: ReqToTokenPool, rows: Sequence[int], lengths: Sequence[
     width, total = max(npages, default=0), sum(npages)
     if width == 0:
         return torch.zeros(0, dtype=torch.int64, device=dev)
+    r = len(rows)
+    if total == r * width:  # rows of one length (a beam group's): the whole grid, in order
+        idx = _host_list(list(rows), dev)
+        firsts = rtp.req_to_token.index_select(0, idx)[:, :width * page_size:page_size]
+        return firsts.reshape(-1).to(torch.int64)
     ranks = itertools.accumulate(npages[:-1], initial=0)  # output position of row i's page 0
     offsets = [i * width - rank for i, rank in enumerate(ranks)]
     host = _host_list(list(rows) + npages + offsets, dev)
-    r = len(rows)
     counts, base = host[r:2 * r], host[2 * r:]
     # page j of row i sits at i * width + j in the [rows, width] grid; its rank in the output
     # is sum(npages[:i]) + j, so grid position = rank + base[i]
