@@ -90,7 +90,7 @@ def flat_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    kv_start: torch.Tensor, kv_lens: torch.Tensor, cu_q: torch.Tensor,
                    max_q: int, causal: bool, scale: float,
                    kv_ranges: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
-                   num_splits: int | None = None) -> torch.Tensor:
+                   num_splits: int | None = None, memo: dict | None = None) -> torch.Tensor:
     """Token-indexed attention; semantics of ``torch_ops.flat_attention``.
 
     q ``[T, Hq, D]``; k_cache/v_cache ``[num_slots, Hkv, D]``; req_to_token ``[rows, cols]``;
@@ -98,7 +98,9 @@ def flat_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     be >= every request's query count and ``cu_q`` must partition ``[0, T)``. ``kv_ranges``
     ``[T, 2]`` optionally restricts query t to keys ``start <= j < end`` (as in torch_ops).
     ``out`` (optional, like q) receives the result; ``num_splits`` forces the split-KV factor
-    (None: automatic from shapes; 1: never split). Returns ``[T, Hq, D]`` in q's dtype.
+    (None: automatic from shapes; 1: never split); ``memo`` (the torch ops' per-batch scratch)
+    is not needed: the kernel reads ``req_to_token`` itself. Returns ``[T, Hq, D]`` in q's
+    dtype.
     """
     T, Hq, Hkv, D, B = check_common(q, k_cache, v_cache, kv_lens, cu_q, max_q, kv_ranges,
                                    out)

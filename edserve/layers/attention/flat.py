@@ -6,7 +6,7 @@ on the batch size, so decode steps can be captured in CUDA graphs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,8 @@ from edserve.mem_cache.page_table import page_table_from_req_to_token
 class FlatPlan:
     kv_start: torch.Tensor  # [B] int32: first column of the region in the row
     kv_lens: torch.Tensor  # [B] int32: keys in the region
+    # what the op computes once for every layer of this batch (torch ops: key indices, masks)
+    memo: dict = field(default_factory=dict)
 
 
 class FlatBackend(EncoderDecoderBackend):
@@ -51,4 +53,4 @@ class FlatBackend(EncoderDecoderBackend):
         kw = self._range_kwargs(batch, cross)
         return self.ops.flat(q, k_cache, v_cache, batch.req_to_token, batch.req_pool_indices,
                              plan.kv_start, plan.kv_lens, batch.cu_q, batch.max_q,
-                             not cross, layer.scaling, **kw)
+                             not cross, layer.scaling, memo=plan.memo, **kw)

@@ -28,24 +28,30 @@ def _acc_dtype(q: torch.Tensor, k_cache: torch.Tensor) -> torch.dtype:
 
 def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             key_index: torch.Tensor, kv_lens: torch.Tensor, cu_q: torch.Tensor, max_q: int,
-            causal: bool, scale: float, kv_ranges: torch.Tensor | None = None) -> torch.Tensor:
+            causal: bool, scale: float, kv_ranges: torch.Tensor | None = None,
+            memo: dict | None = None) -> torch.Tensor:
     """Attention over keys gathered by ``key_index`` ``[B, max_k]`` (entries past kv_lens ignored).
 
     ``kv_ranges`` ``[T, 2]`` optionally restricts query t to keys ``start <= j < end``.
+    ``memo``: see :func:`flat_attention`.
     """
     T, Hq, D = q.shape
     B = kv_lens.shape[0]
     Hkv = k_cache.shape[1]
-    out = torch.zeros_like(q)
     if T == 0 or B == 0:
-        return out
+        return torch.zeros_like(q)
+    memo = {} if memo is None else memo
     max_k = key_index.shape[1]
     if B == 1 and kv_ranges is None and q.device.type == "cpu" and (not causal or T == 1):
-        fast = _attend_one_range(q, k_cache, v_cache, key_index[0, :int(kv_lens[0])], scale)
-        if fast is not None:
-            return fast
+        if "one_range" not in memo:
+            memo["one_range"] = _one_range(key_index[0, :int(kv_lens[0])])
+        if memo["one_range"] is not None:
+            return _attend_range(q, k_cache, v_cache, *memo["one_range"], scale)
     if max_q == 1 and T == B and kv_ranges is None:  # decode: one query per request
-        return _attend_decode(q, k_cache, v_cache, key_index, kv_lens, scale)
+        if "decode" not in memo:
+            memo["decode"] = _decode_keys(key_index, kv_lens)
+        return _attend_decode(q, k_cache, v_cache, *memo["decode"], scale)
+    out = torch.zeros_like(q)
     q_lens = (cu_q[1:] - cu_q[:-1]).long()  # [B]
     # Pad queries to [B, max_q, Hq, D].
     qi = torch.arange(max_q, device=q.device)
@@ -77,38 +83,57 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out
 
 
-def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   key_index: torch.Tensor, kv_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """:func:`_attend` when request b has exactly one query (row b of q), which sees all of
-    its ``kv_lens[b]`` keys (a decode step: causal or not, the last query sees every key).
-    The same SDPA call as the general path on ``[B, Hq, 1, D]``, with a third of its ops
-    (on the 2-core CPU a beam-5 self-attention call went from ~0.67 to ~0.44 ms)."""
+def _decode_keys(key_index: torch.Tensor, kv_lens: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What every layer's decode attention of one batch shares: the gather index ``[B *
+    max_k]`` (slot 0 past a request's keys), the key mask ``[B, max_k]`` and which requests
+    have a key ``[B]``."""
     B, max_k = key_index.shape
-    Hkv, D = k_cache.shape[1:]
-    k_valid = torch.arange(max_k, device=q.device)[None, :] < kv_lens[:, None]  # [B, max_k]
+    k_valid = torch.arange(max_k, device=key_index.device)[None, :] < kv_lens[:, None]
     idx = torch.where(k_valid, key_index, 0).reshape(-1).long()
+    return idx, k_valid, kv_lens > 0
+
+
+def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   idx: torch.Tensor, k_valid: torch.Tensor, has_keys: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """:func:`_attend` when request b has exactly one query (row b of q), which sees all of
+    its keys (a decode step: causal or not, the last query sees every key); the keys as
+    :func:`_decode_keys` gives them. The same SDPA call as the general path on
+    ``[B, Hq, 1, D]``, with a third of its ops (on the 2-core CPU a beam-5 self-attention call
+    went from ~0.67 to ~0.44 ms)."""
+    B, max_k = k_valid.shape
+    Hkv, D = k_cache.shape[1:]
     acc = _acc_dtype(q, k_cache)
     kp = k_cache.index_select(0, idx).view(B, max_k, Hkv, D).transpose(1, 2).to(acc)
     vp = v_cache.index_select(0, idx).view(B, max_k, Hkv, D).transpose(1, 2).to(acc)
     ctx = F.scaled_dot_product_attention(q[:, :, None].to(acc), kp, vp,
                                          attn_mask=k_valid[:, None, None, :], scale=scale,
                                          enable_gqa=q.shape[1] != Hkv)  # [B, Hq, 1, D]
-    ctx = torch.where((kv_lens > 0)[:, None, None], ctx[:, :, 0], 0.0)  # no key: zero
+    ctx = torch.where(has_keys[:, None, None], ctx[:, :, 0], 0.0)  # no key: zero
     return ctx.to(q.dtype)  # [B, Hq, D]
 
 
-def _attend_one_range(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      slots: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """CPU fast path of one request whose queries all see all its keys: when the key slots
-    ``[S]`` are one contiguous range, attend over a view of the caches (no gather, no mask);
-    None when they are not. A one-clip CLI job hits it every decode step (a 1500-key encoder
-    region is 2 x 2.3 MB of tiny.en K/V per layer that the gather copied)."""
+def _one_range(slots: torch.Tensor) -> tuple[int, int] | None:
+    """``(first slot, count)`` when the key slots ``[S]`` are one contiguous range, else None
+    (host reads: asked once per batch through the memo)."""
     S = slots.shape[0]
     if S == 0:
-        return torch.zeros_like(q)
+        return 0, 0
     first = int(slots[0])
     if int(slots[-1]) - first != S - 1 or (S > 1 and not bool((slots.diff() == 1).all())):
         return None
+    return first, S
+
+
+def _attend_range(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, first: int,
+                  S: int, scale: float) -> torch.Tensor:
+    """CPU fast path of one request whose queries all see all its keys, slots ``first ..
+    first + S - 1`` (:func:`_one_range`): attend over a view of the caches (no gather, no
+    mask). A one-clip CLI job hits it every decode step (a 1500-key encoder region is 2 x 2.3
+    MB of tiny.en K/V per layer that the gather copied)."""
+    if S == 0:
+        return torch.zeros_like(q)
     acc = _acc_dtype(q, k_cache)
     k = k_cache[first:first + S].transpose(0, 1).to(acc)  # [Hkv, S, D] (a view in acc dtype)
     v = v_cache[first:first + S].transpose(0, 1).to(acc)
@@ -147,12 +172,20 @@ def flat_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
                    kv_start: torch.Tensor, kv_lens: torch.Tensor, cu_q: torch.Tensor,
                    max_q: int, causal: bool, scale: float,
-                   kv_ranges: torch.Tensor | None = None) -> torch.Tensor:
+                   kv_ranges: torch.Tensor | None = None, *,
+                   memo: dict | None = None) -> torch.Tensor:
     """Keys of request b: token j lives at slot ``req_to_token[req_pool_indices[b],
-    kv_start[b] + j]`` (page size irrelevant: the pool is viewed as page size 1)."""
-    max_k = int(kv_lens.max().item()) if kv_lens.numel() else 0
-    j = torch.arange(max_k, device=q.device)
-    col = (kv_start.long()[:, None] + j[None, :]).clamp(max=req_to_token.shape[1] - 1)
-    key_index = req_to_token[req_pool_indices.long()].long().gather(1, col)
-    return _attend(q, k_cache, v_cache, key_index, kv_lens, cu_q, max_q, causal, scale,
-                   kv_ranges)
+    kv_start[b] + j]`` (page size irrelevant: the pool is viewed as page size 1).
+
+    ``memo``: a dict owned by one batch's plan (every layer of one step passes the same one,
+    with the same key tables): the key indices, the decode mask and the contiguity check are
+    computed by the first layer and read by the others (on the 2-core CPU ~0.25 ms of index
+    work per call, 8 calls per tiny.en decode step)."""
+    memo = {} if memo is None else memo
+    if "key_index" not in memo:
+        max_k = int(kv_lens.max().item()) if kv_lens.numel() else 0
+        j = torch.arange(max_k, device=q.device)
+        col = (kv_start.long()[:, None] + j[None, :]).clamp(max=req_to_token.shape[1] - 1)
+        memo["key_index"] = req_to_token[req_pool_indices.long()].long().gather(1, col)
+    return _attend(q, k_cache, v_cache, memo["key_index"], kv_lens, cu_q, max_q, causal, scale,
+                   kv_ranges, memo)

@@ -28,15 +28,14 @@ def test_contiguous_range_equals_gather_and_float64(T, Hq, Hkv):
     cu_q = torch.tensor([0, T], dtype=torch.int32)
     args = (q, kc, vc, table, torch.zeros(1, dtype=torch.int32), torch.tensor([first]),
             torch.tensor([S], dtype=torch.int32), cu_q, T, False, 0.25)
-    assert torch_ops._attend_one_range(q, kc, vc, torch.arange(first, first + S), 0.25) \
-        is not None  # the fast path is taken
+    assert torch_ops._one_range(torch.arange(first, first + S)) == (first, S)  # fast path
     fast = torch_ops.flat_attention(*args)
     # the same keys at scattered slots: the gathering path
     perm = torch.randperm(slots)
     kc2, vc2 = torch.empty_like(kc), torch.empty_like(vc)
     kc2[perm], vc2[perm] = kc, vc
     table2 = perm[None].to(torch.int32)  # column j -> where slot j went
-    assert torch_ops._attend_one_range(q, kc2, vc2, perm[first:first + S], 0.25) is None
+    assert torch_ops._one_range(perm[first:first + S]) is None
     slow = torch_ops.flat_attention(q, kc2, vc2, table2, *args[4:])
     want = _reference(q, kc[first:first + S], vc[first:first + S], 0.25)
     torch.testing.assert_close(fast.double(), want, rtol=1e-5, atol=1e-5)
@@ -82,3 +81,32 @@ def test_decode_one_query_per_request_matches_float64(causal):
         slots_b = table[b, :n].long()
         want = _reference(q[b:b + 1], kc[slots_b], vc[slots_b], 0.5)
         torch.testing.assert_close(out[b:b + 1].double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["decode", "one_range", "prefill"])
+def test_a_batch_memo_is_filled_once_and_gives_the_same_result(kind):
+    """Every layer of a step passes its plan's memo: the first call fills it (key indices,
+    decode mask, contiguity), the next layer's caches are read through it, same numbers as
+    without."""
+    torch.manual_seed(1)
+    slots, D = 96, 8
+    table = torch.arange(4 * 24, dtype=torch.int32).reshape(4, 24)  # request b: row b
+    if kind == "one_range":  # one request, all its queries see all keys
+        rows, lens, T, max_q, causal = [2], [20], 3, 3, False
+    elif kind == "decode":  # one query per request
+        rows, lens, T, max_q, causal = [0, 1, 3], [5, 0, 17], 3, 1, True
+    else:  # several queries per request, causal: the general path
+        rows, lens, T, max_q, causal = [0, 3], [6, 9], 5, 3, True
+    B = len(rows)
+    cu = torch.tensor([0, 1, 2, 3] if kind == "decode" else
+                      ([0, 3] if kind == "one_range" else [0, 3, 5]), dtype=torch.int32)
+    memo: dict = {}
+    for _layer in range(2):  # another layer: other caches, the same key tables
+        kc, vc = torch.randn(slots, 2, D), torch.randn(slots, 2, D)
+        q = torch.randn(T, 4, D)
+        args = (q, kc, vc, table, torch.tensor(rows), torch.zeros(B, dtype=torch.int32),
+                torch.tensor(lens, dtype=torch.int32), cu, max_q, causal, 0.3)
+        with_memo = torch_ops.flat_attention(*args, memo=memo)
+        assert "key_index" in memo and (kind != "decode" or "decode" in memo)
+        assert kind != "one_range" or memo["one_range"] == (2 * 24, 20)
+        torch.testing.assert_close(with_memo, torch_ops.flat_attention(*args), rtol=0, atol=0)
