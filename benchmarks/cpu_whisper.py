@@ -146,22 +146,27 @@ def hf_system(beam_size: int = 1):
     return hf
 
 
-def _load(name: str, args, paths: list[Path]):
-    """(transcribe fn or None, decoded clips, start-up s: model load + the first clip)."""
+def _decode(args, paths: list[Path]) -> list:
+    """The clips as float32 16 kHz arrays (this process's torch threads set first)."""
     import numpy as np
     import torch
 
     from edserve.audio.decode import load_audio
-    from edserve.models.weights import default_model_folder
 
     torch.set_num_threads(args.threads)
-    audios = [load_audio(p).astype(np.float32) for p in paths]
+    return [load_audio(p).astype(np.float32) for p in paths]
+
+
+def _load(name: str, args, audios: list):
+    """(transcribe fn or None, start-up s: model load + the first clip)."""
+    from edserve.models.weights import default_model_folder
+
     t0 = time.perf_counter()
     fn = make_system(name, args.threads, str(default_model_folder()), args.beam_size,
                      args.beam_on_device)
     if fn is not None:
         fn(audios[0])
-    return fn, audios, time.perf_counter() - t0
+    return fn, time.perf_counter() - t0
 
 
 def _one_round(fn, audios) -> tuple[list[float], list[str]]:
@@ -175,7 +180,8 @@ def _one_round(fn, audios) -> tuple[list[float], list[str]]:
 
 def worker(args, paths: list[Path]) -> None:
     """``--worker NAME``: one system in this process, one round; a JSON line on stdout."""
-    fn, audios, startup = _load(args.worker, args, paths)
+    audios = _decode(args, paths)
+    fn, startup = _load(args.worker, args, audios)
     if fn is None:
         print(json.dumps(None))
         return
@@ -198,18 +204,19 @@ def run_systems(args, paths: list[Path]) -> None:
     texts: dict[str, list[str]] = {}
     loaded = {}
     if args.isolation == "shared":
+        audios = _decode(args, paths)
         for name in args.systems:
-            fn, audios, startup = _load(name, args, paths)
+            fn, startup = _load(name, args, audios)
             if fn is None:
                 print(f"# {name}: package missing, skipped")
                 continue
-            loaded[name], startups[name] = (fn, audios), [startup]
+            loaded[name], startups[name] = fn, [startup]
     for _ in range(args.rounds):
         for name in args.systems:
             if args.isolation == "shared":
                 if name not in loaded:
                     continue
-                ts, out = _one_round(*loaded[name])
+                ts, out = _one_round(loaded[name], audios)
             else:
                 cmd = [sys.executable, __file__, "--worker", name, "--threads",
                        str(args.threads), "--beam-size", str(args.beam_size),

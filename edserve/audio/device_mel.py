@@ -19,8 +19,7 @@ import torch
 from edserve.audio.chunked_mel import chunked_log_mel
 from edserve.audio.compact_mel import CompactMel
 from edserve.audio.prepare import DecodedAudio, PreparedAudio
-
-PCM16_SCALE = 1.0 / 32768.0  # a power of two: int16 -> float32 scaling is exact
+from edserve.audio.wav_pcm import PCM16_SCALE
 
 
 def device_features(audio: DecodedAudio, n_mels: int, device: torch.device | str,
@@ -34,7 +33,7 @@ def device_features(audio: DecodedAudio, n_mels: int, device: torch.device | str
     with torch.cuda.stream(stream) if stream is not None else nullcontext():
         samples = torch.from_numpy(audio.samples).to(device)  # [num_samples]
         if samples.dtype == torch.int16:  # x / 32768 as the host does it (exact)
-            samples = samples.float().mul_(PCM16_SCALE)
+            samples = samples.float().mul_(float(PCM16_SCALE))
         head, fill, frames = chunked_log_mel(samples, n_mels, chunk_frames=chunk_frames)
         head_host = head.cpu().numpy()  # waits for this stream only
         fill_host = np.float32(fill.item())

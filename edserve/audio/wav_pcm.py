@@ -22,12 +22,14 @@ import numpy as np
 
 from edserve.audio.errors import AudioTooLongError
 
-_S16_SCALE = np.float32(1.0 / 32768.0)
+#: int16 -> float32 sample scale; a power of two, so ``x * PCM16_SCALE`` is exact in float32 on
+#: any device (the engine's log-mel converts int16 uploads with it too).
+PCM16_SCALE = np.float32(1.0 / 32768.0)
 
 
 def pcm16_to_float(pcm: np.ndarray) -> np.ndarray:
     """int16 samples -> float32 in [-1, 1) (``x / 32768``: exact in float32)."""
-    return pcm.astype(np.float32) * _S16_SCALE
+    return pcm.astype(np.float32) * PCM16_SCALE
 
 
 def read_pcm_wav(file: BinaryIO, sample_rate: int, max_seconds: float | None,
