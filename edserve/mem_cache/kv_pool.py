@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from edserve.mem_cache.errors import IndexOutOfRangeError
+from edserve.mem_cache.lazy_zeros import lazy_zeros
 
 logger = logging.getLogger("edserve")
 
@@ -76,10 +77,10 @@ class KVPool:
 
         shape = (num_slots + page_size, num_kv_heads, head_dim)
         self.k_buffers: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+            lazy_zeros(shape, dtype, self.device) for _ in range(num_layers)
         ]
         self.v_buffers: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+            lazy_zeros(shape, dtype, self.device) for _ in range(num_layers)
         ]
         self.device = self.k_buffers[0].device  # normalised ("cuda" -> "cuda:0")
         # Called with (src, dst) by every copy_slots before it copies (tensor-parallel rank 0
