@@ -28,6 +28,7 @@ import torch
 from edserve.engine.batch_builder import Pools
 from edserve.engine.beam_device import BeamBatch
 from edserve.engine.beam_graph import make_beam_stepper
+from edserve.engine.beam_run_graph import BeamRunGraphs
 from edserve.engine.beam_search import BeamGroup
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
@@ -62,9 +63,16 @@ def is_device_row(req: Req) -> bool:
 
 @dataclass
 class BeamStepPlan:
-    """One step's device-beam work (index tensors on the device, built by the scheduler)."""
+    """One step's device-beam work (index tensors on the device, built by the scheduler).
+
+    Every index tensor is a view of ``packed``, one upload laid out as ``[2R | 5P | G*B | G]``
+    (see :func:`plan_views`), so a graph replay of :meth:`DeviceBeams.run` takes the whole
+    plan in one device copy."""
 
     beams: DeviceBeams
+    packed: torch.Tensor  # [2R + 5P + G*B + G] int64
+    R: int  # rows among the sampler's top-k candidates
+    P: int  # rows of the batch's groups
     cand_g: torch.Tensor  # [R] group slot of each top-k row of the sampler's candidates
     cand_b: torch.Tensor  # [R] its slot in the group
     at_limit: torch.Tensor  # [capacity] bool: the group's length limit is reached
@@ -76,6 +84,17 @@ class BeamStepPlan:
     dec_start: torch.Tensor  # [P] first column whose K/V a reorder copies (0: the prefill)
 
 
+def plan_views(beams: DeviceBeams, packed: torch.Tensor, R: int, P: int) -> BeamStepPlan:
+    """The plan whose index tensors are views of ``packed`` (``[2R | 5P | G*B | G]``)."""
+    G, B = beams.state.G, beams.state.B
+    c = packed[:2 * R].view(R, 2).t()
+    p = packed[2 * R:2 * R + 5 * P].view(P, 5).t()
+    o = 2 * R + 5 * P
+    row_of = packed[o:o + G * B].view(G, B)
+    return BeamStepPlan(beams, packed, R, P, c[0], c[1], packed[o + G * B:].bool(), p[0],
+                        p[1], p[2], row_of, p[3], p[4])
+
+
 class DeviceBeams:
     """The scheduler's side: group slots, own pages, admission and release of rows."""
 
@@ -85,6 +104,8 @@ class DeviceBeams:
         self.state = BeamBatch(capacity, max_beam, max_tokens, pools.device)
         # the choice's launches: a CUDA graph on CUDA (beam_graph.make_beam_stepper)
         self.stepper = make_beam_stepper(self.state, max_beam + 1, stepper)
+        # run()'s whole work as CUDA graphs where the choice is one (beam_run_graph)
+        self.graphs = BeamRunGraphs(self) if self.stepper.name == "graph" else None
         self.own = torch.zeros_like(pools.req_to_token_pool.req_to_token)  # [rows + 1, C]
         self._free = list(range(capacity - 1, -1, -1))
 
@@ -195,30 +216,32 @@ class DeviceBeams:
                 per_row += [m.req_pool_idx, s, b, m.row_len, 0 if s in fresh else m.enc_region]
                 row_of[s * self.state.B + b] = m.req_pool_idx
         limit = [at_limit.get(s, False) for s in range(self.state.G)]
-        host = cand + per_row + row_of + limit
-        dev = to_device(host, torch.int64, self.pools.device)
-        R, P = len(cand) // 2, len(per_row) // 5
-        c = dev[:2 * R].view(R, 2).t()
-        p = dev[2 * R:2 * R + 5 * P].view(P, 5).t()
-        o = 2 * R + 5 * P
-        row_of_t = dev[o:o + len(row_of)].view(self.state.G, self.state.B)
-        return BeamStepPlan(self, c[0], c[1], dev[o + len(row_of):].bool(), p[0], p[1], p[2],
-                            row_of_t, p[3], p[4])
+        packed = to_device(cand + per_row + row_of + limit, torch.int64, self.pools.device)
+        return plan_views(self, packed, len(cand) // 2, len(per_row) // 5)
 
     def run(self, plan: BeamStepPlan, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor,
             k: int, history: TokenHistory) -> torch.Tensor:
         """After sampling (device ops only): choose the beams, move the rows; returns the
         ``[capacity]`` done flags. ``cand_*``: the sampler's flat top-k candidates, the
-        device rows' first (``k`` per row, in batch order)."""
-        R, T = plan.cand_g.numel(), self.state.B + 1
-        kk = min(k, T)
-        toks = cand_tokens[:R * k].view(R, k)[:, :kk]
-        lps = cand_logprobs[:R * k].view(R, k)[:, :kk]
+        device rows' first (``k`` per row, in batch order). On CUDA a shape seen before runs
+        as one graph replay (:class:`~edserve.engine.beam_run_graph.BeamRunGraphs`)."""
+        kk = min(k, self.state.B + 1)
+        toks = cand_tokens[:plan.R * k].view(plan.R, k)[:, :kk]  # [R, kk]
+        lps = cand_logprobs[:plan.R * k].view(plan.R, k)[:, :kk]
+        if self.graphs is not None:
+            return self.graphs.run(plan, toks, lps, history)
+        return self.apply(plan, toks, lps, history)
+
+    def apply(self, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
+              history: TokenHistory, captured: bool = False) -> torch.Tensor:
+        """:meth:`run`'s work, eagerly (``captured``: inside a graph capture, so the choice
+        runs as plain ops rather than its own graph's replay)."""
+        kk = toks.shape[1]
         ct, cl, at_limit = self.stepper.inputs()  # [G, B, T], [G, B, T], [G]
         ct[plan.cand_g, plan.cand_b, :kk] = toks
         cl[plan.cand_g, plan.cand_b, :kk] = lps.float()
         at_limit.copy_(plan.at_limit)
-        choice = self.stepper.step()
+        choice = self.state.step(ct, cl, at_limit) if captured else self.stepper.step()
         par = choice.parents[plan.g, plan.b]  # [P] slot, -1: dead or done
         first = choice.lead[plan.g]  # dead rows mirror the best beam
         par = torch.where(par >= 0, par, torch.where(first >= 0, first, plan.b))

@@ -100,6 +100,8 @@ def test_beam_cuda_matches_cpu(folder, mels, cpu_beams, strategy, page_size):
     engine = _engine(folder, DEVICE, strategy, page_size)
     assert engine.runner.graph_runner is not None  # decode steps replay CUDA graphs
     outs = _run_checked(engine, _beam_batch(engine.tokenizer, mels, DEVICE))
+    graphs = engine.scheduler.beams.graphs  # the beam steps' work replayed as CUDA graphs
+    assert graphs is not None and graphs.captures >= 1 and graphs.replays >= 3
     for i, (got, want) in enumerate(zip(outs, cpu_beams[strategy, page_size], strict=True)):
         assert got.error is None, got.error
         if got.token_ids != want.token_ids:  # only a near tie of the ranked scores may differ
@@ -168,6 +170,8 @@ def test_beam_decode_step_syncs(folder, mels, overlap):
         engine.step()
     engine.check_integrity()
     syncs = sum(where.values())
+    if overlap == "on":  # the 10 steps replayed the beam work as graphs
+        assert engine.scheduler.beams.graphs.replays >= steps - 2
     print(f"\nbeam {BEAM} x {len(mels)} requests, overlap {overlap}: {syncs} syncs in {steps} "
           f"decode steps ({syncs / steps:.1f} per step); where: {dict(where.most_common())}")
     assert syncs <= SYNCS_PER_STEP_BOUND * steps, (

@@ -1,0 +1,114 @@
+"""A device beam step's work after sampling as one CUDA-graph replay.
+
+:meth:`~edserve.engine.beam_rows.DeviceBeams.apply` (candidates into the choice's buffers, the
+choice, the rows' page tables and partial pages, the token histories) is ~80 small launches
+when run eagerly with only the choice as a graph: on the H200 a tiny.en batch of 64 greedy rows
+and one beam-5 request spent ~5 ms of host time per step on them against ~1 ms of GPU work
+(GPU busy 15-17 %; benchmarks/RESULTS.md, wave 19). Captured, a step costs three device copies
+(the packed plan and the candidates into static buffers) and one replay.
+
+A graph is specific to its shapes: the plan's ``(R, P)``, the candidates' width, the choice's
+finished-buffer width and stop table (:class:`~edserve.engine.beam_device.BeamBatch`), and the
+token history it edits. A shape runs eagerly the first time it is seen (the warm-up: kernels
+compiled, lazy library state set up, without running a step twice) and is captured the second
+time, then replayed; at most :data:`MAX_GRAPHS` are kept (least recently used go first).
+
+Contract: outputs equal the eager path's (the same ops on the same inputs); the returned done
+flags are valid until the next step's replay (the caller copies them to the host in stream
+order, before that replay).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from edserve.engine.beam_rows import BeamStepPlan, DeviceBeams
+    from edserve.engine.token_history import TokenHistory
+
+#: Captured shapes kept at once (a batch's set of beam rows changes rarely in steady state).
+MAX_GRAPHS = 8
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph  # (anything with replay(); tests record eagerly)
+    packed: torch.Tensor  # [n] int64 static plan
+    toks: torch.Tensor  # [R, kk] int64 static candidates
+    lps: torch.Tensor  # [R, kk] static log-probs
+    done: torch.Tensor  # [capacity] bool static output
+
+
+class BeamRunGraphs:
+    """``run(plan, toks, lps, history)``: :meth:`DeviceBeams.apply` eagerly for a new shape,
+    captured at its second occurrence, replayed after that."""
+
+    def __init__(self, beams: DeviceBeams, max_graphs: int = MAX_GRAPHS) -> None:
+        self.beams = beams
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
+        self._seen: set[tuple] = set()
+        self.captures = 0
+        self.replays = 0
+
+    def _key(self, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
+             history: TokenHistory) -> tuple:
+        st = self.beams.state
+        return (plan.R, plan.P, plan.packed.numel(), tuple(toks.shape), lps.dtype, st.F,
+                st.stop.shape[1], id(history))
+
+    def run(self, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
+            history: TokenHistory) -> torch.Tensor:
+        key = self._key(plan, toks, lps, history)
+        cap = self._graphs.get(key)
+        if cap is None:
+            if key not in self._seen:  # first time: eager (the warm-up)
+                if len(self._seen) >= 64 * self.max_graphs:  # bounded (shapes come and go)
+                    self._seen.clear()
+                self._seen.add(key)
+                return self.beams.apply(plan, toks, lps, history)
+            cap = self._capture(key, plan, toks, lps, history)
+        self._graphs.move_to_end(key)
+        cap.packed.copy_(plan.packed, non_blocking=True)
+        cap.toks.copy_(toks, non_blocking=True)
+        cap.lps.copy_(lps, non_blocking=True)
+        cap.graph.replay()
+        self.replays += 1
+        return cap.done
+
+    def _capture(self, key: tuple, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
+                 history: TokenHistory) -> _Captured:
+        from edserve.engine.beam_rows import plan_views
+
+        while len(self._graphs) >= self.max_graphs:
+            self._graphs.popitem(last=False)
+        packed = torch.empty_like(plan.packed)
+        s_toks, s_lps = torch.empty_like(toks), torch.empty_like(lps)
+        done = torch.empty(self.beams.state.G, dtype=torch.bool, device=packed.device)
+
+        def body() -> None:  # reads only the static inputs, writes ``done``
+            static = plan_views(self.beams, packed, plan.R, plan.P)
+            done.copy_(self.beams.apply(static, s_toks, s_lps, history, captured=True))
+
+        cap = _Captured(self._record(body, packed.device), packed, s_toks, s_lps, done)
+        self._graphs[key] = cap
+        self.captures += 1
+        return cap
+
+    @staticmethod
+    @torch.inference_mode()
+    def _record(body, device: torch.device):
+        """``body``'s launches captured as a CUDA graph (not run: replay runs them)."""
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            # thread_local: other threads (audio workers, the server) may use CUDA meanwhile
+            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                body()
+        torch.cuda.current_stream().wait_stream(stream)
+        return graph
