@@ -33,19 +33,23 @@ from beam_gpu import make_requests
 MAX_NEW = 96
 
 
-def build(hf, arch: str, rows: int, dev: str, beam_on_device: bool):
+def build(hf, arch: str, rows: int, dev: str, beam_on_device: bool,
+          run_graphs: bool = True):
     from edserve.models.weights import Checkpoint
     from edserve.runtime import build_engine
 
     ckpt = Checkpoint(Path(f"<random {arch}>"), "hf", wg.hf_config(arch),
                       dict(hf.state_dict()), wg.tokenizer_path())
     per_row = -(-(1536 + 4 + MAX_NEW + 256) // 128) * 128
-    return build_engine(checkpoint=ckpt, device=dev,
-                        dtype="bfloat16" if dev == "cuda" else "float32",
-                        encoder_kv="flat", page_size=128 if dev == "cuda" else 16,
-                        max_running_requests=rows, cuda_graph_max_bs=rows,
-                        max_total_tokens=rows * per_row + 4096, max_new_tokens=MAX_NEW + 8,
-                        debug_checks=False, beam_on_device=beam_on_device)
+    engine = build_engine(checkpoint=ckpt, device=dev,
+                          dtype="bfloat16" if dev == "cuda" else "float32",
+                          encoder_kv="flat", page_size=128 if dev == "cuda" else 16,
+                          max_running_requests=rows, cuda_graph_max_bs=rows,
+                          max_total_tokens=rows * per_row + 4096, max_new_tokens=MAX_NEW + 8,
+                          debug_checks=False, beam_on_device=beam_on_device)
+    if not run_graphs and engine.scheduler.beams is not None:  # A/B: the choice as the graph
+        engine.scheduler.beams.graphs = None
+    return engine
 
 
 def steady(engine, feats, greedy: int, beam: int) -> None:
@@ -91,10 +95,35 @@ def host_profile(engine, dev: str, steps: int, top: int) -> None:
         pstats.Stats(prof).sort_stats(order).print_stats(top)
 
 
+def device_view(engine, steps: int, rows: int, label: str) -> None:
+    """GPU-busy share and the ``rows`` kernels with the most device time per step, then the
+    ``rows`` host ops with the most own CPU time per step (torch profiler), over ``steps``
+    back-to-back steps: is the step bound by the device or by the host, and where?"""
+    busy = wg.step_gpu_busy(engine, steps)
+    lines, total = wg.step_kernels(engine, steps, rows, with_total=True)
+    print(f"# {label}: GPU busy {100 * busy:.1f} % of the steps' wall; kernels "
+          f"{total:.3f} ms/step", flush=True)
+    for line in lines:
+        print(f"#   {line}", flush=True)
+    from torch.profiler import ProfilerActivity, profile
+
+    wg.sync("cuda")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            engine.step()
+        wg.sync("cuda")
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:rows]
+    print(f"# {label}: host ops by own CPU time per step", flush=True)
+    for e in ops:
+        print(f"#   {e.self_cpu_time_total / steps / 1000:8.3f} ms/step {e.count / steps:6.1f}x  "
+              f"{e.key[:90]}", flush=True)
+
+
 def measure(engine, feats, dev: str, greedy: int, beam: int, steps: int, repeats: int,
-            profile: int = 0) -> tuple[float, float]:
+            profile: int = 0, kernels: int = 0) -> tuple[float, float]:
     """(best-of-``repeats`` ms per step, syncs per step); ``profile``: print a host profile
-    of the steps after the timed ones (that many functions)."""
+    of the steps after the timed ones (that many functions); ``kernels`` (CUDA): print the
+    GPU-busy share and that many kernels per step."""
     best, syncs = float("inf"), float("nan")
     for _ in range(repeats):
         steady(engine, feats, greedy, beam)
@@ -102,6 +131,10 @@ def measure(engine, feats, dev: str, greedy: int, beam: int, steps: int, repeats
         if profile:
             host_profile(engine, dev, 10, profile)
             profile = 0
+        if kernels and dev == "cuda":
+            device_view(engine, 10, kernels, f"{greedy} greedy" +
+                        (f" + 1 beam {beam}" if beam > 1 else ""))
+            kernels = 0
         if dev == "cuda":
             syncs = len(wg.step_syncs(engine, 10)) / 10
         wg.drain(engine)
@@ -119,6 +152,12 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print a host profile (cProfile, N functions) of the mixed batch "
                     "with device beams and of the greedy batch of as many rows")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="CUDA: print the GPU-busy share and the N kernels with the most "
+                    "device time per step of the same batches as --profile")
+    ap.add_argument("--no-run-graphs", action="store_true",
+                    help="device beams without the step's post-sampling work as CUDA graphs "
+                    "(only the choice replayed: the path before wave 19), for A/B")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"
@@ -139,14 +178,15 @@ def main() -> None:
                      * 0.5).to(device=dev, dtype=dtype)
             res = {}
             for on_device in (True, False):
-                engine = build(hf, arch, g + b, dev, on_device)
+                engine = build(hf, arch, g + b, dev, on_device, not args.no_run_graphs)
                 prof = args.profile if on_device else 0
+                kern = args.kernels if on_device else 0
                 if on_device:
                     res["g"] = measure(engine, feats, dev, g, 1, args.steps, args.repeats)
                     res["gb"] = measure(engine, feats, dev, g + b, 1, args.steps,
-                                        args.repeats, prof)
+                                        args.repeats, prof, kern)
                 res[on_device] = measure(engine, feats, dev, g, b, args.steps, args.repeats,
-                                         prof)
+                                         prof, kern)
                 del engine
                 gc.collect()
                 if dev == "cuda":

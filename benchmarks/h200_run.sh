@@ -10,7 +10,7 @@
 #   serve-default (~3 min: the default server at 1, 32, 64 clients, py-spy of the API process)
 #   w13-tests (~1 min), decode-kernels (~1.5 min), serve-mel (~4 min: long-form log-mels on the GPU vs the audio workers)
 #   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-ab (~7 min), w16-guess (~2 min), w16-long (~5 min), w16-slots (~6 min), w16-vision (~2 min)
-#   w18-mix (~5 min: greedy rows beside one beam request)
+#   w18-mix (~5 min: greedy rows beside one beam request), w19-mixkern (~3 min: its GPU busy and kernels), w19-beamgraph (~7 min)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
@@ -163,7 +163,7 @@ for part in "$@"; do
              2>&1 | grep -v "custom logits" | tee "$OUT/gpu_idle.log" | grep -v "^| .* | 0.0 |")
            (cd benchmarks && timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 1 \
              --config flat:128 --kernels 40 2>&1 | grep -v "custom logits" | tee "$OUT/kernels_1row.log" | tail -42)
-           (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 --no-hf \
+           (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 --no-hf --beam-on-device \
              --beam-on-device --profile 40 2>&1 | grep -v "custom logits" | tee "$OUT/beam_kernels.log" | tail -60) ;;
     # wave 14: sampling graphs: GPU tests, host idle at 64 rows and one row, the real path on/off (~6 min)
     w14-sample) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_sample_graphs.py \
@@ -286,6 +286,22 @@ for part in "$@"; do
     w18-mixprof) (cd benchmarks && timeout 300 python3 -W ignore beam_mix_gpu.py --arch tiny.en \
              --greedy 64 --repeats 1 --profile 45 2>&1 | grep -v "custom logits" | tee "$OUT/beam_mix_prof.log" \
              | grep -v "^ *[0-9/]* *0.000 *0.000 *0.00[0-9] *0.000" | head -200) ;;
+    # wave 19: is the mixed batch (greedy rows + one beam) bound by the device or the host? GPU busy + kernels per step (~3 min)
+    w19-mixkern) (cd benchmarks && timeout 400 python3 -W ignore beam_mix_gpu.py --arch ${W19_ARCH:-tiny.en large-v3} \
+             --greedy 64 --repeats 1 --kernels ${W19_KERNELS:-22} 2>&1 | grep -v "custom logits" | tee "$OUT/beam_mix_kernels.log") ;;
+    # wave 19: the beam step's work after sampling as CUDA graphs: GPU beam tests, mixed batches, beam 5 vs greedy at 64 (~7 min)
+    w19-beamgraph) timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_gpu_beam.py -rs 2>&1 \
+             | grep -v "Loading weights" | tee "$OUT/beam_tests.log" | grep -E "passed|failed|error|syncs in" | tail -8
+           (cd benchmarks && timeout 300 python3 -W ignore beam_mix_gpu.py --arch tiny.en large-v3 --greedy 64 --repeats 2 \
+             --kernels 6 2>&1 | grep -v "custom logits" | tee "$OUT/beam_mix_graph.log" | grep -v "^#   ")
+           (cd benchmarks && timeout 240 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 --no-hf --beam-on-device \
+             2>&1 | grep -v "custom logits" | tee "$OUT/beam_flat_graph.log" | tail -12) ;;
+    # wave 19 A/B in one call: mixed batches with the beam step's work as graphs vs only the choice as a graph, twice (~4 min)
+    w19-mixab) for round in 1 2; do for flag in "" --no-run-graphs; do
+             echo "--- round $round ${flag:-(run graphs)}"
+             (cd benchmarks && timeout 200 python3 -W ignore beam_mix_gpu.py --arch tiny.en large-v3 --greedy 64 --repeats 3 \
+               $flag 2>&1 | grep -v "custom logits" | tee -a "$OUT/beam_mix_ab.log" | tail -2)
+           done; done ;;
     # long-form with the log-mels on the GPU (default) vs on the audio workers (~4 min)
     serve-mel) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --json "$OUT/serve_mel.json" \
              --serve-flags= --serve-flags='--device-features-above-s -1' 2>&1 \
