@@ -114,10 +114,11 @@ class DecodeGraphRunner:
         return replay_loaded(self.graphs, self.outputs, padded)[:bs]
 
     def sample(self, plan: SamplingPlan, history: TokenHistory, bs: int
-               ) -> tuple[torch.Tensor, torch.Tensor, None] | None:
+               ) -> tuple[torch.Tensor, torch.Tensor, tuple | None] | None:
         """The tokens and log-probabilities ([bs] each) of the :meth:`replay` of ``bs`` rows
-        just run, through a sampling graph; or None (sampling graphs off, or ``plan`` not
-        capturable: the caller samples the logits :meth:`replay` returned)."""
+        just run, and beam rows' candidates, through a sampling graph; or None (sampling
+        graphs off, or ``plan`` not capturable: the caller samples the logits :meth:`replay`
+        returned)."""
         if self.sampling is None:
             return None
         padded = padded_size(self.sizes, bs)

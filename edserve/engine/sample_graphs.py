@@ -7,10 +7,12 @@ on the H200's host at 64 rows) left the device idle between steps. :class:`Sampl
 captures that work once per (padded batch size, filter chain) and replays it, so a steady
 decode step launches two graphs.
 
-What a graph can capture (:func:`graph_key`): every row greedy (no temperature, no row group
-candidates), one filter chain for the whole batch (or none), and only filters that declare
-``capturable = True`` (pure tensor ops, no host state: a recorder is not). Anything else is
-sampled eagerly by :func:`~edserve.engine.sampler.sample`, with the same result.
+What a graph can capture (:func:`graph_key`): every row greedy (no temperature; row-group
+candidates only as beam groups' top-k, whose batch positions the graph reads from a static
+index: :func:`candidate_key`), one filter chain for the whole batch (or none), and only filters
+that declare ``capturable = True`` (pure tensor ops, no host state: a recorder is not).
+Anything else is sampled eagerly by :func:`~edserve.engine.sampler.sample`, with the same
+result.
 
 The graph works on all ``padded`` rows of the decode graph's output; the padding rows point at
 ``req_to_token`` row 0, which no request holds, so their history appends land in the token
@@ -23,6 +25,7 @@ right after it, on a side stream.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -36,10 +39,22 @@ logger = logging.getLogger("edserve")
 MAX_GRAPHS = 256
 
 
+def candidate_key(plan: SamplingPlan) -> tuple[int, int] | tuple[()] | None:
+    """``()``: no row-group candidates; ``(R, k)``: the top-k of ``R`` rows only (beam
+    groups: capturable, the rows' positions copied into the graph's static index); None:
+    draws (best_of's seeded generators), which stay eager."""
+    c = plan.candidates
+    if c is None:
+        return ()
+    if c.draw_rows is not None or c.topk_rows is None:
+        return None
+    return c.topk_rows.numel(), c.topk
+
+
 def graph_key(plan: SamplingPlan) -> tuple | None:
     """The filter chain a captured graph can replay for ``plan`` (``()``: no filters), or None
     when ``plan`` must be sampled eagerly."""
-    if plan.sampled is not None or plan.candidates is not None:
+    if plan.sampled is not None or candidate_key(plan) is None:
         return None
     if not plan.groups:
         return ()
@@ -61,34 +76,44 @@ class SampleGraphs:
         self.device = device
         self.pool = pool
         self.max_graphs = max_graphs  # past it, new keys are sampled eagerly (bounded memory)
-        # (padded, chain) -> (graph, tokens [padded], logprobs [padded])
-        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # (padded, chain, candidate_key) -> (graph, tokens [padded], logprobs [padded],
+        #   candidates ([R*k] tokens, [R*k] log-probs) or None, static top-k rows [R] or None)
+        self.graphs: dict[tuple, tuple] = {}
         self.replays = 0
 
     def sample(self, plan: SamplingPlan, logits: torch.Tensor, rows: torch.Tensor, bs: int,
-               history: TokenHistory) -> tuple[torch.Tensor, torch.Tensor, None] | None:
+               history: TokenHistory
+               ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] \
+            | None:
         """Tokens and log-probabilities ([bs] each) of the first ``bs`` of the ``padded``
         rows of ``logits`` ``[padded, V]`` (the decode graph's static output) whose
-        ``req_to_token`` rows are ``rows`` ``[padded]`` (static), appended to ``history``;
-        None when ``plan`` is not capturable (the caller samples eagerly)."""
+        ``req_to_token`` rows are ``rows`` ``[padded]`` (static), appended to ``history``, and
+        the beam rows' top-k candidates (as :func:`~edserve.engine.sampler.sample` returns
+        them); None when ``plan`` is not capturable (the caller samples eagerly)."""
         chain = graph_key(plan)
         if chain is None:
             return None
-        padded = logits.shape[0]
-        found = self.graphs.get((padded, chain))
+        key = (logits.shape[0], chain, candidate_key(plan))
+        found = self.graphs.get(key)
         if found is None:
             out = sample(logits[:bs], plan, history, rows[:bs])
             if len(self.graphs) < self.max_graphs:
-                self._capture(plan, chain, logits, rows, history)
+                self._capture(key, plan, logits, rows, history)
             return out
-        graph, tokens, logprobs = found
+        graph, tokens, logprobs, cands, topk_rows = found
+        if topk_rows is not None:  # this step's beam rows into the graph's static index
+            topk_rows.copy_(plan.candidates.topk_rows, non_blocking=True)
         graph.replay()
         self.replays += 1
-        return tokens[:bs], logprobs[:bs], None
+        return tokens[:bs], logprobs[:bs], cands
 
     @torch.inference_mode()
-    def _capture(self, plan: SamplingPlan, chain: tuple, logits: torch.Tensor,
+    def _capture(self, key: tuple, plan: SamplingPlan, logits: torch.Tensor,
                  rows: torch.Tensor, history: TokenHistory) -> None:
+        topk_rows = None
+        if plan.candidates is not None:  # top-k rows only (candidate_key): a static index
+            topk_rows = plan.candidates.topk_rows.clone()
+            plan = replace(plan, candidates=replace(plan.candidates, topk_rows=topk_rows))
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
@@ -96,8 +121,8 @@ class SampleGraphs:
             # thread_local: other threads (the features thread) may use CUDA meanwhile
             with torch.cuda.graph(graph, pool=self.pool, stream=stream,
                                   capture_error_mode="thread_local"):
-                tokens, logprobs, _ = sample(logits, plan, history, rows)
+                tokens, logprobs, cands = sample(logits, plan, history, rows)
         torch.cuda.current_stream().wait_stream(stream)
-        self.graphs[(logits.shape[0], chain)] = (graph, tokens, logprobs)
-        logger.debug("captured a sampling graph: %d rows, %d filters", logits.shape[0],
-                     len(chain))
+        self.graphs[key] = (graph, tokens, logprobs, cands, topk_rows)
+        logger.debug("captured a sampling graph: %d rows, %d filters, candidates %s",
+                     logits.shape[0], len(key[1]), key[2])

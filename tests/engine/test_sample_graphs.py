@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from edserve.engine.logits_filter import LogitsRecorder
-from edserve.engine.sample_graphs import SampleGraphs, graph_key
-from edserve.engine.sampler import FilterGroup, SamplingPlan, sample
+from edserve.engine.sample_graphs import SampleGraphs, candidate_key, graph_key
+from edserve.engine.sampler import CandidatePlan, FilterGroup, SamplingPlan, sample
 from edserve.engine.token_history import TokenHistory
 from edserve.whisper.logits import ApplyTimestampRules, SuppressBlank, SuppressTokens
 
@@ -34,9 +34,40 @@ def test_only_greedy_single_chain_capturable_plans_get_a_graph_key():
     assert graph_key(_plan([part, other])) is None  # two chains in one batch
     rec = FilterGroup((LogitsRecorder(),), None, ("a", "b"))
     assert graph_key(_plan([rec])) is None  # host-side effect: stays eager
-    with_cands = _plan([whole])
-    with_cands.candidates = object()  # row-group candidates (beams, best_of)
-    assert graph_key(with_cands) is None
+    beams = _plan([whole])  # beam groups' top-k: capturable, keyed by (rows, k)
+    beams.candidates = _cands(torch.tensor([0, 1]), 4)
+    assert graph_key(beams) == CHAIN and candidate_key(beams) == (2, 4)
+    draws = _plan([whole])  # best_of's seeded draws stay eager
+    draws.candidates = _cands(None, 0, draw_rows=torch.tensor([1]))
+    assert graph_key(draws) is None and candidate_key(draws) is None
+    assert candidate_key(_plan([whole])) == ()
+
+
+def _cands(topk_rows, k, draw_rows=None) -> CandidatePlan:
+    return CandidatePlan([], topk_rows, k, draw_rows, None if draw_rows is None else
+                         torch.ones(len(draw_rows)), None,
+                         [] if draw_rows is None else [None] * len(draw_rows))
+
+
+def test_padded_rows_give_the_eager_top_k_candidates():
+    """What a sampling graph with beam rows captures: sample() over the padded rows with the
+    top-k rows' positions in a separate index tensor (the graph's static copy) returns the
+    eager sampler's candidates, tokens and log-probabilities for the real rows."""
+    gen = torch.Generator().manual_seed(2)
+    rows, prow = torch.tensor([3, 5, 7]), torch.tensor([3, 5, 7, 0, 0, 0])
+    eager, padded = TokenHistory(8, 6, torch.device("cpu")), TokenHistory(8, 6,
+                                                                         torch.device("cpu"))
+    for topk_rows in ([0, 2], [1, 2], [2, 0]):  # the beam rows move between steps
+        plan = _plan([FilterGroup(CHAIN, None, ("a", "b", "c"))])
+        plan.candidates = _cands(torch.tensor(topk_rows), 3)
+        static = plan.candidates.topk_rows.clone()  # what the graph reads
+        logits = torch.randn(6, V, generator=gen) * 3
+        t_e, lp_e, (ct_e, cl_e) = sample(logits[:3].clone(), plan, eager, rows)
+        plan.candidates.topk_rows = static
+        t_p, lp_p, (ct_p, cl_p) = sample(logits.clone(), plan, padded, prow)
+        assert torch.equal(t_p[:3], t_e) and torch.equal(lp_p[:3], lp_e)
+        assert torch.equal(ct_p, ct_e) and torch.equal(cl_p, cl_e)
+        assert ct_e.numel() == 2 * 3
 
 
 def test_padded_rows_sample_like_the_eager_rows_and_keep_row_zero_bounded():
