@@ -158,8 +158,15 @@ def main() -> None:
     ap.add_argument("--no-run-graphs", action="store_true",
                     help="device beams without the step's post-sampling work as CUDA graphs "
                     "(only the choice replayed: the path before wave 19), for A/B")
+    ap.add_argument("--no-candidate-graphs", action="store_true",
+                    help="sample batches holding beam rows eagerly (no sampling graph for "
+                    "top-k candidates: the path before wave 19), for A/B")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
+    if args.no_candidate_graphs:
+        import edserve.engine.sample_graphs as sample_graphs
+
+        sample_graphs.candidate_key = lambda plan: () if plan.candidates is None else None
     dev = "cpu" if args.dry_run else "cuda"
     if args.dry_run:
         args.arch, args.greedy, args.steps, args.repeats = ["toy"], [4], 5, 1

@@ -302,6 +302,14 @@ for part in "$@"; do
              (cd benchmarks && timeout 200 python3 -W ignore beam_mix_gpu.py --arch tiny.en large-v3 --greedy 64 --repeats 3 \
                $flag 2>&1 | grep -v "custom logits" | tee -a "$OUT/beam_mix_ab.log" | tail -2)
            done; done ;;
+    # wave 19: beam rows' top-k inside the sampling graphs too: GPU tests, then A/B of the three paths, twice (~6 min)
+    w19-mixab2) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_sample_graphs.py tests/engine/test_gpu_beam.py -rs 2>&1 \
+             | grep -v "Loading weights" | tee "$OUT/sample_beam_tests.log" | tail -3
+           for round in 1 2; do for flag in "" --no-candidate-graphs "--no-candidate-graphs --no-run-graphs"; do
+             echo "--- round $round ${flag:-(both graphs)}"
+             (cd benchmarks && timeout 200 python3 -W ignore beam_mix_gpu.py --arch tiny.en large-v3 --greedy 64 --repeats 3 \
+               $flag 2>&1 | grep -v "custom logits" | tee -a "$OUT/beam_mix_ab2.log" | tail -2)
+           done; done ;;
     # long-form with the log-mels on the GPU (default) vs on the audio workers (~4 min)
     serve-mel) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --json "$OUT/serve_mel.json" \
              --serve-flags= --serve-flags='--device-features-above-s -1' 2>&1 \
