@@ -66,12 +66,27 @@ with warnings.catch_warnings():  # torch.ao / quantized-tensor deprecation notic
     from torch.ao.nn.quantized.dynamic import Linear as _DynamicLinear
 
 
+#: The op overload itself: calling the packet (``torch.ops.quantized.linear_dynamic``) first
+#: checks in Python whether any argument is a fake script object (~12 us per call here).
+_LINEAR_DYNAMIC = torch.ops.quantized.linear_dynamic.default
+
+
 class Int8Linear(OpaqueLinear, _DynamicLinear):
     """fbgemm's dynamic int8 linear; under ``torch.compile`` one opaque op call
-    (:mod:`edserve.models.opaque_linear`: dynamo cannot trace fbgemm's packed weights)."""
+    (:mod:`edserve.models.opaque_linear`: dynamo cannot trace fbgemm's packed weights).
+
+    ``eager`` is ``_DynamicLinear.forward`` for qint8 weights (``reduce_range`` as its version
+    4 does) without its per-call Python: the packed weight is looked up once, at
+    :meth:`register` (so call ``set_weight_bias`` before it: :func:`int8_linear` does)."""
+
+    _prepacked = None  # the packed weight (a ScriptObject), cached by register()
+
+    def register(self) -> None:
+        super().register()
+        self._prepacked = self._packed_params._packed_params
 
     def eager(self, x: torch.Tensor) -> torch.Tensor:
-        return _DynamicLinear.forward(self, x)
+        return _LINEAR_DYNAMIC(x, self._prepacked, True).to(x.dtype)
 
 
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:

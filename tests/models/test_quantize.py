@@ -87,3 +87,23 @@ def test_unsupported_combinations_are_clear_errors(mode, device, dtype, match):
 def test_supported_combinations_pass():
     check_supported("none", torch.device("cuda"), torch.bfloat16)
     check_supported("int8", torch.device("cpu"), torch.float32)
+
+
+def test_int8_linear_fast_path_equals_the_torch_module():
+    """Int8Linear.eager calls the op overload with the cached packed weight: bit-identical to
+    torch.ao's DynamicQuantizedLinear.forward, also after a deep copy (its own weight)."""
+    import copy
+
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    from edserve.models.quantize import int8_linear
+
+    gen = torch.Generator().manual_seed(0)
+    w, b = torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen)
+    q = int8_linear(w, b)
+    x = torch.randn(5, 32, generator=gen) * 3
+    want = DynamicLinear.forward(q, x)
+    assert torch.equal(q.eager(x), want) and torch.equal(q(x), want)
+    clone = copy.deepcopy(q)
+    assert clone.handle != q.handle and torch.equal(clone(x), want)
+    assert _rel(want, x @ w.T + b) < 0.03  # it is the linear (int8 rounding)
