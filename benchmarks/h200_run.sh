@@ -309,7 +309,9 @@ for part in "$@"; do
              echo "--- round $round ${flag:-(both graphs)}"
              (cd benchmarks && timeout 200 python3 -W ignore beam_mix_gpu.py --arch tiny.en large-v3 --greedy 64 --repeats 3 \
                $flag 2>&1 | grep -v "custom logits" | tee -a "$OUT/beam_mix_ab2.log" | tail -2)
-           done; done ;;
+           done; done
+           (cd benchmarks && timeout 120 python3 -W ignore beam_mix_gpu.py --arch tiny.en --greedy 64 --repeats 1 --kernels 25 \
+             2>&1 | grep -v "custom logits" | tee "$OUT/beam_mix_kernels_after.log" | grep -E "GPU busy|^tiny") ;;
     # long-form with the log-mels on the GPU (default) vs on the audio workers (~4 min)
     serve-mel) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --json "$OUT/serve_mel.json" \
              --serve-flags= --serve-flags='--device-features-above-s -1' 2>&1 \
