@@ -219,6 +219,10 @@ class DeviceBeams:
         packed = to_device(cand + per_row + row_of + limit, torch.int64, self.pools.device)
         return plan_views(self, packed, len(cand) // 2, len(per_row) // 5)
 
+    def views(self, packed: torch.Tensor, R: int, P: int) -> BeamStepPlan:
+        """The plan over another packed buffer (a graph's static copy): :func:`plan_views`."""
+        return plan_views(self, packed, R, P)
+
     def run(self, plan: BeamStepPlan, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor,
             k: int, history: TokenHistory) -> torch.Tensor:
         """After sampling (device ops only): choose the beams, move the rows; returns the

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from edserve.engine.beam_rows import BeamStepPlan, DeviceBeams
-    from edserve.engine.token_history import TokenHistory
+# The graphs serve a beam_rows.DeviceBeams (``beams``: its ``state``, ``apply`` and ``views``),
+# taking its BeamStepPlan and TokenHistory; typed Any here, as beam_rows imports this module.
+BeamStepPlan = DeviceBeams = TokenHistory = Any
 
 #: Captured shapes kept at once (a batch's set of beam rows changes rarely in steady state).
 MAX_GRAPHS = 8
@@ -82,8 +82,6 @@ class BeamRunGraphs:
 
     def _capture(self, key: tuple, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
                  history: TokenHistory) -> _Captured:
-        from edserve.engine.beam_rows import plan_views
-
         while len(self._graphs) >= self.max_graphs:
             self._graphs.popitem(last=False)
         packed = torch.empty_like(plan.packed)
@@ -91,7 +89,7 @@ class BeamRunGraphs:
         done = torch.empty(self.beams.state.G, dtype=torch.bool, device=packed.device)
 
         def body() -> None:  # reads only the static inputs, writes ``done``
-            static = plan_views(self.beams, packed, plan.R, plan.P)
+            static = self.beams.views(packed, plan.R, plan.P)
             done.copy_(self.beams.apply(static, s_toks, s_lps, history, captured=True))
 
         cap = _Captured(self._record(body, packed.device), packed, s_toks, s_lps, done)
