@@ -11,7 +11,9 @@ A graph is specific to its shapes: the plan's ``(R, P)``, the candidates' width,
 finished-buffer width and stop table (:class:`~edserve.engine.beam_device.BeamBatch`), and the
 token history it edits. A shape runs eagerly the first time it is seen (the warm-up: kernels
 compiled, lazy library state set up, without running a step twice) and is captured the second
-time, then replayed; at most :data:`MAX_GRAPHS` are kept (least recently used go first).
+time, then replayed; at most :data:`MAX_GRAPHS` are kept (least recently used go first). A
+failed capture (it runs nothing) turns the graphs off for good, with a warning; K/V copies
+watched by other ranks (tensor parallel) always run eagerly.
 
 Contract: outputs equal the eager path's (the same ops on the same inputs); the returned done
 flags are valid until the next step's replay (the caller copies them to the host in stream
@@ -20,11 +22,14 @@ order, before that replay).
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+logger = logging.getLogger("edserve")
 
 # The graphs serve a beam_rows.DeviceBeams (``beams``: its ``state``, ``apply`` and ``views``),
 # taking its BeamStepPlan and TokenHistory; typed Any here, as beam_rows imports this module.
@@ -54,6 +59,7 @@ class BeamRunGraphs:
         self._seen: set[tuple] = set()
         self.captures = 0
         self.replays = 0
+        self.broken = False  # a capture failed: eager from then on
 
     def _key(self, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
              history: TokenHistory) -> tuple:
@@ -63,6 +69,10 @@ class BeamRunGraphs:
 
     def run(self, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
             history: TokenHistory) -> torch.Tensor:
+        if self.broken or self.beams.pools.kv_pool.copy_observers:
+            # K/V copies that other ranks must hear of (tensor parallel) are host calls a
+            # replay would not repeat
+            return self.beams.apply(plan, toks, lps, history)
         key = self._key(plan, toks, lps, history)
         cap = self._graphs.get(key)
         if cap is None:
@@ -71,7 +81,13 @@ class BeamRunGraphs:
                     self._seen.clear()
                 self._seen.add(key)
                 return self.beams.apply(plan, toks, lps, history)
-            cap = self._capture(key, plan, toks, lps, history)
+            try:
+                cap = self._capture(key, plan, toks, lps, history)
+            except Exception:  # a capture runs nothing: the eager path is still exact
+                logger.warning("capturing a beam step failed; device beams run eagerly from "
+                               "now on", exc_info=True)
+                self.broken = True
+                return self.beams.apply(plan, toks, lps, history)
         self._graphs.move_to_end(key)
         cap.packed.copy_(plan.packed, non_blocking=True)
         cap.toks.copy_(toks, non_blocking=True)

@@ -58,3 +58,30 @@ def test_new_shape_runs_eagerly_once_then_is_captured(random_whisper):
     # every replay ran the captured body; eager runs happen only for first-seen shapes
     assert calls.count(True) == graphs.replays
     assert calls.count(False) == len(graphs._seen)
+
+
+class FailingGraphs(BeamRunGraphs):
+    @staticmethod
+    def _record(body, device):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_failed_capture_falls_back_to_eager_steps(random_whisper, caplog):
+    host = _run(_engine(random_whisper, False, "16", "flat"), _requests())
+    eng = _engine(random_whisper, True, "16", "flat")
+    eng.scheduler.beams.graphs = graphs = FailingGraphs(eng.scheduler.beams)
+    with caplog.at_level("WARNING", logger="edserve"):
+        device = _run(eng, _requests())
+    assert graphs.broken and graphs.captures == 0 and graphs.replays == 0
+    assert any("capturing a beam step failed" in r.message for r in caplog.records)
+    for h, d in zip(host, device, strict=True):
+        assert d.error is None and d.token_ids == h.token_ids
+
+
+def test_kv_copies_watched_by_other_ranks_stay_eager(random_whisper):
+    eng = _engine(random_whisper, True, "16", "flat")
+    seen = []
+    eng.pools.kv_pool.copy_observers.append(lambda src, dst: seen.append(src.numel()))
+    _run(eng, _requests()[2:3])
+    graphs = eng.scheduler.beams.graphs
+    assert graphs.captures == 0 and graphs.replays == 0 and seen  # every copy was heard
