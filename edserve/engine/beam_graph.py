@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 
 from edserve.engine.beam_device import BeamBatch, BeamChoice
+from edserve.engine.graph_capture import capture
 
 
 class BeamStepper:
@@ -69,19 +70,15 @@ class GraphBeamStepper(BeamStepper):
     def _capture(self) -> None:
         st = self.state
         self._graph = self._out = None  # free the old graph's pool first
-        stream = torch.cuda.Stream(st.device)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            # warm-up on the live state (lazy inits of sort/scan), then put the state back
+
+        def warm_up() -> None:  # on the live state (lazy inits of sort/scan), then put it back
             saved = {k: t.clone() for k, t in st.tensors().items()}
             st.step(self.cand_tokens, self.cand_logprobs, self.at_limit)
             for k, t in st.tensors().items():
                 t.copy_(saved[k])
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: other threads (audio workers, the server) may use CUDA meanwhile
-            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-                out = st.step(self.cand_tokens, self.cand_logprobs, self.at_limit)
-        torch.cuda.current_stream().wait_stream(stream)
+
+        graph, out = capture(lambda: st.step(self.cand_tokens, self.cand_logprobs,
+                                             self.at_limit), st.device, before=warm_up)
         self._graph, self._out, self._key = graph, out, self._shape_key()
         self.captures += 1
 

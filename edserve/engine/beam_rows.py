@@ -66,7 +66,7 @@ class BeamStepPlan:
     """One step's device-beam work (index tensors on the device, built by the scheduler).
 
     Every index tensor is a view of ``packed``, one upload laid out as ``[2R | 5P | G*B | G]``
-    (see :func:`plan_views`), so a graph replay of :meth:`DeviceBeams.run` takes the whole
+    (see :meth:`DeviceBeams.views`), so a graph replay of :meth:`DeviceBeams.run` takes the whole
     plan in one device copy."""
 
     beams: DeviceBeams
@@ -82,17 +82,6 @@ class BeamStepPlan:
     row_of: torch.Tensor  # [capacity, B] int64 row of each (group, slot) of these groups
     lengths: torch.Tensor  # [P] filled columns after this step's write
     dec_start: torch.Tensor  # [P] first column whose K/V a reorder copies (0: the prefill)
-
-
-def plan_views(beams: DeviceBeams, packed: torch.Tensor, R: int, P: int) -> BeamStepPlan:
-    """The plan whose index tensors are views of ``packed`` (``[2R | 5P | G*B | G]``)."""
-    G, B = beams.state.G, beams.state.B
-    c = packed[:2 * R].view(R, 2).t()
-    p = packed[2 * R:2 * R + 5 * P].view(P, 5).t()
-    o = 2 * R + 5 * P
-    row_of = packed[o:o + G * B].view(G, B)
-    return BeamStepPlan(beams, packed, R, P, c[0], c[1], packed[o + G * B:].bool(), p[0],
-                        p[1], p[2], row_of, p[3], p[4])
 
 
 class DeviceBeams:
@@ -217,11 +206,17 @@ class DeviceBeams:
                 row_of[s * self.state.B + b] = m.req_pool_idx
         limit = [at_limit.get(s, False) for s in range(self.state.G)]
         packed = to_device(cand + per_row + row_of + limit, torch.int64, self.pools.device)
-        return plan_views(self, packed, len(cand) // 2, len(per_row) // 5)
+        return self.views(packed, len(cand) // 2, len(per_row) // 5)
 
     def views(self, packed: torch.Tensor, R: int, P: int) -> BeamStepPlan:
-        """The plan over another packed buffer (a graph's static copy): :func:`plan_views`."""
-        return plan_views(self, packed, R, P)
+        """The plan whose index tensors are views of ``packed`` (``[2R | 5P | G*B | G]``:
+        this step's upload, or a graph's static copy of it)."""
+        G, B = self.state.G, self.state.B
+        c = packed[:2 * R].view(R, 2).t()
+        p = packed[2 * R:2 * R + 5 * P].view(P, 5).t()
+        o = 2 * R + 5 * P
+        return BeamStepPlan(self, packed, R, P, c[0], c[1], packed[o + G * B:].bool(), p[0],
+                            p[1], p[2], packed[o:o + G * B].view(G, B), p[3], p[4])
 
     def run(self, plan: BeamStepPlan, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor,
             k: int, history: TokenHistory) -> torch.Tensor:

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from edserve.engine.graph_capture import capture
+
 logger = logging.getLogger("edserve")
 
 # The graphs serve a beam_rows.DeviceBeams (``beams``: its ``state``, ``apply`` and ``views``),
@@ -61,11 +63,11 @@ class BeamRunGraphs:
         self.replays = 0
         self.broken = False  # a capture failed: eager from then on
 
-    def _key(self, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
-             history: TokenHistory) -> tuple:
+    def _key(self, plan: BeamStepPlan, toks: torch.Tensor, history: TokenHistory) -> tuple:
+        """Everything a captured graph's shapes depend on (the packed plan's length follows
+        from ``R`` and ``P``)."""
         st = self.beams.state
-        return (plan.R, plan.P, plan.packed.numel(), tuple(toks.shape), lps.dtype, st.F,
-                st.stop.shape[1], id(history))
+        return plan.R, plan.P, toks.shape[1], st.F, st.stop.shape[1], id(history)
 
     def run(self, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
             history: TokenHistory) -> torch.Tensor:
@@ -73,7 +75,7 @@ class BeamRunGraphs:
             # K/V copies that other ranks must hear of (tensor parallel) are host calls a
             # replay would not repeat
             return self.beams.apply(plan, toks, lps, history)
-        key = self._key(plan, toks, lps, history)
+        key = self._key(plan, toks, history)
         cap = self._graphs.get(key)
         if cap is None:
             if key not in self._seen:  # first time: eager (the warm-up)
@@ -117,12 +119,4 @@ class BeamRunGraphs:
     @torch.inference_mode()
     def _record(body, device: torch.device):
         """``body``'s launches captured as a CUDA graph (not run: replay runs them)."""
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            # thread_local: other threads (audio workers, the server) may use CUDA meanwhile
-            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-                body()
-        torch.cuda.current_stream().wait_stream(stream)
-        return graph
+        return capture(body, device)[0]

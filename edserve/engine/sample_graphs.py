@@ -29,6 +29,7 @@ from dataclasses import replace
 
 import torch
 
+from edserve.engine.graph_capture import capture
 from edserve.engine.sampler import SamplingPlan, sample
 from edserve.engine.token_history import TokenHistory
 
@@ -114,15 +115,8 @@ class SampleGraphs:
         if plan.candidates is not None:  # top-k rows only (candidate_key): a static index
             topk_rows = plan.candidates.topk_rows.clone()
             plan = replace(plan, candidates=replace(plan.candidates, topk_rows=topk_rows))
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream())
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            # thread_local: other threads (the features thread) may use CUDA meanwhile
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream,
-                                  capture_error_mode="thread_local"):
-                tokens, logprobs, cands = sample(logits, plan, history, rows)
-        torch.cuda.current_stream().wait_stream(stream)
+        graph, (tokens, logprobs, cands) = capture(
+            lambda: sample(logits, plan, history, rows), self.device, pool=self.pool)
         self.graphs[key] = (graph, tokens, logprobs, cands, topk_rows)
         logger.debug("captured a sampling graph: %d rows, %d filters, candidates %s",
                      logits.shape[0], len(key[1]), key[2])
