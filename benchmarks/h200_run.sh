@@ -165,6 +165,19 @@ for part in "$@"; do
              --config flat:128 --kernels 40 2>&1 | grep -v "custom logits" | tee "$OUT/kernels_1row.log" | tail -42)
            (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 --no-hf --beam-on-device \
              --beam-on-device --profile 40 2>&1 | grep -v "custom logits" | tee "$OUT/beam_kernels.log" | tail -60) ;;
+    # wave 20: the GPU beam and sampling-graph tests on the tree after the shared capture helper (~2 min)
+    w20-verify) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_beam.py \
+             tests/engine/test_gpu_sample_graphs.py tests/engine/test_beam_run_graph.py tests/dp/test_features.py \
+             tests/dp/test_mel_store.py -rs 2>&1 \
+             | grep -v "Loading weights" | tee "$OUT/w20_verify.log" | tail -8 ;;
+    # wave 20: long-form with the log-mels held by the engine worker (default) vs sent back
+    # (EDSERVE_HELD_MEL_BYTES=0), alternating; W20_ORDER picks the order (~3 min per run)
+    w20-long) for mode in ${W20_ORDER:-held values}; do
+             case $mode in values) budget=0;; *) budget=;; esac
+             echo "--- $mode"
+             (cd benchmarks && EDSERVE_HELD_MEL_BYTES=$budget timeout 280 python3 -W ignore serve_gpu.py --concurrency 1 --requests 32 \
+               --json "$OUT/serve_w20_long_$mode.json" 2>&1 | tee "$OUT/serve_w20_long_$mode.log" | grep -E "^long-form|engine:|long-form API")
+           done ;;
     # wave 14: sampling graphs: GPU tests, host idle at 64 rows and one row, the real path on/off (~6 min)
     w14-sample) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_sample_graphs.py \
              tests/engine/test_gpu_syncs.py tests/engine/test_gpu_prompt_graphs.py tests/engine/test_gpu.py -rs 2>&1 \

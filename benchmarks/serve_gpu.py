@@ -218,6 +218,10 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
               f"took {eng['longform_features_s']:.2f} s: {with_features:.0f} with them, "
               f"{s['ratio_to_engine_with_features']:.2f} x); failed {s['failed']} "
               f"{s.get('errors') or ''}", flush=True)
+        print(f"#   long-form API CPU {s['api_cpu_ms_per_request']:.1f} ms/req, p50 "
+              f"{(s['latency_ms'] or {}).get('p50', float('nan')):.0f} ms; stages (mean ms): "
+              + ", ".join(f"{k} {d['mean_ms']:.1f}" for k, d in (s["stages"] or {}).items()),
+              flush=True)
     finally:
         proc.terminate()
         proc.wait(60)

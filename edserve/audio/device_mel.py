@@ -22,6 +22,18 @@ from edserve.audio.prepare import DecodedAudio, PreparedAudio
 from edserve.audio.wav_pcm import PCM16_SCALE
 
 
+def device_log_mel(audio: DecodedAudio, n_mels: int, device: torch.device | str,
+                   chunk_frames: int | None = None) -> tuple[torch.Tensor, float, int]:
+    """``audio``'s long-form log-mel on ``device`` (on the calling thread's current stream) as
+    ``(head, fill, frames)``: ``head`` ``[n_mels, t]`` float32 on ``device``, then ``fill``
+    (read back: this waits for the current stream) up to ``frames`` columns."""
+    samples = torch.from_numpy(audio.samples).to(device)  # [num_samples]
+    if samples.dtype == torch.int16:  # x / 32768 as the host does it (exact)
+        samples = samples.float().mul_(float(PCM16_SCALE))
+    head, fill, frames = chunked_log_mel(samples, n_mels, chunk_frames=chunk_frames)
+    return head, float(fill.item()), frames
+
+
 def device_features(audio: DecodedAudio, n_mels: int, device: torch.device | str,
                     stream: torch.cuda.Stream | None = None,
                     chunk_frames: int | None = None) -> PreparedAudio:
@@ -31,13 +43,8 @@ def device_features(audio: DecodedAudio, n_mels: int, device: torch.device | str
     started = time.perf_counter()
     device = torch.device(device)
     with torch.cuda.stream(stream) if stream is not None else nullcontext():
-        samples = torch.from_numpy(audio.samples).to(device)  # [num_samples]
-        if samples.dtype == torch.int16:  # x / 32768 as the host does it (exact)
-            samples = samples.float().mul_(float(PCM16_SCALE))
-        head, fill, frames = chunked_log_mel(samples, n_mels, chunk_frames=chunk_frames)
+        head, fill, frames = device_log_mel(audio, n_mels, device, chunk_frames)
         head_host = head.cpu().numpy()  # waits for this stream only
-        fill_host = np.float32(fill.item())
-    mel = CompactMel(head_host, fill_host, frames)
+    mel = CompactMel(head_host, np.float32(fill), frames)
     return PreparedAudio(mel, audio.num_samples, audio.decode_s,
                          time.perf_counter() - started)
-

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from edserve.audio.compact_mel import CompactMel
+from edserve.audio.held_mel import HeldMel, MelWindowRef
 from edserve.config import MEL_PADDINGS
 
 SAMPLE_RATE = 16000
@@ -179,20 +180,23 @@ def host_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 # A window layout: (log-mel of the whole audio + N_SAMPLES zeros [n_mels, content + N_FRAMES]:
-# a tensor or a CompactMel, sliced as mel[:, a:b], first frame, real frames) -> the encoder
-# input [n_mels, N_FRAMES].
-WindowLayout = Callable[[torch.Tensor, int, int], torch.Tensor]
+# a tensor, a CompactMel or a HeldMel, sliced as mel[:, a:b], first frame, real frames) -> the
+# encoder input [n_mels, N_FRAMES] (a HeldMel's: a MelWindowRef, written out by its worker).
+Mel = torch.Tensor | CompactMel | HeldMel
+Window = torch.Tensor | CompactMel | MelWindowRef
+WindowLayout = Callable[[Mel, int, int], Window]
 
 
-def _silence_window(mel: torch.Tensor | CompactMel, seek: int, size: int
-                    ) -> torch.Tensor | CompactMel:
+def _silence_window(mel: Mel, seek: int, size: int) -> Window:
     # frames past the audio: the appended silence's; a CompactMel's window stays compact
-    if isinstance(mel, CompactMel):
+    if isinstance(mel, (CompactMel, HeldMel)):
         return mel.window(seek, seek + N_FRAMES)
     return mel[:, seek:seek + N_FRAMES]
 
 
-def _zero_filled_window(mel: torch.Tensor, seek: int, size: int) -> torch.Tensor:
+def _zero_filled_window(mel: Mel, seek: int, size: int) -> Window:
+    if isinstance(mel, HeldMel):  # the same zeros, written by the worker holding it
+        return mel.window(seek, seek + size, N_FRAMES)
     return pad_or_trim(mel[:, seek:seek + size], N_FRAMES)  # frames past the audio: 0.0
 
 
@@ -201,19 +205,20 @@ WINDOW_LAYOUTS: dict[str, WindowLayout] = {"silence": _silence_window,
 assert tuple(WINDOW_LAYOUTS) == MEL_PADDINGS
 
 
-def window_features(mel: torch.Tensor | CompactMel, seek: int, size: int, padding: str
-                    ) -> torch.Tensor | CompactMel:
+def window_features(mel: Mel, seek: int, size: int, padding: str) -> Window:
     """The encoder input ``[n_mels, N_FRAMES]`` of the window whose audio is frames
     ``seek .. seek + size`` (``size`` <= ``N_FRAMES``) of ``mel``.
 
     ``mel`` is the log-mel of the *whole* audio followed by ``N_SAMPLES`` zero samples
     (``log_mel_spectrogram(audio, n_mels, padding=N_SAMPLES)``: one STFT, one max-8 floor for
-    the whole audio, as openai-whisper's ``transcribe``), as a tensor or as a
+    the whole audio, as openai-whisper's ``transcribe``), as a tensor, as a
     :class:`~edserve.audio.compact_mel.CompactMel` (whose windows come out contiguous; the
     ``silence`` window of one is a CompactMel itself, which the model writes out when the
-    request is staged: see :mod:`edserve.models.mel_staging`). The layouts differ only in a
-    window shorter than 30 s (``size < N_FRAMES``: a clip under 30 s, the last window of long
-    audio):
+    request is staged: see :mod:`edserve.models.mel_staging`) or as a
+    :class:`~edserve.audio.held_mel.HeldMel` kept by an engine worker (its windows are
+    :class:`~edserve.audio.held_mel.MelWindowRef`, written out by that worker). The layouts
+    differ only in a window shorter than 30 s (``size < N_FRAMES``: a clip under 30 s, the
+    last window of long audio):
 
     * ``silence``: the next ``N_FRAMES - size`` frames of ``mel``, i.e. the log-mel of the
       appended silence (HF's feature extractor; ``log_mel_spectrogram(pad_or_trim(audio))``
@@ -222,12 +227,12 @@ def window_features(mel: torch.Tensor | CompactMel, seek: int, size: int, paddin
     * ``zeros``: those frames are 0.0 (openai-whisper's ``transcribe`` decoding and
       faster-whisper: ``pad_or_trim(mel[:, seek:seek + size], N_FRAMES)``).
 
-    Returns a contiguous tensor (:func:`host_contiguous`) or a CompactMel. ``padding`` is a
-    name of :data:`WINDOW_LAYOUTS` (validated where options are built:
+    Returns a contiguous tensor (:func:`host_contiguous`), a CompactMel or a MelWindowRef.
+    ``padding`` is a name of :data:`WINDOW_LAYOUTS` (validated where options are built:
     :func:`edserve.config.check_mel_padding`).
     """
     if not 0 < size <= N_FRAMES or seek + N_FRAMES > mel.shape[-1]:
         raise ValueError(f"window of {size} frames at {seek} does not fit a log-mel of "
                          f"{mel.shape[-1]} frames (content + {N_FRAMES} frames of silence)")
     window = WINDOW_LAYOUTS[padding](mel, seek, size)
-    return window if isinstance(window, CompactMel) else host_contiguous(window)
+    return window if isinstance(window, (CompactMel, MelWindowRef)) else host_contiguous(window)

@@ -22,6 +22,7 @@ from edserve.audio.chunked_mel import chunked_log_mel
 from edserve.audio.compact_mel import CompactMel
 from edserve.audio.decode import DECLARED_DURATION_SLACK, load_audio
 from edserve.audio.errors import DecodeCancelled, NonFiniteAudioError
+from edserve.audio.held_mel import HeldMel
 from edserve.audio.mel import N_SAMPLES, SAMPLE_RATE
 from edserve.audio.wav_pcm import pcm16_to_float, read_pcm_wav
 
@@ -32,11 +33,13 @@ class PreparedAudio:
 
     ``mel``: ``[n_mels, num_samples // HOP_LENGTH + N_FRAMES]`` float32, the log-mel of the
     samples followed by ``N_SAMPLES`` zeros (:func:`longform_mel`): a tensor, or after
-    crossing a process boundary a :class:`CompactMel` (sliced the same way); ``num_samples``: 16 kHz
+    crossing a process boundary a :class:`CompactMel` (sliced the same way), or a
+    :class:`~edserve.audio.held_mel.HeldMel` kept by the engine worker that computed it;
+    ``num_samples``: 16 kHz
     samples decoded; ``decode_s`` / ``features_s``: seconds the two steps took where they ran.
     """
 
-    mel: torch.Tensor | CompactMel
+    mel: torch.Tensor | CompactMel | HeldMel
     num_samples: int
     decode_s: float = 0.0
     features_s: float = 0.0
@@ -48,7 +51,10 @@ class PreparedAudio:
     def __reduce__(self):
         """Across processes (an audio worker's answer) as numpy, not torch storage, and
         without the constant tail of the appended silence (:class:`CompactMel`: ~73 % of an
-        11 s clip's frames, sent as one value). It arrives as a :class:`CompactMel`."""
+        11 s clip's frames, sent as one value). It arrives as a :class:`CompactMel`; a
+        :class:`HeldMel` crosses as its id."""
+        if isinstance(self.mel, HeldMel):
+            return (PreparedAudio, (self.mel, self.num_samples, self.decode_s, self.features_s))
         mel = self.mel if isinstance(self.mel, CompactMel) else CompactMel.of(self.mel.numpy())
         return (_rebuild, (mel.head, mel.fill, mel.frames, self.num_samples, self.decode_s,
                            self.features_s))

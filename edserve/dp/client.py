@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from edserve.audio.held_mel import MelWindowRef
 from edserve.audio.prepare import DecodedAudio, PreparedAudio
 from edserve.config import EngineConfig
 from edserve.dp import placement as placement_mod
@@ -109,20 +110,31 @@ class DataParallelClient(EngineClient):
                              f"{exc}") from None
 
     def _route(self, request: GenerateRequest) -> tuple[GenerateRequest, int | None]:
-        """The request as sent and the worker it must run on (None: any). ``encoder_kv``
-        becomes the holding worker's id; when that worker restarted since (or does not serve)
-        the request goes without it and re-encodes. ValueError for an unknown handle. The
-        caller holds the supervisor's lock (no restart in between)."""
+        """The request as sent and the worker it must run on (None: any). A window of a held
+        log-mel (:class:`~edserve.audio.held_mel.MelWindowRef`) runs on the worker holding it
+        (:class:`WorkerLost` when that worker restarted since). ``encoder_kv`` becomes the
+        holding worker's id; when that worker restarted since (or does not serve, or is not
+        the log-mel's) the request goes without it and re-encodes. ValueError for an unknown
+        handle or log-mel. The caller holds the supervisor's lock (no restart in between)."""
+        pinned = None
+        if isinstance(request.encoder_input, MelWindowRef):
+            window, pinned = self.supervisor.mels.route(request.encoder_input, self._generation)
+            request = dataclasses.replace(request, encoder_input=window)
         held = request.encoder_kv
         if held is None:
-            return request, None
+            return request, pinned
         ref = self.supervisor.handles.get(held)
         w = self.workers[ref.worker]
-        if w.ready and w.generation == ref.generation:
+        if self._generation(w.index) == ref.generation and pinned in (None, w.index):
             return dataclasses.replace(request, encoder_kv=id_view(held, ref.worker_id)), w.index
         logger.info("encoder handle %d: worker %d restarted, its KV is gone; re-encoding",
                     held.id, ref.worker)
-        return dataclasses.replace(request, encoder_kv=None), None
+        return dataclasses.replace(request, encoder_kv=None), pinned
+
+    def _generation(self, index: int) -> int | None:
+        """Worker slot ``index``'s generation while it serves, else None."""
+        w = self.workers[index]
+        return w.generation if w.ready else None
 
     async def _deltas(self, request: GenerateRequest, stream: bool) -> AsyncIterator[TokenDelta]:
         with self.supervisor.lock:
@@ -194,7 +206,10 @@ class DataParallelClient(EngineClient):
         self.supervisor.call(w, "validate", request).result(CALL_TIMEOUT_S)
 
     async def features(self, audio: DecodedAudio) -> PreparedAudio:
-        """On the least-loaded worker, off its engine loop (:mod:`edserve.dp.features`)."""
+        """On the least-loaded worker, off its engine loop (:mod:`edserve.dp.features`); the
+        log-mel normally stays there (``mel``: a :class:`~edserve.audio.held_mel.HeldMel`
+        whose windows run on that worker, released when the caller drops it or calls its
+        ``release()``)."""
         w = pick(self.workers)
         if w is None:
             raise WorkerLost("no engine worker is available (restarting)", "no_worker")

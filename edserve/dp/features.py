@@ -9,7 +9,10 @@ once waited ~0.2 s each behind one thread), so jobs run :data:`CUDA_THREADS` at 
 a CPU one thread, beside the engine's own. Each thread answers through its own PUSH socket on
 the ``up`` endpoint (a zmq socket belongs to one thread): a
 :class:`~edserve.dp.protocol.Reply` with the :class:`~edserve.audio.prepare.PreparedAudio`, or
-the error.
+the error. With a :class:`~edserve.dp.mel_store.MelStore` the log-mel stays here, on the
+engine's device, and the answer's ``mel`` is a :class:`~edserve.audio.held_mel.HeldMel` (its
+id; windows refer to it, :mod:`edserve.audio.held_mel`); one that does not fit the store comes
+back as values.
 """
 
 from __future__ import annotations
@@ -17,15 +20,20 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from contextlib import nullcontext
 from typing import Any
 
+import numpy as np
 import torch
 import zmq
 
-from edserve.audio.device_mel import device_features
-from edserve.audio.prepare import DecodedAudio
+from edserve.audio.compact_mel import CompactMel
+from edserve.audio.device_mel import device_log_mel
+from edserve.audio.prepare import DecodedAudio, PreparedAudio
 from edserve.dp import protocol as P
 from edserve.dp import wire
+from edserve.dp.mel_store import MelStore
 
 logger = logging.getLogger("edserve.dp")
 
@@ -36,11 +44,13 @@ CUDA_THREADS = 4
 class FeatureService:
     """``submit(call_id, audio)`` queues one job; :meth:`close` stops the threads after the
     queued jobs. ``n_mels`` None: the model takes no log-mels (every job is refused).
-    ``threads``: jobs at once (default :data:`CUDA_THREADS` on CUDA, else 1)."""
+    ``threads``: jobs at once (default :data:`CUDA_THREADS` on CUDA, else 1). ``store``: where
+    log-mels are kept for the API process (None: every answer carries the values)."""
 
     def __init__(self, index: int, ctx: zmq.Context, up_endpoint: str, device: torch.device,
-                 n_mels: int | None, threads: int | None = None) -> None:
-        self.index, self.device, self.n_mels = index, device, n_mels
+                 n_mels: int | None, threads: int | None = None,
+                 store: MelStore | None = None) -> None:
+        self.index, self.device, self.n_mels, self.store = index, device, n_mels, store
         if threads is None:
             threads = CUDA_THREADS if device.type == "cuda" else 1
         if threads < 1:
@@ -65,11 +75,22 @@ class FeatureService:
                 raise ValueError("this model takes no audio features")
             if not isinstance(audio, DecodedAudio):
                 raise TypeError(f"features takes DecodedAudio, got {type(audio).__name__}")
-            value = device_features(audio, self.n_mels, self.device, stream)
+            value = self._features(audio, stream)
         except Exception as exc:
             logger.warning("features call %d failed: %s: %s", call_id, type(exc).__name__, exc)
             return P.Reply(self.index, call_id, False, str(exc), type(exc).__name__)
         return P.Reply(self.index, call_id, True, value)
+
+    def _features(self, audio: DecodedAudio, stream: torch.cuda.Stream | None) -> PreparedAudio:
+        started = time.perf_counter()
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            # reading ``fill`` back waited for this stream: ``head`` is written
+            head, fill, frames = device_log_mel(audio, self.n_mels, self.device)
+            held = self.store.hold(head, fill, frames) if self.store is not None else None
+            mel = held if held is not None else \
+                CompactMel(head.cpu().numpy(), np.float32(fill), frames)
+        return PreparedAudio(mel, audio.num_samples, audio.decode_s,
+                             time.perf_counter() - started)
 
     def _run(self, sock: zmq.Socket) -> None:
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None

@@ -11,7 +11,7 @@ Sockets (all ``ipc://`` endpoints in a private temporary folder; the API process
 - ``down-<worker>-<generation>``: one PUSH per worker incarnation in the API process (a
   restarted worker gets a fresh endpoint, so nothing meant for its predecessor reaches it);
   the worker's PULL receives :class:`Generate`, :class:`Abort`, :class:`ReleaseEncoder`,
-  :class:`Call` (``integrity``, ``validate``, ``encoder``) and :class:`Stop`.
+  :class:`ReleaseMel`, :class:`Call` (``integrity``, ``validate``, ``encoder``) and :class:`Stop`.
 
 Each side dispatches by the message's type through a table (:func:`dispatch`). Messages are
 pickled (:mod:`edserve.dp.wire`: host tensors as numpy arrays) between processes of one host
@@ -48,6 +48,13 @@ class ReleaseEncoder:
     :mod:`edserve.dp.handles`); run between two steps."""
 
     handle_id: int
+
+
+@dataclass(frozen=True)
+class ReleaseMel:
+    """Drop the worker's held log-mel ``mel_id`` (see :mod:`edserve.audio.held_mel`)."""
+
+    mel_id: int
 
 
 @dataclass(frozen=True)

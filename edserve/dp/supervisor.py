@@ -27,6 +27,7 @@ from edserve.dp import procs, wire
 from edserve.dp import protocol as P
 from edserve.dp.errors import WorkerLost
 from edserve.dp.handles import EncoderHandles
+from edserve.dp.held_mels import HeldMels
 from edserve.dp.placement import Placement
 from edserve.dp.router import WorkerState, pick
 
@@ -61,6 +62,7 @@ class Supervisor:
         self.pending: dict[str, Pending] = {}
         self.calls: dict[int, tuple[int, concurrent.futures.Future]] = {}
         self.handles = EncoderHandles()  # keep_encoder handles given out (dp/handles.py)
+        self.mels = HeldMels(self._send_release_mel)  # log-mels kept by workers (held_mels.py)
         self._call_ids = itertools.count()
         self._dir = tempfile.mkdtemp(prefix="edserve-dp-")
         self._ctx = zmq.Context()
@@ -247,14 +249,27 @@ class Supervisor:
 
     def _on_reply(self, msg: P.Reply) -> None:
         _, fut = self.calls.pop(msg.call_id, (None, None))
-        if fut is None:
+        if fut is None:  # its worker died (and what it held with it)
             return
-        if msg.ok:
-            fut.set_result(msg.value)
-        else:
-            fut.set_exception(ValueError(msg.value) if msg.error_type == "ValueError" else
-                              RuntimeError(f"worker {msg.worker}: {msg.error_type}: "
-                                           f"{msg.value}"))
+        value = msg.value
+        if msg.ok:  # a held log-mel becomes the caller's (released when dropped)
+            value = self.mels.adopt(msg.worker, self.workers[msg.worker].generation, value)
+        try:
+            if msg.ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(ValueError(value) if msg.error_type == "ValueError" else
+                                  RuntimeError(f"worker {msg.worker}: {msg.error_type}: "
+                                               f"{value}"))
+        except concurrent.futures.InvalidStateError:
+            pass  # the caller gave up (cancelled); nobody takes the answer
+
+    def _send_release_mel(self, worker: int, generation: int, mel_id: int) -> bool:
+        """Tell ``worker`` to drop its log-mel ``mel_id``; False when that incarnation is
+        gone (the log-mel went with it) or cannot take messages."""
+        with self.lock:
+            w = self.workers[worker]
+            return w.ready and w.generation == generation and self.send(w, P.ReleaseMel(mel_id))
 
     def _on_bye(self, msg: P.Bye) -> None:
         self.workers[msg.worker].ready = False

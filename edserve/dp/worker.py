@@ -10,9 +10,12 @@ parent-pid check: no orphans). SIGINT is ignored: the API process owns shutdown.
 A ``keep_encoder`` handle stays in the scheduler's ``held``; its output carries an id-only view
 and a request's ``encoder_kv`` (that id) is resolved there (see :mod:`edserve.dp.handles`).
 The ``features`` call (a long upload's log-mel) runs on a thread of its own
-(:mod:`edserve.dp.features`). In-flight bookkeeping, the failed-step rule, the stats
-snapshot, ``validate`` and ``integrity`` are the
-:class:`~edserve.engine.core.EngineCore`'s (shared with the in-process ``AsyncEngine``).
+(:mod:`edserve.dp.features`) and keeps the log-mel in the worker's
+:class:`~edserve.dp.mel_store.MelStore`; a request whose ``encoder_input`` is a
+:class:`~edserve.audio.held_mel.MelWindowRef` gets its window written out from there.
+In-flight bookkeeping, the failed-step rule, the stats snapshot, ``validate`` and
+``integrity`` are the :class:`~edserve.engine.core.EngineCore`'s (shared with the in-process
+``AsyncEngine``).
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from typing import Any
 
 import zmq
 
+from edserve.audio.held_mel import MelWindowRef
 from edserve.dp import protocol as P
 from edserve.dp import wire
 from edserve.dp.features import FeatureService
 from edserve.dp.handles import id_view
+from edserve.dp.mel_store import MelStore, budget_from_env
 from edserve.engine.core import EngineCore, failed_delta
 
 logger = logging.getLogger("edserve.dp")
@@ -63,9 +68,11 @@ class WorkerLoop:
     """The worker's engine loop (see the module doc); ``run()`` returns when it should exit."""
 
     def __init__(self, index: int, engine: Any, up: zmq.Socket, down: zmq.Socket,
-                 parent_pid: int, features: FeatureService | None = None) -> None:
+                 parent_pid: int, features: FeatureService | None = None,
+                 mels: MelStore | None = None) -> None:
         self.index, self.engine, self.up, self.down = index, engine, up, down
         self.features = features  # the ``features`` call's thread (None: refused)
+        self.mels = mels if mels is not None else MelStore()  # log-mels held for the API
         self.core = EngineCore(engine)
         self.parent_pid = parent_pid
         self._filters: dict[Any, Any] = {}
@@ -75,7 +82,8 @@ class WorkerLoop:
         self._stats_at = 0.0
 
         self._handlers = {P.Generate: self._on_generate, P.Abort: self._on_abort,
-                          P.ReleaseEncoder: self._on_release, P.Call: self._on_call,
+                          P.ReleaseEncoder: self._on_release, P.ReleaseMel: self._on_release_mel,
+                          P.Call: self._on_call,
                           P.Stop: self._on_stop}
         self._calls = {"integrity": lambda _: self.core.integrity(),
                        "validate": self.core.validate, "encoder": lambda _: self._encoder()}
@@ -102,6 +110,8 @@ class WorkerLoop:
         try:
             if request.encoder_kv is not None:
                 request.encoder_kv = self._held(request.encoder_kv.id)
+            if isinstance(request.encoder_input, MelWindowRef):
+                request.encoder_input = self.mels.window(request.encoder_input)
             self.core.submit(request, lambda d: self.send(P.Delta(self.index, rid,
                                                                   _sendable(d))), msg.stream)
         except ValueError as exc:
@@ -121,10 +131,15 @@ class WorkerLoop:
         else:
             self.engine.scheduler.release_encoder(held)
 
+    def _on_release_mel(self, msg: P.ReleaseMel) -> None:
+        if not self.mels.release(msg.mel_id):
+            logger.warning("release_mel: log-mel %d is not held", msg.mel_id)
+
     def _encoder(self) -> dict[str, int]:
-        """``held``: keep_encoder handles not released; ``encoded``: encoder inputs run."""
+        """``held``: keep_encoder handles not released; ``encoded``: encoder inputs run;
+        ``mels``: log-mels held for the API process."""
         return {"held": len(self.engine.scheduler.held),
-                "encoded": self.engine.runner.num_encoded_inputs}
+                "encoded": self.engine.runner.num_encoded_inputs, "mels": len(self.mels)}
 
     def _intern(self, f: Any) -> Any:
         """One instance per distinct filter, so the sampler's per-filter caches are shared."""
@@ -222,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         from edserve.config import EngineConfig
         from edserve.runtime import build_engine
 
+        mels = MelStore(budget_from_env())  # ValueError for a bad EDSERVE_HELD_MEL_BYTES
         engine = build_engine(EngineConfig(**json.loads(args.config)))
         threads = torch.get_num_threads() if engine.device.type == "cpu" else None
         facts = P.WorkerFacts(os.getpid(), engine.tokenizer, engine.model.config,
@@ -233,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx.term()
         return 1
     n_mels = getattr(engine.model.config, "num_mel_bins", None)
-    features = FeatureService(args.index, ctx, args.up, engine.device, n_mels)
-    loop = WorkerLoop(args.index, engine, up, down, args.parent_pid, features)
+    features = FeatureService(args.index, ctx, args.up, engine.device, n_mels, store=mels)
+    loop = WorkerLoop(args.index, engine, up, down, args.parent_pid, features, mels)
     signal.signal(signal.SIGTERM, lambda *_: loop.request_stop())
     loop.send(P.Hello(args.index, facts))
     try:

@@ -227,6 +227,8 @@ async def _run(request: Request, params: TranscriptionParams, task_name: str,
         return Response(status_code=499)
     except (RequestFailed, RuntimeError) as exc:  # RuntimeError: LongformTask.feed (for now)
         raise APIError(500, f"transcription failed: {exc}", None, "engine_error") from None
+    finally:
+        task.release()  # a log-mel held by an engine worker, on every way out
     times.observe(state.metrics)
     rendered = time.perf_counter()
     response = render(result, params, task_name)
@@ -246,9 +248,12 @@ async def _sse(state: Any, task: LongformTask) -> AsyncIterator[dict[str, Any]]:
         tokens.add(req, out)
         times.add(req, out)
 
-    async for segment in transcribe_async(state.engine, task, seen):
-        delta = text.push(segment.text)
-        if delta:
-            yield {"type": "transcript.text.delta", "delta": delta}
+    try:
+        async for segment in transcribe_async(state.engine, task, seen):
+            delta = text.push(segment.text)
+            if delta:
+                yield {"type": "transcript.text.delta", "delta": delta}
+    finally:
+        task.release()
     times.observe(state.metrics)
     yield {"type": "transcript.text.done", "text": text.text, "usage": tokens.openai()}

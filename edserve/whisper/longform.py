@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from edserve.audio.held_mel import HeldMel
 from edserve.audio.mel import (
     N_FRAMES,
     SAMPLE_RATE,
@@ -147,8 +148,10 @@ class LongformTask:
         return min(N_FRAMES, self.content_frames - self.seek)
 
     def next_request(self) -> GenerateRequest | None:
-        """The engine request for the current window and temperature; None when done."""
+        """The engine request for the current window and temperature; None when done (what
+        the task holds elsewhere is handed back then: :meth:`release`)."""
         if self.done:
+            self.release()
             return None
         # past the audio's end: the appended silence's frames, or zeros (options.mel_padding)
         features = window_features(self.mel, self.seek, self._segment_size(),
@@ -183,6 +186,12 @@ class LongformTask:
         if self.opts.word_timestamps:
             req.readout = self._readout(forced, language)
         return req
+
+    def release(self) -> None:
+        """Hand back a log-mel held by an engine worker (:class:`HeldMel`) now rather than
+        when this task is collected; idempotent. The task takes no further windows after."""
+        if isinstance(self.mel, HeldMel):
+            self.mel.release()
 
     def _readout(self, forced: int, language: str | None) -> AlignmentReadout:
         """What the window asks the engine for: its alignment pass (returned in the output's

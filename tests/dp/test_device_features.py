@@ -12,13 +12,15 @@ import wave
 import httpx
 import numpy as np
 import pytest
-import torch
 
-from dp.reference import DATA
+from dp.reference import DATA, wait_for
 from edserve.audio.decode import load_audio
-from edserve.audio.prepare import DecodedAudio, PreparedAudio, longform_mel
+from edserve.audio.held_mel import HeldMel
+from edserve.audio.mel import window_features
+from edserve.audio.prepare import DecodedAudio, PreparedAudio, longform_compact_mel
 from edserve.config import EngineConfig
 from edserve.dp.client import DataParallelClient
+from edserve.engine.request import GenerateRequest, SamplingParams
 from edserve.server.config import ServerConfig
 from edserve.server.launch import ServerThread, build
 
@@ -55,13 +57,17 @@ def _texts(url: str, uploads: dict[str, bytes]) -> dict[str, str]:
     return out
 
 
-def _serve(server_cfg: ServerConfig, uploads: dict[str, bytes], patch=None) -> dict[str, str]:
+def _serve(server_cfg: ServerConfig, uploads: dict[str, bytes], patch=None,
+           after=None) -> dict[str, str]:
     client, app = build(EngineConfig(), server_cfg)
     if patch is not None:
         patch(app.state.engine)
     server = ServerThread(app, "127.0.0.1", 0).start()
     try:
-        return _texts(server.url, uploads)
+        texts = _texts(server.url, uploads)
+        if after is not None:
+            after(app.state.engine)
+        return texts
     finally:
         server.stop()
         client.shutdown(5.0)
@@ -81,8 +87,15 @@ def test_threshold_resolution():
 
 
 def test_engine_process_computes_long_log_mels_with_the_same_text(uploads, host_texts):
+    """The engine worker keeps the long upload's log-mel (its windows refer to it) and drops
+    it when the transcription ends."""
+    def nothing_held(client):
+        assert isinstance(client, DataParallelClient)
+        wait_for(lambda: _held_mels(client) == 0, 30, "the held log-mels to be released")
+        assert len(client.supervisor.mels) == 0
+
     texts = _serve(ServerConfig(engine_process=True, audio_workers=1,
-                                device_features_above_s=5.0), uploads)
+                                device_features_above_s=5.0), uploads, after=nothing_held)
     assert texts == host_texts
 
 
@@ -127,10 +140,24 @@ def test_a_failing_features_call_falls_back_to_the_host(uploads, host_texts):
     assert texts == host_texts
 
 
-def test_worker_features_call_and_a_bad_one():
+def _held_mels(client) -> int:
+    return client.supervisor.call(client.workers[0], "encoder").result(60)["mels"]
+
+
+def test_worker_features_call_keeps_the_log_mel_there_and_a_bad_one():
+    """The log-mel stays in the worker (the answer is a HeldMel); a window request on it
+    decodes the same tokens as one carrying the window's values; released explicitly or as a
+    cancelled call's answer, nothing stays held; a bad call leaves the worker serving."""
     client = DataParallelClient(EngineConfig(), 1).start()
     try:
         audio = load_audio(DATA / "jfk.wav")
+        values = longform_compact_mel(audio, 80)
+
+        def request(mel):
+            tok = client.tokenizer
+            return GenerateRequest(tok.sot_sequence("en", "transcribe", False),
+                                   window_features(mel, 0, 1100, "silence"),
+                                   SamplingParams(max_new_tokens=30))
 
         async def go():
             good = await client.features(DecodedAudio(audio, 0.5))
@@ -138,12 +165,23 @@ def test_worker_features_call_and_a_bad_one():
             bad = asyncio.wrap_future(client.supervisor.call(w, "features", "not audio"))
             with pytest.raises(RuntimeError, match="TypeError: features takes DecodedAudio"):
                 await bad
-            return good, await client.integrity()
+            assert _held_mels(client) == 1
+            held_out = await client.generate(request(good.mel))
+            values_out = await client.generate(request(values))
+            cancelled = client.supervisor.call(w, "features", DecodedAudio(audio))
+            assert cancelled.cancel()  # its answer arrives after: nobody takes it
+            good.mel.release()
+            return good, held_out, values_out, await client.integrity()
 
-        good, report = asyncio.run(go())
+        good, held_out, values_out, report = asyncio.run(go())
         assert isinstance(good, PreparedAudio) and good.decode_s == 0.5
         assert good.num_samples == len(audio) and good.features_s > 0
-        torch.testing.assert_close(good.mel.full(), longform_mel(audio, 80), rtol=0, atol=1e-6)
+        assert isinstance(good.mel, HeldMel) and good.mel.shape == values.shape
+        assert held_out.token_ids == values_out.token_ids and len(held_out.token_ids) > 5
         assert report["ok"] and report["workers"][0]["ok"]  # still serving
+        wait_for(lambda: _held_mels(client) == 0, 30, "the held log-mels to be released")
+        assert len(client.supervisor.mels) == 0
+        with pytest.raises(ValueError, match="not held"):  # released: its windows are refused
+            asyncio.run(client.generate(request(good.mel)))
     finally:
         client.shutdown(5.0)

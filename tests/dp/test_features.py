@@ -63,3 +63,46 @@ def test_thread_count_per_device(pull):
     with pytest.raises(ValueError, match=">= 1 thread"):
         FeatureService(0, ctx, endpoint, torch.device("cpu"), 80, threads=0)
     assert CUDA_THREADS > 1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_with_a_store_the_log_mel_stays_and_its_windows_equal_the_values(pull, device):
+    """The answer holds an id (HeldMel), not the values; windows written out by the store
+    equal the same windows of the values answer's log-mel (bit for bit on the CPU); a store
+    that is full answers values (the path without one)."""
+    from edserve.audio.held_mel import HeldMel
+    from edserve.audio.mel import window_features
+    from edserve.dp.mel_store import MelStore
+
+    ctx, sock, endpoint = pull
+    store = MelStore()
+    audio = DecodedAudio((0.1 * np.random.default_rng(1).standard_normal(16000 * 70))
+                         .astype(np.float32))
+    held_service = FeatureService(0, ctx, endpoint, torch.device(device), 80, store=store)
+    plain_service = FeatureService(0, ctx, endpoint, torch.device(device), 80,
+                                   store=MelStore(max_bytes=0))
+    try:
+        held_service.submit(1, audio)
+        plain_service.submit(2, audio)
+        replies = {}
+        for _ in range(2):
+            assert sock.poll(60_000)
+            reply = wire.recv(sock)
+            replies[reply.call_id] = reply
+    finally:
+        held_service.close()
+        plain_service.close()
+    held, values = replies[1].value, replies[2].value
+    assert isinstance(held.mel, HeldMel) and len(store) == 1
+    assert held.mel.shape == values.mel.shape and held.num_samples == audio.num_samples
+    full = values.mel.full()
+    for seek, size in [(0, 3000), (3000, 3000), (6500, 500)]:
+        for padding in ("silence", "zeros"):
+            got = store.window(window_features(held.mel, seek, size, padding))
+            assert got.device.type == device
+            want = window_features(full, seek, size, padding)
+            # one device computes both (cuFFT may pick another plan per call on CUDA)
+            torch.testing.assert_close(got.cpu(), want, rtol=0,
+                                       atol=0 if device == "cpu" else 1e-5)
+    assert store.release(held.mel.mel_id) and store.held_bytes == 0

@@ -177,7 +177,7 @@ def test_encoder_handle_stays_in_the_worker(model_dir):
         got = h.recv_until(lambda g: sum(isinstance(m, P.Reply) for m in g) == 2)
         replies = {m.call_id: m.value for m in got if isinstance(m, P.Reply)}
         assert replies[1]["ok"] and replies[1]["kv_slots_used"] == 0
-        assert replies[2] == {"held": 0, "encoded": encoded}
+        assert replies[2] == {"held": 0, "encoded": encoded, "mels": 0}
     finally:
         h.close()
     engine.check_integrity()
