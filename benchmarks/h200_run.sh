@@ -178,6 +178,11 @@ for part in "$@"; do
              (cd benchmarks && EDSERVE_HELD_MEL_BYTES=$budget timeout 280 python3 -W ignore serve_gpu.py --concurrency 1 --requests 32 \
                --json "$OUT/serve_w20_long_$mode.json" 2>&1 | tee "$OUT/serve_w20_long_$mode.log" | grep -E "^long-form|engine:|long-form API")
            done ;;
+    # wave 20: beam 5 vs greedy vs HF num_beams=5 at 64 (forced length), then the transcription path (EOS + timestamps) (~8 min)
+    w20-beam) (cd benchmarks && timeout 330 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
+                --beam-on-device --repeats 2 2>&1 | grep -v "custom logits" | tee "$OUT/w20_beam_hf.log" | tail -12)
+              (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
+                --beam-on-device --eos-timestamps 2>&1 | grep -v "custom logits" | tee "$OUT/w20_beam_eos.log" | tail -10) ;;
     # wave 14: sampling graphs: GPU tests, host idle at 64 rows and one row, the real path on/off (~6 min)
     w14-sample) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_sample_graphs.py \
              tests/engine/test_gpu_syncs.py tests/engine/test_gpu_prompt_graphs.py tests/engine/test_gpu.py -rs 2>&1 \

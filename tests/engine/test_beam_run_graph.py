@@ -22,7 +22,7 @@ class EagerRecordGraphs(BeamRunGraphs):
 
 
 def _engine(model, on: bool, page_size: str, strategy: str, max_graphs: int = 8):
-    e = build_engine(model=str(model), page_size=page_size, encoder_kv=strategy,
+    e = build_engine(model=str(model), device="cpu", page_size=page_size, encoder_kv=strategy,
                      max_running_requests=16, debug_checks=True, beam_on_device=on,
                      overlap_schedule="on" if on else "off")
     if on:
