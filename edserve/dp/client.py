@@ -185,16 +185,10 @@ class DataParallelClient(EngineClient):
         when that worker restarted since (its KV went with the process) or when the handle is
         not held (released twice). TypeError for anything but an EncoderKV."""
         ref = self.supervisor.handles.pop(handle)
-        if ref is None:
-            return
-        with self.supervisor.lock:
-            w = self.workers[ref.worker]
-            if w.generation != ref.generation or not w.ready:
-                logger.info("release_encoder: worker %d restarted (or is stopping); handle %d "
-                            "went with its process", ref.worker, handle.id)
-            elif not self.supervisor.send(w, P.ReleaseEncoder(ref.worker_id)):
-                logger.warning("release_encoder: worker %d is not accepting messages",
-                               ref.worker)
+        if ref is not None and not self.supervisor.send_to(
+                ref.worker, ref.generation, P.ReleaseEncoder(ref.worker_id)):
+            logger.info("release_encoder: worker %d restarted (or is stopping); handle %d "
+                        "went with its process", ref.worker, handle.id)
 
     def validate(self, request: GenerateRequest) -> None:
         """The engine's admission checks, run on a worker (blocking; call it off the event

@@ -1,4 +1,4 @@
-"""Per-worker state kept by the API process, and the least-loaded choice.
+"""Per-worker and per-request state kept by the API process, and the least-loaded choice.
 
 The load of a worker is its requests routed and not finished yet (waiting + running on the
 worker, plus any in transit: counted by the router as it routes and as results arrive, so it
@@ -8,6 +8,7 @@ slots (its latest snapshot), then to the one that received fewer requests so far
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,3 +61,20 @@ def pick(workers: list[WorkerState]) -> WorkerState | None:
     if not ready:
         return None
     return min(ready, key=lambda w: (len(w.inflight), -w.kv_free, w.routed, w.index))
+
+
+class Pending:
+    """A request waiting for deltas: its worker and a thread-safe way to reach its queue;
+    ``handle``: the caller's encoder handle its final output carries (``keep_encoder``)."""
+
+    def __init__(self, worker: int) -> None:
+        self.worker = worker
+        self.handle: Any = None
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def put(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening
+            pass

@@ -11,7 +11,6 @@ submission, aborts and calls send on the ``down`` sockets from any thread under 
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import itertools
 import logging
@@ -29,27 +28,10 @@ from edserve.dp.errors import WorkerLost
 from edserve.dp.handles import EncoderHandles
 from edserve.dp.held_mels import HeldMels
 from edserve.dp.placement import Placement
-from edserve.dp.router import WorkerState, pick
+from edserve.dp.router import Pending, WorkerState, pick
 
 logger = logging.getLogger("edserve.dp")
 MAX_FAILED_STARTS = 3
-
-
-class Pending:
-    """A request waiting for deltas: its worker and a thread-safe way to reach its queue;
-    ``handle``: the caller's encoder handle its final output carries (``keep_encoder``)."""
-
-    def __init__(self, worker: int) -> None:
-        self.worker = worker
-        self.handle: Any = None
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
-
-    def put(self, item: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening
-            pass
 
 
 class Supervisor:
@@ -62,7 +44,8 @@ class Supervisor:
         self.pending: dict[str, Pending] = {}
         self.calls: dict[int, tuple[int, concurrent.futures.Future]] = {}
         self.handles = EncoderHandles()  # keep_encoder handles given out (dp/handles.py)
-        self.mels = HeldMels(self._send_release_mel)  # log-mels kept by workers (held_mels.py)
+        # log-mels kept by workers (held_mels.py)
+        self.mels = HeldMels(lambda w, gen, mel_id: self.send_to(w, gen, P.ReleaseMel(mel_id)))
         self._call_ids = itertools.count()
         self._dir = tempfile.mkdtemp(prefix="edserve-dp-")
         self._ctx = zmq.Context()
@@ -145,6 +128,14 @@ class Supervisor:
             return True
         except zmq.Again:
             return False
+
+    def send_to(self, worker: int, generation: int, msg: Any) -> bool:
+        """Send ``msg`` to slot ``worker`` if it still runs incarnation ``generation`` (what the
+        message refers to lives there: a held encoder region or log-mel); False when that
+        incarnation is gone (and what it held with it) or cannot take messages now."""
+        with self.lock:
+            w = self.workers[worker]
+            return w.ready and w.generation == generation and self.send(w, msg)
 
     def submit(self, rid: str, frames: list, worker: int | None = None) -> Pending:
         """Route one encoded :class:`~edserve.dp.protocol.Generate` (its
@@ -263,13 +254,6 @@ class Supervisor:
                                                f"{value}"))
         except concurrent.futures.InvalidStateError:
             pass  # the caller gave up (cancelled); nobody takes the answer
-
-    def _send_release_mel(self, worker: int, generation: int, mel_id: int) -> bool:
-        """Tell ``worker`` to drop its log-mel ``mel_id``; False when that incarnation is
-        gone (the log-mel went with it) or cannot take messages."""
-        with self.lock:
-            w = self.workers[worker]
-            return w.ready and w.generation == generation and self.send(w, P.ReleaseMel(mel_id))
 
     def _on_bye(self, msg: P.Bye) -> None:
         self.workers[msg.worker].ready = False
