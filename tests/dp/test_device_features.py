@@ -112,6 +112,31 @@ def _spy(calls: list[int]):
     return patch
 
 
+def test_a_stream_left_after_its_first_segment_releases_the_log_mel(uploads):
+    """A client that reads one streamed segment of a long upload and hangs up: the log-mel
+    the worker held for it is released, the KV slots are freed and the pools intact."""
+    cfg = ServerConfig(engine_process=True, audio_workers=1, device_features_above_s=5.0)
+    client, app = build(EngineConfig(), cfg)
+    server = ServerThread(app, "127.0.0.1", 0).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=300) as http:
+            with http.stream("POST", "/v1/audio/transcriptions",
+                             files={"file": ("long.wav", uploads["long"])},
+                             data={"model": "whisper-1", "stream": "true"}) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if "transcript.text.delta" in line:
+                        assert _held_mels(client) == 1  # the windows read it there
+                        break  # leave: the connection closes
+        wait_for(lambda: _held_mels(client) == 0, 60, "the held log-mel to be released")
+        wait_for(lambda: asyncio.run(client.integrity())["kv_slots_used"] == 0, 60,
+                 "the aborted window's KV slots")
+        assert asyncio.run(client.integrity())["ok"]
+    finally:
+        server.stop()
+        client.shutdown(5.0)
+
+
 def test_in_process_engine_computes_them_too(uploads, host_texts):
     calls = []
     texts = _serve(ServerConfig(audio_workers=0, device_features_above_s=20.0), uploads,
