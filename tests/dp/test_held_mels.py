@@ -75,3 +75,37 @@ def test_other_answers_pass_through_and_refs_pickle_without_hooks():
     assert mels.adopt(0, 0, plain) is plain and mels.adopt(0, 0, "x") == "x"
     mel = mels.adopt(0, 0, _answer(3)).mel
     assert b"HeldMels" not in dumps(mel.window(0, 5)) and b"lambda" not in dumps(mel)
+
+
+def test_the_client_routes_a_window_and_its_encoder_handle_to_the_holding_worker():
+    """DataParallelClient._route (no worker processes started: the slots' state is set here):
+    a window runs on the worker holding its log-mel, with that worker's id; an encoder handle
+    of the same worker goes along, one of another worker is dropped (re-encode); a restarted
+    holder fails the window with 503."""
+    import torch
+
+    from edserve.config import EngineConfig
+    from edserve.dp.client import DataParallelClient
+    from edserve.engine.request import EncoderKV, GenerateRequest
+
+    client = DataParallelClient(EngineConfig(), 2)
+    try:
+        for w in client.workers:
+            w.ready = True
+        sup = client.supervisor
+        mel = sup.mels.adopt(1, 0, _answer(7)).mel
+        view = EncoderKV(torch.empty(0, dtype=torch.long), 1500, 0, id=5)
+        same, other = sup.handles.adopt(1, 0, view), sup.handles.adopt(0, 0, view)
+        window = mel.window(0, 3000)
+
+        routed, worker = client._route(GenerateRequest([1, 2], window, encoder_kv=same))
+        assert worker == 1 and routed.encoder_input.mel_id == 7 and routed.encoder_kv.id == 5
+        routed, worker = client._route(GenerateRequest([1, 2], window, encoder_kv=other))
+        assert worker == 1 and routed.encoder_kv is None  # its KV is on worker 0
+        routed, worker = client._route(GenerateRequest([1, 2], None, encoder_kv=other))
+        assert worker == 0 and routed.encoder_kv.id == 5
+        client.workers[1].generation = 1  # worker 1 restarted: the log-mel went with it
+        with pytest.raises(WorkerLost):
+            client._route(GenerateRequest([1, 2], window))
+    finally:
+        client.shutdown(0.0)
