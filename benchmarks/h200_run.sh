@@ -171,11 +171,11 @@ for part in "$@"; do
              tests/dp/test_mel_store.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/w20_verify.log" | tail -8 ;;
     # wave 20: long-form with the log-mels held by the engine worker (default) vs sent back
-    # (EDSERVE_HELD_MEL_BYTES=0), alternating; W20_ORDER picks the order (~3 min per run)
+    # (--held-log-mel-mb 0), alternating; W20_ORDER picks the order (~1.5 min per run)
     w20-long) for mode in ${W20_ORDER:-held values}; do
-             case $mode in values) budget=0;; *) budget=;; esac
+             case $mode in values) flags="--held-log-mel-mb 0";; *) flags="";; esac
              echo "--- $mode"
-             (cd benchmarks && EDSERVE_HELD_MEL_BYTES=$budget timeout 280 python3 -W ignore serve_gpu.py --concurrency 1 --requests 32 \
+             (cd benchmarks && timeout 280 python3 -W ignore serve_gpu.py --concurrency 1 --requests 32 --serve-flags="$flags" \
                --json "$OUT/serve_w20_long_$mode.json" 2>&1 | tee "$OUT/serve_w20_long_$mode.log" | grep -E "^long-form|engine:|long-form API")
            done ;;
     # wave 20: beam 5 vs greedy vs HF num_beams=5 at 64 (forced length), then the transcription path (EOS + timestamps) (~8 min)

@@ -29,6 +29,7 @@ from edserve.dp import protocol as P
 from edserve.dp import wire
 from edserve.dp.errors import WorkerLost
 from edserve.dp.handles import id_view
+from edserve.dp.mel_store import BUDGET_ENV
 from edserve.dp.router import WorkerState, pick
 from edserve.dp.supervisor import Supervisor
 from edserve.engine.errors import RequestFailed
@@ -47,14 +48,21 @@ class DataParallelClient(EngineClient):
 
     ``config``: the engine settings of every worker (placed by
     :func:`edserve.dp.placement.plan`: one GPU each, or a share of the CPU cores).
+    ``held_mel_bytes``: how much of long uploads' log-mels each worker keeps (default: its
+    environment's ``EDSERVE_HELD_MEL_BYTES``, else 4 GiB; :mod:`edserve.dp.mel_store`).
     """
 
     def __init__(self, config: EngineConfig, size: int, model_name: str = "",
-                 log_level: str = "WARNING", gpus: list[str] | None = None) -> None:
+                 log_level: str = "WARNING", gpus: list[str] | None = None,
+                 held_mel_bytes: int | None = None) -> None:
         self._config = config
         self.size = size
         self.model_name = model_name
-        self.supervisor = Supervisor(placement_mod.plan(config, size, gpus), log_level)
+        placements = placement_mod.plan(config, size, gpus)
+        if held_mel_bytes is not None:  # each worker's MelStore budget (dp/mel_store.py)
+            for p in placements:
+                p.env[BUDGET_ENV] = str(held_mel_bytes)
+        self.supervisor = Supervisor(placements, log_level)
         self._resolved_config: tuple[P.WorkerFacts, EngineConfig] | None = None
 
     def start(self, timeout: float = 600.0) -> DataParallelClient:

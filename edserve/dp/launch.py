@@ -17,5 +17,6 @@ def build_dp(engine_config: EngineConfig, server_config: ServerConfig
     shuts the client down) and build the app."""
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
     client = DataParallelClient(engine_config, server_config.data_parallel_size,
-                                server_config.served_model_name, log_level=level).start()
+                                server_config.served_model_name, log_level=level,
+                                held_mel_bytes=server_config.held_log_mel_mb << 20).start()
     return client, create_dp_app(client, server_config)

@@ -116,6 +116,12 @@ class ServerConfig:
         "loop and the HTTP handlers do not share one GIL. Default (unset): on for a Whisper "
         "model on one CUDA GPU (H200, 32 clients: 93.7 vs 61.8 requests/s on a thread), else "
         "the engine runs on a thread of the API process. Whisper models only.")
+    held_log_mel_mb: int = _f(
+        4096, "MiB of long uploads' log-mels an engine worker process keeps on its device while "
+        "their transcriptions run (computed there, --device-features-above-s; each window's "
+        "request then refers to it instead of carrying 1.5 MB: a 10-minute file's log-mel is "
+        "30 MB); a log-mel that does not fit is sent back to the API process as before; 0: "
+        "none kept.")
     openapi_docs: bool = _f(
         True, "Serve the OpenAPI document at /openapi.json and its Swagger UI at /docs "
         "(no API key needed; the UI loads its scripts from a CDN); --no-openapi-docs turns "
@@ -128,6 +134,8 @@ class ServerConfig:
         check_mel_padding(self.mel_padding)
         if self.audio_workers is not None and self.audio_workers < 0:
             raise ValueError(f"--audio-workers must be auto or >= 0, got {self.audio_workers}")
+        if self.held_log_mel_mb < 0:
+            raise ValueError(f"--held-log-mel-mb must be >= 0, got {self.held_log_mel_mb}")
         if self.device_features_idle is not None and self.device_features_idle < 0:
             raise ValueError(f"--device-features-idle must be auto or >= 0, got "
                              f"{self.device_features_idle}")

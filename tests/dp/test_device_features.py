@@ -86,15 +86,17 @@ def test_threshold_resolution():
     assert ServerConfig(device_features_above_s=5).device_features_threshold("cpu") == 5
 
 
-def test_engine_process_computes_long_log_mels_with_the_same_text(uploads, host_texts):
+@pytest.mark.parametrize("held_mb", [4096, 0])
+def test_engine_process_computes_long_log_mels_with_the_same_text(uploads, host_texts, held_mb):
     """The engine worker keeps the long upload's log-mel (its windows refer to it) and drops
-    it when the transcription ends."""
+    it when the transcription ends; with ``--held-log-mel-mb 0`` it sends the values back
+    (the same texts either way)."""
     def nothing_held(client):
         assert isinstance(client, DataParallelClient)
         wait_for(lambda: _held_mels(client) == 0, 30, "the held log-mels to be released")
         assert len(client.supervisor.mels) == 0
 
-    texts = _serve(ServerConfig(engine_process=True, audio_workers=1,
+    texts = _serve(ServerConfig(engine_process=True, audio_workers=1, held_log_mel_mb=held_mb,
                                 device_features_above_s=5.0), uploads, after=nothing_held)
     assert texts == host_texts
 

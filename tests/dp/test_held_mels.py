@@ -109,3 +109,19 @@ def test_the_client_routes_a_window_and_its_encoder_handle_to_the_holding_worker
             client._route(GenerateRequest([1, 2], window))
     finally:
         client.shutdown(0.0)
+
+
+def test_the_server_flag_sets_each_workers_budget():
+    from edserve.config import EngineConfig
+    from edserve.dp.client import DataParallelClient
+    from edserve.dp.mel_store import BUDGET_ENV
+    from edserve.server.config import ServerConfig
+
+    assert ServerConfig().held_log_mel_mb == 4096
+    with pytest.raises(ValueError, match="held-log-mel-mb"):
+        ServerConfig(held_log_mel_mb=-1)
+    client = DataParallelClient(EngineConfig(), 2, held_mel_bytes=0)
+    try:
+        assert [w.placement.env[BUDGET_ENV] for w in client.workers] == ["0", "0"]
+    finally:
+        client.shutdown(0.0)
