@@ -183,6 +183,11 @@ for part in "$@"; do
                 --beam-on-device --repeats 2 2>&1 | grep -v "custom logits" | tee "$OUT/w20_beam_hf.log" | tail -12)
               (cd benchmarks && timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
                 --beam-on-device --eos-timestamps 2>&1 | grep -v "custom logits" | tee "$OUT/w20_beam_eos.log" | tail -10) ;;
+    # wave 20: short clips with every log-mel on the engine's GPU (held there) vs the default
+    # (audio workers under load), 1/32/64 clients (~4 min)
+    w20-short) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
+                --serve-flags= --serve-flags="--device-features-above-s 0" --json "$OUT/serve_w20_short.json" 2>&1 \
+                | tee "$OUT/serve_w20_short.log" | grep -v "^#   [a-z_]* .*(n=" | grep -v "^#   steps") ;;
     # wave 14: sampling graphs: GPU tests, host idle at 64 rows and one row, the real path on/off (~6 min)
     w14-sample) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_sample_graphs.py \
              tests/engine/test_gpu_syncs.py tests/engine/test_gpu_prompt_graphs.py tests/engine/test_gpu.py -rs 2>&1 \
