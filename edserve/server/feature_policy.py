@@ -10,7 +10,9 @@ Two settings decide (:class:`~edserve.server.config.ServerConfig`):
   WAV is read in the API process, skipping the audio worker's round trip (one client: 65 vs
   70 ms p50). Under load short clips go back to the workers: there the device and the engine
   process's GIL belong to the engine's steps (every log-mel on the device measured 101 vs 106
-  requests/s at 32 clients and 94.5 vs 119.7 at 64; benchmarks/RESULTS.md, wave 14).
+  requests/s at 32 clients and 94.5 vs 119.7 at 64; again with the log-mels held by the
+  engine worker, 91.8 vs 99.9 at 32 and 100.4 vs 98.5 at 64: benchmarks/RESULTS.md, waves 14
+  and 20).
 
 The policy lives in the API process's event loop (one thread): its counter needs no lock.
 """
