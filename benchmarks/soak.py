@@ -5,7 +5,8 @@ holding NaN, a crafted ffconcat file naming a local path, an upload over ``--max
 each of which must get its 4xx; ``--disconnect`` are clients that leave at a random point
 (mid-upload on a raw socket, while the server works, or after the first SSE event); the rest
 are good requests (a quarter streamed) whose text must equal a sequential reference (first
-pass, one request per clip). Afterwards: ``/debug/integrity`` ok with 0 KV slots used, the
+pass, one request per clip). Afterwards: ``/debug/integrity`` ok with 0 KV slots used (and,
+with engine worker processes, 0 held log-mels), the
 ``edserve_kv_slots_used`` gauge 0, and the server's RSS (with its audio worker processes;
 sampled every 0.5 s) within
 ``--rss-tolerance`` of its post-warm-up plateau (the median while requests w..2w complete,
@@ -196,9 +197,15 @@ class Soak:
                     and integ.get("waiting") == 0:
                 break
             await asyncio.sleep(0.1)
-        metrics = (await client.get("/metrics")).text
-        gauge = next(float(line.split()[-1]) for line in metrics.splitlines()
-                     if line.startswith("edserve_kv_slots_used "))
+        # with engine worker processes the gauge is their latest stats snapshot (sent every
+        # 50 ms while it changes, else once a second): give it 3 s to reach the idle state
+        for _ in range(30):
+            metrics = (await client.get("/metrics")).text
+            gauge = next(float(line.split()[-1]) for line in metrics.splitlines()
+                         if line.startswith("edserve_kv_slots_used "))
+            if gauge == 0:
+                break
+            await asyncio.sleep(0.1)
         out = {"integrity": integ, "kv_slots_used_metric": gauge}
         n, c = self.args.requests, self.args.concurrency
         w = min(max(0.1 * n, 2 * c), n / 3)  # warm-up: every slot has served twice
@@ -216,7 +223,8 @@ def verdict(s: dict, tolerance: float) -> list[str]:
     for key in ("lost", "wrong", "bad_unexpected"):
         if c.get(key):
             fails.append(f"{c[key]} {key}")
-    if not s["integrity"].get("ok") or s["integrity"].get("kv_slots_used") != 0:
+    if not s["integrity"].get("ok") or s["integrity"].get("kv_slots_used") != 0 \
+            or s["integrity"].get("held_log_mels", 0) != 0:  # engine workers: nothing held
         fails.append(f"integrity {s['integrity']}")
     if s["kv_slots_used_metric"] != 0:
         fails.append(f"edserve_kv_slots_used {s['kv_slots_used_metric']}")

@@ -220,7 +220,9 @@ class DataParallelClient(EngineClient):
 
     async def integrity(self) -> dict[str, Any]:
         """The KV-cache integrity check on every worker; totals plus ``workers`` (one report
-        each; a worker that is not ready reports ``ok: False``). Raises when one is corrupt."""
+        each; a worker that is not ready reports ``ok: False``; ``held_log_mels``: long
+        uploads' log-mels the workers keep, 0 when no transcription runs). Raises when one is
+        corrupt."""
         futures = [asyncio.wrap_future(self.supervisor.call(w, "integrity"))
                    for w in self.workers]
         results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True),
@@ -235,7 +237,7 @@ class DataParallelClient(EngineClient):
                 reports.append({"worker": w.index, **r})
         ok = [r for r in reports if r["ok"]]
         total = {k: sum(r[k] for r in ok) for k in
-                 ("kv_slots_used", "kv_slots_total", "running", "waiting")}
+                 ("kv_slots_used", "kv_slots_total", "running", "waiting", "held_log_mels")}
         return {"ok": len(ok) == len(reports), **total, "inflight": self.num_inflight,
                 "workers": reports}
 

@@ -85,7 +85,8 @@ class WorkerLoop:
                           P.ReleaseEncoder: self._on_release, P.ReleaseMel: self._on_release_mel,
                           P.Call: self._on_call,
                           P.Stop: self._on_stop}
-        self._calls = {"integrity": lambda _: self.core.integrity(),
+        self._calls = {"integrity": lambda _: {**self.core.integrity(),
+                                               "held_log_mels": len(self.mels)},
                        "validate": self.core.validate, "encoder": lambda _: self._encoder()}
 
     def send(self, msg: Any) -> None:
