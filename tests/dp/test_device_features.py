@@ -133,7 +133,9 @@ def test_a_stream_left_after_its_first_segment_releases_the_log_mel(uploads):
         wait_for(lambda: _held_mels(client) == 0, 60, "the held log-mel to be released")
         wait_for(lambda: asyncio.run(client.integrity())["kv_slots_used"] == 0, 60,
                  "the aborted window's KV slots")
-        assert asyncio.run(client.integrity())["ok"]
+        report = asyncio.run(client.integrity())
+        assert report["ok"] and report["held_log_mels"] == 0
+        assert report["workers"][0]["held_log_mels"] == 0
     finally:
         server.stop()
         client.shutdown(5.0)
