@@ -30,6 +30,22 @@ def split_tail(mel: np.ndarray) -> tuple[np.ndarray, np.generic | float]:
     return np.ascontiguousarray(mel[:, :cut]), fill
 
 
+def column_range(index: tuple, frames: int, kind: str) -> tuple[int, int]:
+    """``mel[:, a:b]``'s ``(start, stop)`` over ``frames`` columns (Python slice rules, empty
+    when ``b <= a``); IndexError for any other index of a ``kind`` log-mel."""
+    rows, cols = index
+    if rows != slice(None) or not isinstance(cols, slice) or cols.step not in (None, 1):
+        raise IndexError(f"{kind} supports mel[:, a:b] only")
+    start, stop, _ = cols.indices(frames)
+    return start, max(start, stop)
+
+
+def check_window(start: int, stop: int, frames: int) -> None:
+    """IndexError unless columns ``start .. stop`` lie within ``frames``."""
+    if not 0 <= start <= stop <= frames:
+        raise IndexError(f"window {start}:{stop} of a {frames}-frame log-mel")
+
+
 @dataclass(frozen=True, eq=False)
 class CompactMel:
     """``[n_mels, frames]``: columns ``0 .. head.shape[1]`` are ``head``, every later entry
@@ -50,11 +66,7 @@ class CompactMel:
         return (self.head.shape[0], self.frames)
 
     def __getitem__(self, index: tuple) -> torch.Tensor:
-        rows, cols = index
-        if rows != slice(None) or not isinstance(cols, slice) or cols.step not in (None, 1):
-            raise IndexError("CompactMel supports mel[:, a:b] only")
-        start, stop, _ = cols.indices(self.frames)
-        stop = max(start, stop)
+        start, stop = column_range(index, self.frames, "CompactMel")
         out = np.empty((self.head.shape[0], stop - start), dtype=self.head.dtype)
         split = min(max(self.head.shape[1] - start, 0), stop - start)  # columns from head
         out[:, :split] = self.head[:, start:start + split]
@@ -75,8 +87,7 @@ class CompactMel:
         window crosses a process boundary this way (an 11 s clip's 30 s window: its 1,100 head
         columns instead of 3,000) and is written out once, where it is used
         (:meth:`write_to`)."""
-        if not 0 <= start <= stop <= self.frames:
-            raise IndexError(f"window {start}:{stop} of a {self.frames}-frame log-mel")
+        check_window(start, stop, self.frames)
         t = self.head.shape[1]
         return CompactMel(self.head[:, min(start, t):min(stop, t)], self.fill, stop - start)
 

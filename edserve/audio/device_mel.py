@@ -11,7 +11,9 @@ silence's constant tail (:class:`~edserve.audio.compact_mel.CompactMel`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,29 +24,28 @@ from edserve.audio.prepare import DecodedAudio, PreparedAudio
 from edserve.audio.wav_pcm import PCM16_SCALE
 
 
-def device_log_mel(audio: DecodedAudio, n_mels: int, device: torch.device | str,
-                   chunk_frames: int | None = None) -> tuple[torch.Tensor, float, int]:
-    """``audio``'s long-form log-mel on ``device`` (on the calling thread's current stream) as
-    ``(head, fill, frames)``: ``head`` ``[n_mels, t]`` float32 on ``device``, then ``fill``
-    (read back: this waits for the current stream) up to ``frames`` columns."""
-    samples = torch.from_numpy(audio.samples).to(device)  # [num_samples]
-    if samples.dtype == torch.int16:  # x / 32768 as the host does it (exact)
-        samples = samples.float().mul_(float(PCM16_SCALE))
-    head, fill, frames = chunked_log_mel(samples, n_mels, chunk_frames=chunk_frames)
-    return head, float(fill.item()), frames
-
-
 def device_features(audio: DecodedAudio, n_mels: int, device: torch.device | str,
                     stream: torch.cuda.Stream | None = None,
-                    chunk_frames: int | None = None) -> PreparedAudio:
+                    chunk_frames: int | None = None,
+                    keep: Callable[[torch.Tensor, float, int], Any] | None = None
+                    ) -> PreparedAudio:
     """``audio``'s long-form log-mel computed on ``device`` (on ``stream`` when given: off the
     engine's stream), as the :class:`PreparedAudio` an audio worker would have made
-    (``features_s``: the seconds spent here, copies included)."""
+    (``features_s``: the seconds spent here, copies included). ``keep(head, fill, frames)``,
+    when given, is offered the log-mel first, still on ``device`` and written (``head``
+    ``[n_mels, t]`` float32, then ``fill`` up to ``frames`` columns): what it returns (e.g. a
+    :class:`~edserve.audio.held_mel.HeldMel`) is the answer's ``mel``; None, or no ``keep``:
+    the values, copied to the host as a :class:`CompactMel`."""
     started = time.perf_counter()
     device = torch.device(device)
     with torch.cuda.stream(stream) if stream is not None else nullcontext():
-        head, fill, frames = device_log_mel(audio, n_mels, device, chunk_frames)
-        head_host = head.cpu().numpy()  # waits for this stream only
-    mel = CompactMel(head_host, np.float32(fill), frames)
+        samples = torch.from_numpy(audio.samples).to(device)  # [num_samples]
+        if samples.dtype == torch.int16:  # x / 32768 as the host does it (exact)
+            samples = samples.float().mul_(float(PCM16_SCALE))
+        head, fill, frames = chunked_log_mel(samples, n_mels, chunk_frames=chunk_frames)
+        fill = float(fill.item())  # waits for this stream only: ``head`` is written
+        mel = keep(head, fill, frames) if keep is not None else None
+        if mel is None:
+            mel = CompactMel(head.cpu().numpy(), np.float32(fill), frames)
     return PreparedAudio(mel, audio.num_samples, audio.decode_s,
                          time.perf_counter() - started)

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from edserve.audio.compact_mel import check_window, column_range
+
 
 @dataclass(frozen=True)
 class MelWindowRef:
@@ -85,17 +87,12 @@ class HeldMel:
 
     def window(self, start: int, stop: int, width: int | None = None) -> MelWindowRef:
         """Columns ``start .. stop``, zero-padded to ``width`` (default ``stop - start``)."""
-        if not 0 <= start <= stop <= self.frames:
-            raise IndexError(f"window {start}:{stop} of a {self.frames}-frame log-mel")
+        check_window(start, stop, self.frames)
         width = stop - start if width is None else width
         return MelWindowRef(self.mel_id, self.n_mels, start, stop, width)
 
     def __getitem__(self, index: tuple) -> MelWindowRef:
-        rows, cols = index
-        if rows != slice(None) or not isinstance(cols, slice) or cols.step not in (None, 1):
-            raise IndexError("HeldMel supports mel[:, a:b] only")
-        start, stop, _ = cols.indices(self.frames)
-        return self.window(start, max(start, stop))
+        return self.window(*column_range(index, self.frames, "HeldMel"))
 
     def release(self) -> None:
         """Hand the log-mel back to its worker now (idempotent; no-op without a hook)."""

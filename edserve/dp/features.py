@@ -20,17 +20,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
-from contextlib import nullcontext
 from typing import Any
 
-import numpy as np
 import torch
 import zmq
 
-from edserve.audio.compact_mel import CompactMel
-from edserve.audio.device_mel import device_log_mel
-from edserve.audio.prepare import DecodedAudio, PreparedAudio
+from edserve.audio.device_mel import device_features
+from edserve.audio.prepare import DecodedAudio
 from edserve.dp import protocol as P
 from edserve.dp import wire
 from edserve.dp.mel_store import MelStore
@@ -75,22 +71,12 @@ class FeatureService:
                 raise ValueError("this model takes no audio features")
             if not isinstance(audio, DecodedAudio):
                 raise TypeError(f"features takes DecodedAudio, got {type(audio).__name__}")
-            value = self._features(audio, stream)
+            keep = self.store.hold if self.store is not None else None
+            value = device_features(audio, self.n_mels, self.device, stream, keep=keep)
         except Exception as exc:
             logger.warning("features call %d failed: %s: %s", call_id, type(exc).__name__, exc)
             return P.Reply(self.index, call_id, False, str(exc), type(exc).__name__)
         return P.Reply(self.index, call_id, True, value)
-
-    def _features(self, audio: DecodedAudio, stream: torch.cuda.Stream | None) -> PreparedAudio:
-        started = time.perf_counter()
-        with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            # reading ``fill`` back waited for this stream: ``head`` is written
-            head, fill, frames = device_log_mel(audio, self.n_mels, self.device)
-            held = self.store.hold(head, fill, frames) if self.store is not None else None
-            mel = held if held is not None else \
-                CompactMel(head.cpu().numpy(), np.float32(fill), frames)
-        return PreparedAudio(mel, audio.num_samples, audio.decode_s,
-                             time.perf_counter() - started)
 
     def _run(self, sock: zmq.Socket) -> None:
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
