@@ -95,6 +95,8 @@ def test_engine_process_computes_long_log_mels_with_the_same_text(uploads, host_
         assert isinstance(client, DataParallelClient)
         wait_for(lambda: _held_mels(client) == 0, 30, "the held log-mels to be released")
         assert len(client.supervisor.mels) == 0
+        report = asyncio.run(client.integrity())
+        assert report["ok"] and report["kv_slots_used"] == 0 and report["held_log_mels"] == 0
 
     texts = _serve(ServerConfig(engine_process=True, audio_workers=1, held_log_mel_mb=held_mb,
                                 device_features_above_s=5.0), uploads, after=nothing_held)
