@@ -11,7 +11,6 @@
 #   w13-tests (~1 min), decode-kernels (~1.5 min), serve-mel (~4 min: long-form log-mels on the GPU vs the audio workers)
 #   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-ab (~7 min), w16-guess (~2 min), w16-long (~5 min), w16-slots (~6 min), w16-vision (~2 min)
 #   w18-mix (~5 min: greedy rows beside one beam request), w19-mixkern (~3 min: its GPU busy and kernels), w19-beamgraph (~7 min)
-#   w21-mllama (~9 min: Mllama decode cross-attention through the grouped kernel)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
@@ -171,17 +170,6 @@ for part in "$@"; do
              tests/engine/test_gpu_sample_graphs.py tests/engine/test_beam_run_graph.py tests/dp/test_features.py \
              tests/dp/test_mel_store.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/w20_verify.log" | tail -8 ;;
-    # wave 21: Mllama decode cross-attention through the grouped kernel with key ranges: GPU tests, every kernel
-    # path at the 11B cross shape, then the 11B decode step at 64 images per path (~9 min)
-    w21-mllama) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_grouped_cross_attention.py \
-             tests/models/mllama/test_gpu_graph.py tests/engine/test_gpu_beam.py -rs 2>&1 \
-             | grep -v "Loading weights" | tee "$OUT/w21_tests.log" | tail -4
-           timeout 150 python3 -W ignore benchmarks/mllama_kernels.py --batches 16,64 --splits 1,4,8,16 2>&1 \
-             | tee "$OUT/w21_mllama_kernels.log" | grep -v "^rows"
-           PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 420 python3 -W ignore benchmarks/mllama_gpu.py \
-             --size 11b --batches 64 --profile --json "$OUT/w21_mllama_11b.json" \
-             --strategies ${W21_STRATEGIES:-flat:1,flat:1:rows,flat:1:r16,aligned:128,aligned:128:rows,aligned:128:r16} 2>&1 \
-             | tee "$OUT/w21_mllama_11b.log" | grep -v "^#   \|USDT\|profiler_st" ;;
     # wave 20: long-form with the log-mels held by the engine worker (default) vs sent back
     # (--held-log-mel-mb 0), alternating; W20_ORDER picks the order (~1.5 min per run)
     w20-long) for mode in ${W20_ORDER:-held values}; do

@@ -78,10 +78,9 @@ def cases(d: dict, n_img: int, n_text: int, seed: int = 0) -> list:
 
 
 def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list,
-                graph: bool = True, grouped_cross: bool = True):
+                graph: bool = True):
     """An engine whose KV pool holds the requests ``pre`` (prompt, preprocessed image or
-    None) once, plus slack; CUDA graphs up to their number. ``grouped_cross`` False: decode
-    cross-attention through the per-row kernels (the path before wave 21), for A/B runs."""
+    None) once, plus slack; CUDA graphs up to their number."""
     from edserve.models.weights import Checkpoint
     from edserve.runtime import build_engine
 
@@ -98,7 +97,7 @@ def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list,
                         max_running_requests=rows, max_total_tokens=need + 64 * page + 8192,
                         context_length=64 + args.new_tokens, max_new_tokens=args.new_tokens,
                         cuda_graph=graph and args.device == "cuda" and strategy != "ragged",
-                        cuda_graph_max_bs=rows, grouped_cross_attention=grouped_cross)
+                        cuda_graph_max_bs=rows)
     share_weights(hf, engine.model)  # one copy of the weights for both (fits 11b twice over)
     return engine
 
@@ -270,10 +269,8 @@ def parse_args(argv=None):
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--decode-steps", type=int, default=8, help="timed decode steps")
     ap.add_argument("--strategies", default="flat:1,aligned:128,ragged:1",
-                    help="strategy:page_size[:eager][:rows][:rN],... (CUDA graphs on CUDA "
-                    "unless :eager; ragged always runs eager; :rows reads the cross layers per "
-                    "row, without the grouped kernel; :rN caps the grouped kernel's rows per "
-                    "program at N)")
+                    help="strategy:page_size[:eager],... (CUDA graphs on CUDA unless :eager; "
+                    "ragged always runs eager)")
     ap.add_argument("--ops", default="auto", choices=("auto", "torch", "triton"))
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--hf-every-strategy", action="store_true",
@@ -322,42 +319,33 @@ def main(argv=None) -> int:
                           hf_img=batch_inputs(hf, pre[:n], args.device),
                           tiles=[x.num_tiles[0] for _, x in pre[:n]])
     largest = batches[max(batches)]
-    from edserve.kernels import grouped_cross_attention as gca
-
-    default_block_rows = gca.MAX_BLOCK_ROWS
     hf_generate(hf, batches[min(batches)]["hf"], 2)  # warm-up
     results, hf_once = [], {}
     for spec in args.strategies.split(","):
         strategy, page, *mode = spec.split(":")
-        page, want_graph, grouped = int(page), "eager" not in mode, "rows" not in mode
-        label = strategy if grouped else f"{strategy}+rows"
-        block_rows = [int(m[1:]) for m in mode if m.startswith("r") and m[1:].isdigit()]
-        gca.MAX_BLOCK_ROWS = block_rows[0] if block_rows else default_block_rows
-        if block_rows:
-            label += f"+r{block_rows[0]}"
+        page, want_graph = int(page), mode != ["eager"]
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
         t0 = time.perf_counter()
-        eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph, grouped)
+        eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph)
         run_edserve(eng, largest["cases"][:2] + largest["cases"][-1:], 2)  # warm-up
         graphs = eng.runner.graph_runner is not None
-        print(f"# {label}/{page} ({'graphs' if graphs else 'eager'}): engine built and "
+        print(f"# {strategy}/{page} ({'graphs' if graphs else 'eager'}): engine built and "
               f"warmed up in {time.perf_counter() - t0:.1f} s", flush=True)
         for n, b in batches.items():
             try:
-                r = measure(eng, hf, b, n, args, hf_once, dict(strategy=label, page=page,
+                r = measure(eng, hf, b, n, args, hf_once, dict(strategy=strategy, page=page,
                                                                  graphs=graphs, d=d, bw=bw,
                                                                  w_bytes=w_bytes))
             except torch.cuda.OutOfMemoryError as e:  # keep the other rows of the run
-                r = dict(strategy=label, page_size=page, image_requests=n, error=str(e))
+                r = dict(strategy=strategy, page_size=page, image_requests=n, error=str(e))
                 print(f"{strategy}/{page} {n:3d} img: out of GPU memory", flush=True)
             if "error" in r:  # outside the except block, whose frames hold the memory
                 del eng  # its state may be mid-step: start a fresh engine
                 gc.collect()
                 torch.cuda.empty_cache()
-                eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph,
-                                  grouped)
+                eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph)
             results.append(r)
             if args.json:  # after every row: a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(results, indent=1))

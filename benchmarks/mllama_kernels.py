@@ -1,12 +1,10 @@
 """Mllama 11B decode-step kernels alone: cross-attention split-KV factors, fused row-wise ops.
 
-1. The 11B cross-attention decode shape (32 q / 8 kv heads of 128; one query per row; image
-   rows of 4, 1, 2, 3, ... tiles of 1601 keys, text rows with none; each row's key range
-   given): every kernel path a decode step can take (the flat kernel by token, over shuffled
-   slots or page-contiguous ones; the paged kernel; the grouped cross-attention kernel by token
-   and by page, both grid orders), achieved K/V read bandwidth (TB/s) for the automatic
-   split-KV factor and forced ones, at ``--batches`` image rows (+ 1/8 text rows). Every
-   output is checked against the unsplit flat kernel's.
+1. ``flat_attention`` at the 11B cross-attention decode shape (32 q / 8 kv heads of 128; one
+   query per row; image rows of 4, 1, 2, 3, ... tiles of 1601 keys, text rows with none; page
+   size 1, slots shuffled): achieved K/V read bandwidth for the automatic split-KV factor and
+   for forced factors, at ``--batches`` image rows (+ 1/8 text rows). Every factor's output is
+   checked against the unsplit one.
 2. RMSNorm ``[rows, 4096]``, SiLU-and-multiply ``[rows, 14336]`` and RoPE ``[rows, 32, 128]``:
    the Triton kernels (checked against) and the torch ops they replace, microseconds per call.
 
@@ -38,112 +36,50 @@ def bench_us(fn, device: str, reps: int) -> float:
     return 1e6 * (time.perf_counter() - t0) / reps
 
 
-def cross_case(n_img: int, P: int, hkv: int, hq: int, d: int, device: str, dtype,
-               page: int = 128):
-    """The cross layer's decode inputs: image rows of 1-4 tiles, 1/8 text rows; every row's
-    keys on shuffled pages of ``page`` slots (what the aligned strategy reads by page and the
-    flat strategy by token), plus a second token table with every slot shuffled (a fragmented
-    flat pool)."""
+def cross_case(n_img: int, P: int, hkv: int, hq: int, d: int, device: str, dtype):
     import torch
 
     n_txt = max(1, round(n_img / 8))
     B = n_img + n_txt
     lens = [((i + 3) % 4 + 1) * P for i in range(n_img)] + [0] * n_txt
-    max_pages = -(-(4 * P + 128) // page)
-    need = [-(-n // page) for n in lens]
-    num_pages = sum(need) + 1  # page 0: padding
+    cols = 4 * P + 128
+    total = sum(lens) + 1
     g = torch.Generator().manual_seed(n_img)
-    perm = (torch.randperm(num_pages - 1, generator=g) + 1).tolist()
-    table = torch.zeros(B, max_pages, dtype=torch.int32)
-    r2t = torch.zeros(B, max_pages * page, dtype=torch.int32)
-    for b, n in enumerate(need):
-        pages = torch.tensor([perm.pop() for _ in range(n)], dtype=torch.int32)
-        table[b, :n] = pages
-        r2t[b, :n * page] = (pages[:, None] * page + torch.arange(page)).reshape(-1)
-    total = num_pages * page
-    shuffled = torch.zeros_like(r2t)
-    sperm = torch.randperm(total - page, generator=g) + page
+    perm = torch.randperm(total - 1, generator=g) + 1  # slot 0 = padding
+    r2t = torch.zeros(B, cols, dtype=torch.int32)
     at = 0
     for b, n in enumerate(lens):
-        shuffled[b, :n] = sperm[at:at + n].to(torch.int32)
+        r2t[b, :n] = perm[at:at + n].to(torch.int32)
         at += n
     k = torch.randn(total, hkv, d, generator=g).to(device, dtype)
     v = torch.randn(total, hkv, d, generator=g).to(device, dtype)
-    ks, vs = torch.zeros_like(k), torch.zeros_like(v)  # the same keys at the shuffled slots
-    for b, n in enumerate(lens):
-        src, dst = r2t[b, :n].long().to(device), shuffled[b, :n].long().to(device)
-        ks[dst], vs[dst] = k[src], v[src]
     q = torch.randn(B, hq, d, generator=g).to(device, dtype)
     kv_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     ranges = torch.stack([torch.zeros_like(kv_lens), kv_lens], 1).contiguous()
-    groups = torch.full((B, 16), -1, dtype=torch.int64)
-    groups[:, 0] = torch.arange(B)
-    return dict(q=q, k=k, v=v, ks=ks, vs=vs, kv_lens=kv_lens, ranges=ranges,
-                groups=groups.to(device),
-                table=table.to(device), r2t=r2t.to(device), shuffled=shuffled.to(device),
-                rows=torch.arange(B, device=device), page=page, d=d, B=B,
-                nbytes=sum(lens) * hkv * d * 2 * q.element_size())
-
-
-def cross_paths(c: dict) -> dict:
-    """Each way a decode step can read the cross layer: ``name -> fn(num_splits)``."""
-    import torch
-
-    from edserve.kernels.flat_attention import flat_attention
-    from edserve.kernels.grouped_cross_attention import grouped_cross_attention
-    from edserve.kernels.paged_attention import paged_attention
-
-    q, k, v, lens, rng, B = c["q"], c["k"], c["v"], c["kv_lens"], c["ranges"], c["B"]
-    zeros = torch.zeros(B, dtype=torch.int32, device=q.device)
-    cu = torch.arange(B + 1, dtype=torch.int32, device=q.device)
-    scale = c["d"] ** -0.5
-
-    def flat(r2t, k, v):
-        return lambda s: flat_attention(q, k, v, r2t, c["rows"], zeros, lens, cu, 1, False,
-                                        scale, kv_ranges=rng, num_splits=s)
-
-    def grouped(heads_first, mpb=None, **keys):
-        return lambda s: grouped_cross_attention(q, k, v, c["groups"], lens, scale,
-                                                 kv_ranges=rng, num_splits=s,
-                                                 heads_first=heads_first,
-                                                 members_per_block=mpb, **keys)
-
-    by_token = dict(req_to_token=c["r2t"], req_pool_indices=c["rows"])
-    by_page = dict(page_table=c["table"], page_size=c["page"])
-    return {
-        "flat shuffled (old flat/1)": flat(c["shuffled"], c["ks"], c["vs"]),
-        "flat paged slots": flat(c["r2t"], k, v),
-        "paged (old aligned)": lambda s: paged_attention(q, k, v, c["table"], zeros, lens, cu, 1,
-                                                         False, scale, c["page"],
-                                                         kv_ranges=rng, num_splits=s),
-        "grouped token (new flat)": grouped(True, **by_token),
-        "grouped page (new aligned)": grouped(True, **by_page),
-        "grouped page, groups first": grouped(False, **by_page),
-        "grouped token, 4 members": grouped(True, 4, **by_token),
-        "grouped page, 4 members": grouped(True, 4, **by_page),
-        "grouped token, 1 member": grouped(True, 1, **by_token),
-        "grouped page, 1 member": grouped(True, 1, **by_page),
-    }
+    args = (q, k, v, r2t.to(device), torch.arange(B, device=device),
+            torch.zeros(B, dtype=torch.int32, device=device), kv_lens,
+            torch.arange(B + 1, dtype=torch.int32, device=device), 1, False, d ** -0.5)
+    return args, ranges, sum(lens) * hkv * d * 2 * q.element_size(), B
 
 
 def cross_row(n: int, P: int, hkv: int, hq: int, d: int, device: str, dtype, splits: list,
               reps: int) -> None:
     import torch
 
-    c = cross_case(n, P, hkv, hq, d, device, dtype, page=16 if P < 64 else 128)
-    paths = cross_paths(c)
-    ref = paths["flat paged slots"](1)
-    print(f"{n:3d} img + {c['B'] - n:2d} txt ({c['nbytes'] / 1e6:6.1f} MB of K/V)", flush=True)
-    for name, fn in paths.items():
-        row = []
-        for s in [None, *splits]:
-            out = fn(s)
-            err = (out.float() - ref.float()).abs().max().item()
-            if err > (1e-5 if dtype == torch.float32 else 2e-2):
-                raise AssertionError(f"{name} num_splits={s}: max |out - flat| = {err}")
-            us = bench_us(lambda fn=fn, s=s: fn(s), device, reps)
-            row.append(f"{'auto' if s is None else s}: {us:6.1f} us {c['nbytes'] / us / 1e6:4.2f}")
-        print(f"    {name:28s} " + " | ".join(row), flush=True)
+    from edserve.kernels.flat_attention import flat_attention
+
+    a, rng, nbytes, B = cross_case(n, P, hkv, hq, d, device, dtype)
+    ref = flat_attention(*a, kv_ranges=rng, num_splits=1)
+    row = []
+    for s in [None, *splits]:
+        out = flat_attention(*a, kv_ranges=rng, num_splits=s)
+        err = (out.float() - ref.float()).abs().max().item()
+        if err > (1e-5 if dtype == torch.float32 else 2e-2):
+            raise AssertionError(f"num_splits={s}: max |out - unsplit| = {err}")
+        us = bench_us(lambda s=s: flat_attention(*a, kv_ranges=rng, num_splits=s), device, reps)
+        row.append(f"{'auto' if s is None else s}: {us:7.1f} us {nbytes / us / 1e6:5.2f} TB/s")
+    print(f"{n:3d} img + {B - n:2d} txt ({nbytes / 1e6:6.1f} MB): " + " | ".join(row),
+          flush=True)
 
 
 def rowwise_row(rows: int, hidden: int, inter: int, device: str, dtype, reps: int) -> None:

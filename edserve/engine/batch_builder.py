@@ -50,7 +50,7 @@ def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[i
         cu[i + 1] = cu[i] + n
         host += (r.req_pool_idx, seq[i], seq[i] - n, enc[i], r.enc_region)
     ranges = _cross_ranges(reqs, mode, q_lens)
-    grouped = mode == ForwardMode.DECODE and pools.backend.grouped_cross
+    grouped = mode == ForwardMode.DECODE and ranges is None and pools.backend.grouped_cross
     if grouped:
         host += _cross_groups(reqs)
     on_dev = to_device(host, torch.int64, pools.device)
@@ -77,9 +77,9 @@ def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[i
     )
     if ranges is not None:
         batch.cross_kv_ranges = to_device(ranges, torch.int32, pools.device).view(-1, 2)
-    if grouped:
+    elif grouped:
         batch.cross_groups = on_dev[5 * B:].view(B, MAX_GROUP_ROWS)
-    elif mode == ForwardMode.DECODE and ranges is None:
+    elif mode == ForwardMode.DECODE:
         batch.cross_runs = _cross_runs(reqs)
     return batch
 

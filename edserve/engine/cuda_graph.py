@@ -65,10 +65,10 @@ class DecodeGraphRunner:
         self.pools = pools
         self.max_bs = max_bs
         self.sizes = capture_sizes(max_bs)
-        # Ranged models (Mllama) carry per-row key ranges; the grouped kernel reads them too.
+        # Ranged models (Mllama) read per row: the grouped kernel takes no key ranges.
         ranged = reads_cross_kv_ranges(model)
         self.inputs = GraphInputs(max_bs, pools.device, ranged,
-                                  grouped=pools.backend.grouped_cross)
+                                  grouped=pools.backend.grouped_cross and not ranged)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool_handle = None

@@ -18,10 +18,6 @@ lead's row, found either
   step reads an aligned slice of one page when the page size is a multiple of the step, else
   looks the page up per key).
 
-Key ranges (Mllama): with ``kv_ranges [B, 2]`` batch row ``i`` sees only keys
-``kv_ranges[i, 0] <= j < kv_ranges[i, 1]`` of its group's region (a decode query attends to the
-image tiles its text follows); the program reads only the key blocks some member can see.
-
 The shape of ``group_rows`` depends only on the batch size (``[B, MAX_GROUP_ROWS]`` in the
 engine), so one CUDA graph serves any mix of greedy rows and groups.
 
@@ -62,26 +58,21 @@ MAX_BLOCK_N_PAGED = 128  # by page: a step covers up to one 128-slot page (as pa
 # (benchmarks/cross_decode_gpu.py, large-v3, 1500 keys): 4-5 % faster at 64 rows (bf16 by page
 # 136.2 -> 130.2 us, 3.77 TB/s), within 2 % either way at 16-32 rows.
 HEADS_FIRST = True
-# Rows of (member, query head) one program takes at most, in powers of two (>= 16): groups of
-# one row of a GQA model (Mllama: 4 query heads per kv head) fill 4 of them, so a 64-row
-# program does 16x the tensor-core work its keys need.
-MAX_BLOCK_ROWS = 64
 
 
 @triton.jit(do_not_specialize=["num_tokens", "NUM_SPLITS"])
 def _grouped_cross_kernel(
-    Q, K, V, Out, PartO, PartLse, GroupRows, KvLens, Keys, PoolRows, Ranges,
-    stride_gr, stride_rg, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_ot, stride_oh, stride_keys, qk_scale, num_tokens, num_q_heads, NUM_SPLITS,
+    Q, K, V, Out, PartO, PartLse, GroupRows, KvLens, Keys, PoolRows,
+    stride_gr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
+    stride_oh, stride_keys, qk_scale, num_tokens, num_q_heads, NUM_SPLITS,
     GH: tl.constexpr, MPB: tl.constexpr, WIDTH: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     IS_SPLIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    HEADS_FIRST: tl.constexpr, HAS_RANGES: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
     """PAGE == 0: ``Keys`` is req_to_token (row of the lead: ``PoolRows[lead]``); PAGE > 0:
     ``Keys`` is the batch's page table (row ``lead``). HEADS_FIRST: the grid is (kv head,
-    group, ...), else (group, kv head, ...). HAS_RANGES: ``Ranges`` [B, 2] holds each batch
-    row's visible keys [start, end)."""
+    group, ...), else (group, kv head, ...)."""
     if HEADS_FIRST:
         kvh = tl.program_id(0)
         g = tl.program_id(1).to(tl.int64)
@@ -104,29 +95,20 @@ def _grouped_cross_kernel(
     if tl.max(row_valid.to(tl.int32), 0) == 0:  # a member block past the group's rows
         return
     tok = tl.where(row_valid, rows, 0)  # [BLOCK_M] row of q / out
-    kv_len = tl.load(KvLens + lead).to(tl.int32)
+    kv_len = tl.load(KvLens + lead)
     first = tl.zeros([BLOCK_M], dtype=tl.int32)
-    lim = first + kv_len - 1  # row r sees keys first[r] <= j <= lim[r]
-    kv_begin = kv_len * 0  # keys [kv_begin, kv_end) cover every member's visible keys
-    kv_end = kv_len
-    if HAS_RANGES:
-        first = tl.load(Ranges + tok * stride_rg, mask=row_valid, other=0).to(tl.int32)
-        stop = tl.load(Ranges + tok * stride_rg + 1, mask=row_valid, other=0).to(tl.int32)
-        lim = tl.minimum(lim, stop - 1)
-        kv_begin = tl.maximum(tl.min(tl.where(row_valid, first, 2147483647), 0), 0)
-        kv_end = tl.minimum(tl.max(tl.where(row_valid, stop, 0), 0), kv_len)
+    lim = first + kv_len - 1
     hq = kvh * GH + hg  # [BLOCK_M]
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_DIM
     q = tl.load(Q + tok[:, None] * stride_qt + hq[:, None] * stride_qh + d[None, :],
                 mask=row_valid[:, None] & dmask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
 
-    # This split's key blocks: [lo, hi) of the blocks holding keys [kv_begin, kv_end).
-    blk0 = kv_begin // BLOCK_N
-    n_blocks = tl.maximum(tl.cdiv(kv_end, BLOCK_N) - blk0, 0)
+    # This split's key blocks: [lo, hi) of the cdiv(kv_len, BLOCK_N) blocks of the region.
+    n_blocks = tl.cdiv(kv_len, BLOCK_N)
     per_split = tl.cdiv(n_blocks, NUM_SPLITS)
-    lo = blk0 + split * per_split
-    hi = blk0 + tl.minimum(n_blocks, split * per_split + per_split)
+    lo = split * per_split
+    hi = tl.minimum(n_blocks, lo + per_split)
     if PAGE == 0:
         key_row = Keys + tl.load(PoolRows + lead).to(tl.int64) * stride_keys
     else:
@@ -164,9 +146,7 @@ def grouped_cross_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             page_table: torch.Tensor | None = None, page_size: int = 0,
                             out: torch.Tensor | None = None,
                             num_splits: int | None = None,
-                            heads_first: bool = HEADS_FIRST,
-                            kv_ranges: torch.Tensor | None = None,
-                            members_per_block: int | None = None) -> torch.Tensor:
+                            heads_first: bool = HEADS_FIRST) -> torch.Tensor:
     """Decode cross-attention with one encoder read per row group (see the module doc).
 
     q ``[B, Hq, D]`` (one query per batch row); k_cache/v_cache ``[num_slots, Hkv, D]``;
@@ -174,13 +154,8 @@ def grouped_cross_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     Keys by token: ``req_to_token [rows, cols]`` and ``req_pool_indices [B]``; or by page:
     ``page_table [B, max_pages]`` and ``page_size >= 1``. ``out`` (optional, like q) receives
     the result; ``num_splits`` forces the split-KV factor (None: from shapes); ``heads_first``
-    orders the grid (:data:`HEADS_FIRST`); ``kv_ranges`` ``[B, 2]`` optionally restricts row
-    ``i`` to keys ``start <= j < end`` (as ``flat_attention``'s ranges, one query per row);
-    ``members_per_block`` sets how many group members one program takes (None: as many as fit
-    in 64 rows of (member, head); fewer rows mean less tensor-core work per key block when
-    groups are small, more programs re-reading the keys when they are not;
-    :data:`MAX_BLOCK_ROWS`).
-    Rows with no key get zeros. Returns ``[B, Hq, D]`` in q's dtype.
+    orders the grid (:data:`HEADS_FIRST`). Rows with no key get zeros. Returns ``[B, Hq, D]``
+    in q's dtype.
     """
     B, Hq, Hkv, D = check_qkv(q, k_cache, v_cache, out)
     if kv_lens.shape != (B,) or group_rows.dim() != 2 or group_rows.shape[0] > max(B, 1):
@@ -212,14 +187,8 @@ def grouped_cross_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         keys, pool_rows, page = page_table, kv_lens, page_size  # pool_rows: unused placeholder
     if keys.shape[1] > 1 and keys.stride(1) != 1:
         raise ValueError("the key index table must be contiguous along its columns")
-    if kv_ranges is not None:
-        if kv_ranges.shape != (B, 2) or kv_ranges.stride(1) != 1:
-            raise ValueError(f"kv_ranges must be [B, 2] = [{B}, 2] with unit column stride, "
-                             f"got {tuple(kv_ranges.shape)}")
-        check_index("kv_ranges", kv_ranges)
-    rng = kv_ranges if kv_ranges is not None else group_rows  # placeholder without ranges
     for name, t in (("group_rows", group_rows), ("kv_lens", kv_lens), ("key table", keys),
-                    ("req_pool_indices", pool_rows), ("kv_ranges", rng)):
+                    ("req_pool_indices", pool_rows)):
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
     if out is None:
@@ -229,9 +198,7 @@ def grouped_cross_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
     GH = Hq // Hkv
     width = group_rows.shape[1]
-    members = max(1, MAX_BLOCK_ROWS // GH) if members_per_block is None \
-        else max(1, int(members_per_block))
-    block_m, mpb = block_m_for(min(width, members), GH)
+    block_m, mpb = block_m_for(width, GH)
     n_mblk = triton.cdiv(width, mpb)
     block_d = max(16, triton.next_power_of_2(D))
     pow2_page = page > 0 and page & (page - 1) == 0
@@ -247,14 +214,12 @@ def grouped_cross_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         part_o, part_lse = split_workspaces(num_splits, B, Hq, D, q.device)
     grid = (Hkv, G, n_mblk * num_splits) if heads_first else (G, Hkv, n_mblk * num_splits)
     _grouped_cross_kernel[grid](
-        q, k_cache, v_cache, out, part_o, part_lse, group_rows, kv_lens, keys, pool_rows, rng,
-        group_rows.stride(0), rng.stride(0), q.stride(0), q.stride(1), k_cache.stride(0),
-        k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-        keys.stride(0),
+        q, k_cache, v_cache, out, part_o, part_lse, group_rows, kv_lens, keys, pool_rows,
+        group_rows.stride(0), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), keys.stride(0),
         float(scale) * LOG2E, B, Hq, num_splits,
         GH=GH, MPB=mpb, WIDTH=width, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=D,
-        BLOCK_D=block_d, PAGE=page, IS_SPLIT=num_splits > 1, HEADS_FIRST=heads_first,
-        HAS_RANGES=kv_ranges is not None, **cfg)
+        BLOCK_D=block_d, PAGE=page, IS_SPLIT=num_splits > 1, HEADS_FIRST=heads_first, **cfg)
     if num_splits > 1:
         combine_splits(part_o, part_lse, out)
     return out

@@ -53,52 +53,34 @@ def make_case(ps: int, hq: int, hkv: int, d: int, dtype=torch.float32, seed: int
                 ps=ps, dtype=dtype)
 
 
-def reference(c, ranges=None) -> torch.Tensor:
-    """float64: every row of a group attends over its lead's keys (zeros when it has none), or
-    over keys ``[start, end)`` of them with ``ranges`` ``[B, 2]``."""
+def reference(c) -> torch.Tensor:
+    """float64: every row of a group attends over its lead's keys (zeros when it has none)."""
     q, k, v = c["q"], c["k"], c["v"]
     hq, hkv = q.shape[1], k.shape[1]
     out = torch.zeros_like(q)
     for _, rows in c["groups"]:
         lead = rows[0]
         n = int(c["kv_lens"][lead])
+        if n == 0:
+            continue
         slots = c["r2t"][c["pool_rows"][lead], :n].long()
         keys = k[slots].repeat_interleave(hq // hkv, dim=1)  # [n, Hq, D]
         vals = v[slots].repeat_interleave(hq // hkv, dim=1)
         for i in rows:
-            a, b = (0, n) if ranges is None else (int(ranges[i, 0]), min(int(ranges[i, 1]), n))
-            if b <= a:
-                continue
-            w = torch.softmax(torch.einsum("hd,nhd->hn", q[i], keys[a:b]) * SCALE, dim=-1)
-            out[i] = torch.einsum("hn,nhd->hd", w, vals[a:b])
+            w = torch.softmax(torch.einsum("hd,nhd->hn", q[i], keys) * SCALE, dim=-1)
+            out[i] = torch.einsum("hn,nhd->hd", w, vals)
     return out
 
 
-def run(c, by_page: bool, num_splits=None, heads_first=True, ranges=None) -> torch.Tensor:
+def run(c, by_page: bool, num_splits=None, heads_first=True) -> torch.Tensor:
     dt = c["dtype"]
     q, k, v = (c[x].to(dt).to(DEV) for x in ("q", "k", "v"))
     out = torch.full_like(q, float("nan"))
     addr = dict(page_table=c["table"].to(DEV), page_size=c["ps"]) if by_page else \
         dict(req_to_token=c["r2t"].to(DEV), req_pool_indices=c["pool_rows"].to(DEV))
-    rng = None if ranges is None else ranges.to(DEV)
     grouped_cross_attention(q, k, v, c["group_rows"].to(DEV), c["kv_lens"].to(DEV), SCALE,
-                            out=out, num_splits=num_splits, heads_first=heads_first,
-                            kv_ranges=rng, **addr)
+                            out=out, num_splits=num_splits, heads_first=heads_first, **addr)
     return out.cpu()
-
-
-def mllama_ranges(c) -> torch.Tensor:
-    """[B, 2] visible keys per row, as Mllama's decode rows carry them: the whole region, a
-    window inside it (a later image's tiles), one key, an empty range, a range past the end;
-    members of one group may differ."""
-    B = c["q"].shape[0]
-    picks = [(0, None), (5, 40), (17, 18), (3, 3), (100, 10 ** 6), (0, 130), (64, 1500)]
-    out = torch.zeros(B, 2, dtype=torch.int32)
-    for i in range(B):
-        n = int(c["kv_lens"][i])
-        a, b = picks[i % len(picks)]
-        out[i, 0], out[i, 1] = min(a, n), n if b is None else b
-    return out
 
 
 @pytest.mark.parametrize("ps", [1, 16, 64, 128])
@@ -129,26 +111,6 @@ def test_grid_order_changes_nothing(by_page):
     torch.testing.assert_close(a.double(), reference(c), atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("ps", [1, 16, 128])
-@pytest.mark.parametrize("by_page", [False, True], ids=["flat", "aligned"])
-def test_key_ranges_match_float64_reference(ps, by_page):
-    """Per-row key ranges (Mllama's cross-attention masks) over grouped GQA rows, split and
-    unsplit: each row sees only its own window of the group's region."""
-    c = make_case(ps, hq=4, hkv=2, d=16, seed=11 + ps)
-    rng = mllama_ranges(c)
-    ref = reference(c, rng)
-    for splits in (1, 4):
-        torch.testing.assert_close(run(c, by_page, splits, ranges=rng).double(), ref,
-                                   atol=2e-5, rtol=2e-5)
-
-
-def test_full_ranges_equal_no_ranges():
-    """Ranges [0, kv_len) read exactly what no ranges read: the same bits."""
-    c = make_case(16, hq=4, hkv=2, d=16, seed=13, groups=SMALL)
-    full = torch.stack([torch.zeros_like(c["kv_lens"]), c["kv_lens"]], 1)
-    assert torch.equal(run(c, True, 2, ranges=full), run(c, True, 2))
-
-
 def test_bfloat16():
     c = make_case(64, hq=2, hkv=1, d=16, dtype=torch.bfloat16, seed=9, groups=SMALL)
     torch.testing.assert_close(run(c, False).double(), reference(c), atol=2e-2, rtol=2e-2)
@@ -169,26 +131,3 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="kv_lens"):
         grouped_cross_attention(q, k, v, c["group_rows"], c["kv_lens"][:3], SCALE,
                                 page_table=c["table"], page_size=16)
-    with pytest.raises(ValueError, match="kv_ranges"):
-        grouped_cross_attention(q, k, v, c["group_rows"], c["kv_lens"], SCALE,
-                                page_table=c["table"], page_size=16,
-                                kv_ranges=torch.zeros(q.shape[0], 3, dtype=torch.int32,
-                                                      device=q.device))
-    with pytest.raises(ValueError, match="kv_ranges"):
-        grouped_cross_attention(q, k, v, c["group_rows"], c["kv_lens"], SCALE,
-                                page_table=c["table"], page_size=16,
-                                kv_ranges=torch.zeros(q.shape[0], 2, device=q.device))
-
-
-@pytest.mark.parametrize("mpb", [1, 2, 5])
-def test_members_per_block(mpb):
-    """Groups split over several programs (fewer members per program) give the same rows."""
-    c = make_case(16, hq=4, hkv=2, d=16, seed=17)
-    rng = mllama_ranges(c)
-    dt = c["dtype"]
-    q, k, v = (c[x].to(dt).to(DEV) for x in ("q", "k", "v"))
-    out = torch.full_like(q, float("nan"))
-    grouped_cross_attention(q, k, v, c["group_rows"].to(DEV), c["kv_lens"].to(DEV), SCALE,
-                            page_table=c["table"].to(DEV), page_size=16, out=out,
-                            kv_ranges=rng.to(DEV), members_per_block=mpb)
-    torch.testing.assert_close(out.cpu().double(), reference(c, rng), atol=2e-5, rtol=2e-5)

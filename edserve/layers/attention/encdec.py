@@ -9,9 +9,8 @@ group's shared encoder region is found by the grouped cross-attention kernel
 
 Rows sharing an encoder region (a beam / best_of group) read it once per step: through the
 grouped kernel when the op set has one and the batch carries its group structure
-(``ForwardBatch.cross_groups``; eager and CUDA-graph decode alike, with or without Mllama's
-per-row key ranges), else, on the eager path, through :meth:`ForwardBatch.cross_view` (one
-entry per run of rows).
+(``ForwardBatch.cross_groups``; eager and CUDA-graph decode alike), else, on the eager path,
+through :meth:`ForwardBatch.cross_view` (one entry per run of rows).
 """
 
 from __future__ import annotations
@@ -82,7 +81,8 @@ class EncoderDecoderBackend(AttentionBackend):
                 empty_q = torch.repeat_interleave(empty_req, q_lens.long(),
                                                   output_size=batch.num_tokens)
             guard = GuardMetadata(all_empty, any_empty, empty_q)
-        grouped = batch.cross_groups is not None and not guard.all_empty
+        grouped = batch.cross_groups is not None and batch.cross_kv_ranges is None \
+            and not guard.all_empty
         view = None if batch.static_shapes or grouped else batch.cross_view()
         cross, self_ = self.build_metadata(
             batch, skip_cross=guard.all_empty or view is not None or grouped)
@@ -103,11 +103,9 @@ class EncoderDecoderBackend(AttentionBackend):
             k_cache, v_cache = pool.get_kv(layer.layer_id)
             g = meta.grouped
             if g is not None:  # rows of a group: one read of their shared region; the kernel
-                # writes zeros for rows without keys (kv_lens 0 or an empty key range), so no
-                # guard pass follows
+                # writes zeros for rows without keys (kv_lens 0), so no guard pass follows
                 return self.ops.grouped_cross(q, k_cache, v_cache, g.group_rows, g.kv_lens,
-                                              layer.scaling, kv_ranges=batch.cross_kv_ranges,
-                                              **g.keys)
+                                              layer.scaling, **g.keys)
             out = self.attend(q, k_cache, v_cache, layer, meta.cross_batch or batch,
                               meta.cross, cross=True)
             if meta.guard.empty_q is not None:  # mixed batch: zero only the empty requests
