@@ -296,8 +296,15 @@ def main() -> None:
                          "prompt <|startoftranscript|>, timestamp rules on (HF not run)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print the N kernels with the most device time per decode step")
+    ap.add_argument("--torch-topk", action="store_true",
+                    help="beam candidates by torch.topk (the path before wave 21), for A/B "
+                         "against the one-pass Triton top-k")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
+    if args.torch_topk:
+        from edserve.engine import sampler
+
+        sampler.ROW_TOPK_MAX_K = 0  # every k falls back to torch.topk
     dev = "cpu" if args.dry_run else "cuda"
     if args.eos_timestamps:
         MODE["timestamps"], args.no_hf = True, True

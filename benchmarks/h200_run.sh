@@ -11,6 +11,7 @@
 #   w13-tests (~1 min), decode-kernels (~1.5 min), serve-mel (~4 min: long-form log-mels on the GPU vs the audio workers)
 #   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-ab (~7 min), w16-guess (~2 min), w16-long (~5 min), w16-slots (~6 min), w16-vision (~2 min)
 #   w18-mix (~5 min: greedy rows beside one beam request), w19-mixkern (~3 min: its GPU busy and kernels), w19-beamgraph (~7 min)
+#   w21-beam (~8 min: beam candidates by the Triton top-k vs torch.topk; decoder GEMMs at decode rows)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
@@ -170,6 +171,17 @@ for part in "$@"; do
              tests/engine/test_gpu_sample_graphs.py tests/engine/test_beam_run_graph.py tests/dp/test_features.py \
              tests/dp/test_mel_store.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/w20_verify.log" | tail -8 ;;
+    # wave 21: beam candidates by the one-pass Triton top-k: GPU tests, the decoder GEMMs at decode rows, then beam 5 vs
+    # greedy at 64 (large-v3 flat/128, forced 100 tokens), alternating the new top-k and torch.topk (~8 min)
+    w21-beam) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_row_topk.py tests/engine/test_gpu_beam.py \
+             tests/engine/test_gpu_sample_graphs.py -rs 2>&1 | grep -v "Loading weights" | tee "$OUT/w21_beam_tests.log" | tail -3
+           timeout 120 python3 -W ignore benchmarks/decode_gemm_gpu.py 2>&1 | tee "$OUT/w21_decode_gemm.log"
+           for round in 1 2; do for flag in "" --torch-topk; do
+             echo "--- round $round ${flag:-(triton top-k)}"
+             prof=""; [ "$round$flag" = "1" ] && prof="--profile 14"
+             (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
+               --beam-on-device --no-hf $flag $prof 2>&1 | grep -v "custom logits" | tee -a "$OUT/w21_beam_ab.log" | grep -E "^flat|^#  ")
+           done; done ;;
     # wave 20: long-form with the log-mels held by the engine worker (default) vs sent back
     # (--held-log-mel-mb 0), alternating; W20_ORDER picks the order (~1.5 min per run)
     w20-long) for mode in ${W20_ORDER:-held values}; do

@@ -29,6 +29,8 @@ from edserve.engine.logits_filter import FilterContext, LogitsFilter
 from edserve.engine.req import Req
 from edserve.engine.token_history import TokenHistory
 
+ROW_TOPK_MAX_K = 64  # = kernels.row_topk.MAX_K (imported lazily: CPU runs never load triton)
+
 
 @dataclass
 class FilterGroup:
@@ -177,7 +179,7 @@ def _candidates(logits: torch.Tensor, lse: torch.Tensor, plan: CandidatePlan,
     if plan.topk_rows is not None:
         # top-k of the logits, then minus the row's logsumexp: the same order and values as
         # the top-k of log-probs, without a [G, V] subtraction
-        vals, idx = torch.topk(logits.index_select(0, plan.topk_rows), plan.topk, dim=-1)
+        vals, idx = _topk_rows(logits, plan.topk_rows, plan.topk)
         vals = vals - lse.index_select(0, plan.topk_rows)[:, None]  # [G, k], best first
         if greedy is not None:
             only_first = greedy.index_select(0, plan.topk_rows)[:, None] \
@@ -194,6 +196,17 @@ def _candidates(logits: torch.Tensor, lse: torch.Tensor, plan: CandidatePlan,
         toks.append(drawn)
         lps.append(sub.gather(1, drawn[:, None])[:, 0] - lse.index_select(0, plan.draw_rows))
     return torch.cat(toks), torch.cat(lps)
+
+
+def _topk_rows(logits: torch.Tensor, rows: torch.Tensor, k: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.topk(logits[rows], k)``: on CUDA one Triton pass over each row
+    (:mod:`edserve.kernels.row_topk`, no row copy, no radix select), else torch."""
+    if logits.is_cuda and logits.stride(1) == 1 and k <= ROW_TOPK_MAX_K:
+        from edserve.kernels.row_topk import row_topk
+
+        return row_topk(logits, rows, k)
+    return torch.topk(logits.index_select(0, rows), k, dim=-1)
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
