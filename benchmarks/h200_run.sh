@@ -12,6 +12,7 @@
 #   w14-profile (~5 min), w14-sample (~6 min), w14-serve (~7 min), w14-final (~8 min), w14-syncs (~2.5 min), w15-serve (~6 min), w16-ab (~7 min), w16-guess (~2 min), w16-long (~5 min), w16-slots (~6 min), w16-vision (~2 min)
 #   w18-mix (~5 min: greedy rows beside one beam request), w19-mixkern (~3 min: its GPU busy and kernels), w19-beamgraph (~7 min)
 #   w21-beam (~8 min: beam candidates by the Triton top-k vs torch.topk; decoder GEMMs at decode rows)
+#   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
@@ -182,6 +183,20 @@ for part in "$@"; do
              (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
                --beam-on-device --no-hf $flag $prof 2>&1 | grep -v "custom logits" | tee -a "$OUT/w21_beam_ab.log" | grep -E "^flat|^#  ")
            done; done ;;
+    # wave 21: the top-k kernel's launch shapes, a third beam A/B round, the real path (flat and aligned /128) and
+    # arrivals on this wave's tree (~9 min)
+    w21-final) timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_row_topk.py 2>&1 | tail -1
+           timeout 100 python3 -W ignore benchmarks/row_topk_gpu.py 2>&1 | tee "$OUT/w21_row_topk.log"
+           for flag in "" --torch-topk; do
+             echo "--- round 3 ${flag:-(triton top-k)}"
+             (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
+               --beam-on-device --no-hf $flag 2>&1 | grep -v "custom logits" | tee -a "$OUT/w21_beam_ab3.log" | grep -E "^flat")
+           done
+           for cfg in flat:128 aligned:128; do
+             (cd benchmarks && timeout 200 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
+               --config $cfg --overlap on 2>&1 | grep -v "custom logits" | tee -a "$OUT/w21_real.log" | tail -3)
+           done
+           timeout 200 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 | tee "$OUT/w21_arrivals.log" | tail -4 ;;
     # wave 20: long-form with the log-mels held by the engine worker (default) vs sent back
     # (--held-log-mel-mb 0), alternating; W20_ORDER picks the order (~1.5 min per run)
     w20-long) for mode in ${W20_ORDER:-held values}; do

@@ -27,6 +27,7 @@ import triton.language as tl
 
 MAX_K = 64
 BLOCK_V = 2048  # logits per block (fp32: 8 KB a block)
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -69,10 +70,11 @@ def _row_topk_kernel(Logits, Rows, Vals, Idx, stride_l, n_cols, K: tl.constexpr,
         live = live & ~((tv == m) & (ti == t))
 
 
-def row_topk(logits: torch.Tensor, rows: torch.Tensor, k: int
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def row_topk(logits: torch.Tensor, rows: torch.Tensor, k: int, *, block: int = BLOCK_V,
+             num_warps: int = NUM_WARPS) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits`` ``[B, V]`` float32, ``rows`` ``[G]`` int64 batch rows -> (values ``[G, k]``
-    float32, token ids ``[G, k]`` int64), largest first: ``torch.topk(logits[rows], k)``."""
+    float32, token ids ``[G, k]`` int64), largest first: ``torch.topk(logits[rows], k)``.
+    ``block`` (a power of two) and ``num_warps``: launch shape (defaults measured)."""
     if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 on CPU)")
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
@@ -89,5 +91,5 @@ def row_topk(logits: torch.Tensor, rows: torch.Tensor, k: int
     if G:
         _row_topk_kernel[(G,)](logits, rows.contiguous(), vals, idx, logits.stride(0),
                                logits.shape[1], K=k, KP=max(2, triton.next_power_of_2(k)),
-                               BLOCK=BLOCK_V, num_warps=4)
+                               BLOCK=block, num_warps=num_warps)
     return vals, idx
