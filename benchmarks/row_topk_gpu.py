@@ -31,11 +31,12 @@ def case_row(B: int, G: int, k: int, V: int, dev: str, shapes, bench) -> None:
     rows = torch.randperm(max(B, G), generator=g)[:G].to(dev)
     ref_v, _ = torch.topk(logits.index_select(0, rows), k, dim=-1)
     cells = [f"torch {bench(lambda: torch.topk(logits.index_select(0, rows), k)):6.1f}"]
-    for block, warps in shapes:
+    for block, warps in [(None, None), *shapes]:
         def fn(block=block, warps=warps):
             return row_topk(logits, rows, k, block=block, num_warps=warps)
         assert torch.equal(fn()[0], ref_v)
-        cells.append(f"triton {block}/{warps} {bench(fn):6.1f}")
+        name = "triton default" if block is None else f"triton {block}/{warps}"
+        cells.append(f"{name} {bench(fn):6.1f}")
     print(f"{G:3d} rows of {V} (k={k}), us: " + " | ".join(cells), flush=True)
 
 

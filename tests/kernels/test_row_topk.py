@@ -11,8 +11,8 @@ from edserve.kernels.row_topk import row_topk
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
 
 
-def check(logits: torch.Tensor, rows: torch.Tensor, k: int) -> None:
-    vals, idx = row_topk(logits.to(DEV), rows.to(DEV), k)
+def check(logits: torch.Tensor, rows: torch.Tensor, k: int, block=None) -> None:
+    vals, idx = row_topk(logits.to(DEV), rows.to(DEV), k, block=block)
     vals, idx = vals.cpu(), idx.cpu()
     ref_v, ref_i = torch.topk(logits[rows], k, dim=-1)
     assert torch.equal(vals, ref_v)  # the same values, largest first
@@ -25,8 +25,10 @@ def check(logits: torch.Tensor, rows: torch.Tensor, k: int) -> None:
         assert torch.equal(idx[r][distinct], ref_i[r][distinct])
 
 
+@pytest.mark.parametrize("block", [None, 512], ids=["default", "many-blocks"])
 @pytest.mark.parametrize("k", [1, 2, 6, 11])
-def test_matches_torch_topk(k):
+def test_matches_torch_topk(k, block):
+    """``block`` 512: ten blocks a row, most skipped against the running k-th value."""
     g = torch.Generator().manual_seed(k)
     V = 5000  # not a multiple of the block: a partial last block
     logits = torch.randn(7, V, generator=g) * 4
@@ -34,13 +36,14 @@ def test_matches_torch_topk(k):
     logits[4, -1] = 50.0  # the maximum in the partial last block
     logits[5, :10] = 30.0  # ties: smaller token ids first
     rows = torch.tensor([6, 0, 2, 4, 5, 2])  # any subset and order, repeats allowed
-    check(logits, rows, k)
-    vals, idx = row_topk(logits.to(DEV), rows.to(DEV), k)
+    check(logits, rows, k, block)
+    vals, idx = row_topk(logits.to(DEV), rows.to(DEV), k, block=block)
     if k >= 2:
         assert idx[4, :2].tolist() == [0, 1]  # row 5: the tie at 30.0 by token id
 
 
-def test_rows_with_few_finite_logits():
+@pytest.mark.parametrize("block", [None, 256], ids=["default", "many-blocks"])
+def test_rows_with_few_finite_logits(block):
     """Fewer finite logits than k: the finite ones first, then distinct -inf ids (the
     smallest ids), never an id past the vocabulary."""
     V = 3000
@@ -48,7 +51,7 @@ def test_rows_with_few_finite_logits():
     logits[0, 2500] = 1.0
     logits[0, 7] = 2.0
     logits[2] = torch.linspace(-1, 1, V)
-    vals, idx = row_topk(logits.to(DEV), torch.tensor([0, 1, 2]).to(DEV), 5)
+    vals, idx = row_topk(logits.to(DEV), torch.tensor([0, 1, 2]).to(DEV), 5, block=block)
     vals, idx = vals.cpu(), idx.cpu()
     assert idx[0, :2].tolist() == [7, 2500] and vals[0, :2].tolist() == [2.0, 1.0]
     assert torch.isinf(vals[0, 2:]).all() and idx[0, 2:].tolist() == [0, 1, 2]
