@@ -46,6 +46,9 @@ def commands(threads: int) -> dict[str, tuple[list[str], str | None]]:
                                             "faster-whisper int8 beam 5"),
         "edserve --beam-size 1 --quantization int8": (
             ed + ["--beam-size", "1", "--quantization", "int8"], "faster-whisper int8 greedy"),
+        "edserve --beam-size 1 --quantization int8 --encoder-dtype same": (
+            ed + ["--beam-size", "1", "--quantization", "int8", "--encoder-dtype", "same"],
+            "faster-whisper int8 greedy"),
         "edserve --beam-size 1 --quantization int8 --cpu-compile on": (
             ed + ["--beam-size", "1", "--quantization", "int8", "--cpu-compile", "on"],
             "faster-whisper int8 greedy"),

@@ -125,13 +125,19 @@ def encoder_attention(threads: int, rounds: int = 20) -> None:
         print(f"| {name} | {statistics.median(ts) * 1e3:.1f} |")
 
 
+# mode -> (--dtype, --quantization); ``auto`` is what the CLI runs (bfloat16 on AMX CPUs)
+MODES = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "auto": ("auto", "none"),
+         "int8": ("auto", "int8")}
+
+
 def build(mode: str, beam: int, compiled: bool, threads: int):
     from edserve.runtime import build_engine
     from edserve.whisper.options import TranscribeOptions
     from edserve.whisper.transcribe import transcribe
 
+    dtype, quantization = MODES[mode]
     engine = build_engine(device="cpu", threads=threads, max_running_requests=beam,
-                          quantization="int8" if mode == "int8" else "none",
+                          dtype=dtype, quantization=quantization,
                           cpu_compile="on" if compiled else "off")
     opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
                              beam_size=beam)
@@ -149,7 +155,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--clips", type=int, default=None)
-    ap.add_argument("--modes", nargs="+", default=["fp32", "int8"])
+    ap.add_argument("--modes", nargs="+", default=["fp32", "int8"], choices=sorted(MODES),
+                    help="fp32 / bf16: that dtype; auto: the CLI's --dtype auto (bf16 on AMX); "
+                         "int8: --quantization int8 (float32 activations)")
     ap.add_argument("--beam-sizes", nargs="+", type=int, default=[1, 5])
     ap.add_argument("--encoder-attention", action="store_true",
                     help="only time the encoder's attention kernels")

@@ -80,11 +80,15 @@ class EngineConfig:
     )
     encoder_dtype: str = _f(
         "auto",
-        "Encoder linear layers: auto (the compute dtype) or fp8 (Whisper: e4m3 weights per "
-        "output row x activations per token, torch._scaled_mm on CUDA with compute capability "
-        "8.9+ and --dtype bfloat16; on CPU an emulation, slower, for measuring accuracy; see "
-        "benchmarks/RESULTS.md 'fp8').",
-        choices=("auto", "fp8"),
+        "Encoder linear layers: auto (the compute dtype; on CPUs with AMX tiles under "
+        "--quantization int8: bfloat16), same (the compute dtype, quantized with the rest of "
+        "the model, on every CPU), fp8 (Whisper: e4m3 weights per output row x "
+        "activations per token, torch._scaled_mm on CUDA with compute capability 8.9+ and "
+        "--dtype bfloat16; on CPU an emulation, slower, for measuring accuracy; see "
+        "benchmarks/RESULTS.md 'fp8'), or bfloat16 (Whisper: the whole encoder in bfloat16 "
+        "beside a float32 or int8 decoder, its linears unquantized: AMX bf16 GEMMs ran the "
+        "encoder ~2x faster than int8 ones; see README 'CPU').",
+        choices=("auto", "same", "fp8", "bfloat16"),
     )
     encoder_gelu: str = _f(
         "auto",

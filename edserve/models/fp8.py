@@ -24,7 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FP8_MODES = ("auto", "fp8")
+from edserve.models.encoder_bf16 import ENCODER_DTYPES, encoder_in_bf16
+
+FP8_MODES = ("auto", "fp8")  # --kv-cache-dtype (--encoder-dtype: encoder_bf16.ENCODER_DTYPES)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _ENCODER_LINEARS = ("qkv_proj", "out_proj", "fc1", "fc2")
@@ -38,9 +40,11 @@ def fp8_hardware(device: torch.device) -> bool:
 def check_fp8(encoder_dtype: str, kv_cache_dtype: str, quantization: str,
               device: torch.device, attention_ops: str, compute: torch.dtype) -> None:
     """Raise ``ValueError`` naming the problem when a chosen fp8 option cannot run."""
-    for flag, value in (("--encoder-dtype", encoder_dtype), ("--kv-cache-dtype", kv_cache_dtype)):
-        if value not in FP8_MODES:
-            raise ValueError(f"{flag} must be one of {FP8_MODES}, got {value!r}")
+    if encoder_dtype not in ENCODER_DTYPES:
+        raise ValueError(f"--encoder-dtype must be one of {ENCODER_DTYPES}, got "
+                         f"{encoder_dtype!r}")
+    if kv_cache_dtype not in FP8_MODES:
+        raise ValueError(f"--kv-cache-dtype must be one of {FP8_MODES}, got {kv_cache_dtype!r}")
     wants = [f for f, v in (("--encoder-dtype", encoder_dtype),
                             ("--kv-cache-dtype", kv_cache_dtype)) if v == "fp8"]
     if not wants:
@@ -121,9 +125,13 @@ class Fp8Linear(nn.Module):
 
 def apply_encoder_dtype(model: Any, mode: str) -> Any:
     """``--encoder-dtype fp8``: the encoder layers' linears become :class:`Fp8Linear` (in place;
-    Whisper models only, ``ValueError`` else). ``auto`` leaves the model unchanged."""
+    Whisper models only, ``ValueError`` else); ``bfloat16``: the encoder in bfloat16
+    (:mod:`edserve.models.encoder_bf16`; ``mode`` as resolved there). ``auto`` leaves the model
+    unchanged."""
     if mode == "auto":
         return model
+    if mode == "bfloat16":
+        return encoder_in_bf16(model)
     from edserve.models.whisper import WhisperForConditionalGeneration
 
     if not isinstance(model, WhisperForConditionalGeneration):

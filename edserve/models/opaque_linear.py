@@ -65,12 +65,14 @@ class OpaqueLinear:
         return clone
 
 
-def replace_linears(root: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> int:
-    """Replace every ``nn.Linear`` under ``root`` (but :data:`KEEP_FLOAT`) by ``make(linear)``
-    in place, keeping a FusedLinear's row layout (``parts``) inspectable; returns the count."""
+def replace_linears(root: nn.Module, make: Callable[[nn.Linear], nn.Module],
+                    skip: tuple[nn.Module, ...] = ()) -> int:
+    """Replace every ``nn.Linear`` under ``root`` (but :data:`KEEP_FLOAT` and the subtrees in
+    ``skip``) by ``make(linear)`` in place, keeping a FusedLinear's row layout (``parts``)
+    inspectable; returns the count."""
     count = 0
     for name, child in list(root.named_children()):
-        if name in KEEP_FLOAT:
+        if name in KEEP_FLOAT or any(child is m for m in skip):
             continue
         if isinstance(child, nn.Linear):
             new = make(child)
@@ -80,5 +82,5 @@ def replace_linears(root: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> 
             setattr(root, name, new)
             count += 1
         else:
-            count += replace_linears(child, make)
+            count += replace_linears(child, make, skip)
     return count

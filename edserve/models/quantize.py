@@ -124,11 +124,12 @@ def supports(model: Any) -> bool:
     return isinstance(model, WhisperForConditionalGeneration)
 
 
-def quantize_model(model: nn.Module, mode: str) -> nn.Module:
+def quantize_model(model: nn.Module, mode: str, encoder: bool = True) -> nn.Module:
     """Apply ``--quantization mode`` to a loaded model in place and return it.
 
     ``"none"`` returns the model unchanged. ``"int8"``: see the module doc; callers check
     :func:`check_supported` first. Only Whisper models are supported (``ValueError`` else).
+    ``encoder`` False leaves the encoder's linears in float (``--encoder-dtype bfloat16``).
     """
     if mode == "none":
         return model
@@ -136,7 +137,7 @@ def quantize_model(model: nn.Module, mode: str) -> nn.Module:
         raise ValueError(f"--quantization {mode} supports Whisper models only, got "
                          f"{type(model).__name__}")
     _quantized_engine()
-    replaced = _replace_linears(model)
+    replaced = _replace_linears(model, () if encoder else (model.model.encoder,))
     decoder = model.model.decoder
     w, b = decoder.cross_kv_proj.weight, decoder.cross_kv_proj.bias  # [L * 2d, d], [L * 2d]
     rows = 2 * decoder.embed_tokens.embedding_dim
@@ -153,8 +154,8 @@ def quantize_model(model: nn.Module, mode: str) -> nn.Module:
     return model
 
 
-def _replace_linears(root: nn.Module) -> int:
-    return replace_linears(root, lambda lin: int8_linear(lin.weight, lin.bias))
+def _replace_linears(root: nn.Module, skip: tuple[nn.Module, ...] = ()) -> int:
+    return replace_linears(root, lambda lin: int8_linear(lin.weight, lin.bias), skip)
 
 
 def describe(model: Any) -> str:

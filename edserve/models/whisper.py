@@ -244,9 +244,10 @@ class WhisperForConditionalGeneration(nn.Module):
         mel = mels_to_device(encoder_inputs, p.device, self.mel_stager.is_staged)
         graphs = self.encoder_graphs
         out = graphs.run(mel) if graphs is not None else None  # [N, 1500, d] or None
-        if out is None:
-            out = self.model.encoder(mel.to(p.dtype))
-        return list(out.unbind(0))  # N x [1500, d]
+        enc, dec = self.model.encoder, self.model.decoder
+        if out is None:  # in the encoder's own dtype (--encoder-dtype bfloat16)
+            out = enc(mel.to(enc.conv1.weight.dtype))
+        return list(out.to(dec.layer_norm.weight.dtype).unbind(0))  # N x [1500, d], decoder's
 
     def compile_encoder(self) -> None:
         """``--compile-encoder``: the encoder layers run through one ``torch.compile``d
@@ -259,7 +260,8 @@ class WhisperForConditionalGeneration(nn.Module):
         p = next(self.parameters())
         self.encoder_graphs = EncoderGraphs(
             self.model.encoder, max_bs,
-            (self.config.num_mel_bins, 2 * self.config.max_source_positions), p.dtype, p.device)
+            (self.config.num_mel_bins, 2 * self.config.max_source_positions),
+            self.model.encoder.conv1.weight.dtype, p.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 encoder_states: torch.Tensor | None) -> torch.Tensor:

@@ -64,8 +64,9 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
             checkpoint = load_checkpoint(config.model)
         model, tokenizer = build_model(checkpoint, s.dtype, s.device)
         del checkpoint
-        model = quantize_model(model, config.quantization)
-        model = apply_encoder_dtype(model, config.encoder_dtype)
+        model = quantize_model(model, config.quantization,
+                               encoder=s.encoder_dtype != "bfloat16")
+        model = apply_encoder_dtype(model, s.encoder_dtype)
         model_type = getattr(model, "model_type", None)
         set_linear_gelu(model, resolve_linear_gelu(config.encoder_gelu, s.device, s.dtype,
                                                    model_type))

@@ -10,7 +10,12 @@ from dataclasses import dataclass
 import torch
 
 from edserve.config import EngineConfig
-from edserve.engine.cpu_modes import apply_threads, auto_cpu_dtype, cpu_features
+from edserve.engine.cpu_modes import (
+    BF16_FASTER_WITH,
+    apply_threads,
+    auto_cpu_dtype,
+    cpu_features,
+)
 from edserve.layers.attention import resolve_page_size
 from edserve.models.cpu_linear import use_onednn
 from edserve.models.fp8 import check_fp8, kv_cache_dtype
@@ -30,6 +35,7 @@ class RuntimeSettings:
     page_size: int
     kv_dtype: torch.dtype  # KV-cache storage (fp8 e4m3 with --kv-cache-dtype fp8)
     onednn_linears: bool = False  # --cpu-linear resolved: pack float32 linears for oneDNN
+    encoder_dtype: str = "auto"  # --encoder-dtype resolved: auto (compute dtype), fp8, bfloat16
 
     @property
     def on_cuda(self) -> bool:
@@ -80,7 +86,29 @@ def resolve_settings(config: EngineConfig) -> RuntimeSettings:
     check_fp8(config.encoder_dtype, config.kv_cache_dtype, config.quantization, device, ops,
               dtype)
     return RuntimeSettings(device, dtype, threads, ops, page_size,
-                           kv_cache_dtype(config.kv_cache_dtype, dtype), onednn)
+                           kv_cache_dtype(config.kv_cache_dtype, dtype), onednn,
+                           resolve_encoder_dtype(config.encoder_dtype, config.quantization,
+                                                 device, dtype))
+
+
+def resolve_encoder_dtype(mode: str, quantization: str, device: torch.device,
+                          compute: torch.dtype, features: frozenset[str] | None = None) -> str:
+    """``--encoder-dtype`` as it runs here (:mod:`edserve.models.encoder_bf16`): ``auto``
+    becomes ``bfloat16`` on a CPU with AMX tiles under ``--quantization int8``
+    (``$EDSERVE_CPU_AUTO_DTYPE`` set to anything but bfloat16 turns that off, as it does for
+    ``--dtype auto``), else stays ``auto`` (the compute dtype); ``same`` (the encoder like the
+    rest of the model, quantized with it) and ``bfloat16`` with a bfloat16 compute dtype are
+    ``auto``. ``features``: this CPU's unless given."""
+    if mode == "same" or (mode == "bfloat16" and compute == torch.bfloat16):
+        return "auto"
+    if mode != "auto" or device.type != "cpu" or quantization != "int8":
+        return mode
+    if features is None:
+        forced = os.environ.get("EDSERVE_CPU_AUTO_DTYPE", "")
+        if forced:
+            return "bfloat16" if forced == "bfloat16" else "auto"
+        features = cpu_features()
+    return "bfloat16" if any(f in features for f in BF16_FASTER_WITH) else "auto"
 
 
 def use_cuda_graph(config: EngineConfig, settings: RuntimeSettings) -> bool:
