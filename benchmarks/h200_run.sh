@@ -13,6 +13,7 @@
 #   w18-mix (~5 min: greedy rows beside one beam request), w19-mixkern (~3 min: its GPU busy and kernels), w19-beamgraph (~7 min)
 #   w21-beam (~8 min: beam candidates by the Triton top-k vs torch.topk; decoder GEMMs at decode rows)
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
+#   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
@@ -197,6 +198,18 @@ for part in "$@"; do
                --config $cfg --overlap on 2>&1 | grep -v "custom logits" | tee -a "$OUT/w21_real.log" | tail -3)
            done
            timeout 200 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 | tee "$OUT/w21_arrivals.log" | tail -4 ;;
+    # wave 21: the final tree's GPU tests (encoder, engine, syncs, prompt graphs, Mllama graphs), then beam 5 on the
+    # transcription path (EOS + timestamp rules) with the Triton top-k vs torch.topk (~7 min)
+    w21-verify) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_encoder_graphs.py \
+             tests/models/test_whisper_encoder.py tests/engine/test_gpu.py tests/engine/test_gpu_syncs.py \
+             tests/engine/test_gpu_prompt_graphs.py tests/models/mllama/test_gpu_graph.py -rs 2>&1 \
+             | grep -v "Loading weights" | tee "$OUT/w21_verify.log" | tail -5
+           timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_row_topk.py 2>&1 | tee -a "$OUT/w21_verify.log" | tail -1
+           for flag in "" --torch-topk; do
+             echo "--- EOS + timestamps ${flag:-(triton top-k)}"
+             (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
+               --beam-on-device --eos-timestamps $flag 2>&1 | grep -v "custom logits" | tee -a "$OUT/w21_beam_eos.log" | grep -E "^flat")
+           done ;;
     # wave 20: long-form with the log-mels held by the engine worker (default) vs sent back
     # (--held-log-mel-mb 0), alternating; W20_ORDER picks the order (~1.5 min per run)
     w20-long) for mode in ${W20_ORDER:-held values}; do
