@@ -15,6 +15,7 @@ whatever their lengths.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -58,6 +59,10 @@ def _plan(config: EngineConfig, s: RuntimeSettings, model, context_len: int,
     memory_bytes, used = config.kv_cache_bytes, 0
     max_total = config.max_total_tokens
     if s.on_cuda and memory_bytes is None:
+        # An engine dropped earlier in this process may still hold its pool from inside a
+        # reference cycle (its CUDA-graph runners' closures): collect it before measuring, or
+        # a second engine in one process finds the GPU full (the GPU tests build several).
+        gc.collect()
         memory_bytes = torch.cuda.get_device_properties(s.device).total_memory
         used = torch.cuda.memory_allocated(s.device)
     elif memory_bytes is None and max_total is None:
