@@ -20,9 +20,9 @@ Every variant is checked against ``torch`` first.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
+
+import graph_bench
 
 # large-v3 decoder linears (K -> N): q/k/v fused, attention out, cross q, cross out, fc1, fc2
 SHAPES = [(1280, 3840), (1280, 1280), (1280, 5120), (5120, 1280)]
@@ -112,15 +112,11 @@ def shape_row(M: int, K: int, N: int, dev: str, dtype, tiles, lin, bench, cublas
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="1,16,64,320")
-    ap.add_argument("--dry-run", action="store_true")
-    args = ap.parse_args(argv)
-    if args.dry_run:
-        os.environ["TRITON_INTERPRET"] = "1"
+    args = graph_bench.parse(ap, argv)
+    if args is None:
+        return 2
     import torch
 
-    if not args.dry_run and not torch.cuda.is_available():
-        print("no CUDA device; use --dry-run")
-        return 2
     dev, dtype = ("cpu", torch.float32) if args.dry_run else ("cuda", torch.bfloat16)
     # (K, N, uses per layer): the 1280 -> 1280 shape is attention out, cross q and cross out
     shapes = [(64, 48, 1), (48, 16, 3)] if args.dry_run else \
@@ -130,14 +126,7 @@ def main(argv=None) -> int:
     lin = triton_linear()
 
     def bench(fn) -> float:
-        if args.dry_run:
-            fn()
-            t0 = time.perf_counter()
-            fn()
-            return 1e6 * (time.perf_counter() - t0)
-        from triton.testing import do_bench_cudagraph
-
-        return 1000 * do_bench_cudagraph(fn, rep=50)
+        return graph_bench.us_per_call(fn, args.dry_run)
 
     print(f"# decoder linears, {dtype}, one call replayed in a CUDA graph: us (weight TB/s)")
     for M in rows:

@@ -9,10 +9,10 @@ CUDA graph, every variant checked against torch first.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from pathlib import Path
+
+import graph_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -43,27 +43,15 @@ def case_row(B: int, G: int, k: int, V: int, dev: str, shapes, bench) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=51866)
-    ap.add_argument("--dry-run", action="store_true")
-    args = ap.parse_args(argv)
-    if args.dry_run:
-        os.environ["TRITON_INTERPRET"] = "1"
-    import torch
-
-    if not args.dry_run and not torch.cuda.is_available():
-        print("no CUDA device; use --dry-run")
+    args = graph_bench.parse(ap, argv)
+    if args is None:
         return 2
     dev = "cpu" if args.dry_run else "cuda"
     cases, shapes, V = ([(4, 3, 2)], [(64, 1)], 300) if args.dry_run else \
         (CASES, SHAPES, args.vocab)
 
     def bench(fn) -> float:
-        if args.dry_run:
-            t0 = time.perf_counter()
-            fn()
-            return 1e6 * (time.perf_counter() - t0)
-        from triton.testing import do_bench_cudagraph
-
-        return 1000 * do_bench_cudagraph(fn, rep=50)
+        return graph_bench.us_per_call(fn, args.dry_run)
 
     for B, G, k in cases:
         case_row(B, G, k, V, dev, shapes, bench)

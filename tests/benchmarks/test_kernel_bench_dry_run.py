@@ -1,0 +1,25 @@
+"""The small kernel benchmarks' dry runs (tiny shapes, the Triton interpreter): each variant is
+checked against torch before it is timed, so a wrong kernel fails here."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+def test_row_topk_dry_run(capsys):
+    import row_topk_gpu
+
+    assert row_topk_gpu.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "triton default" in out
+
+
+def test_decode_gemm_dry_run(capsys):
+    import decode_gemm_gpu
+
+    assert decode_gemm_gpu.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "one layer's 6 GEMMs" in out and "triton 16x32/s1" in out
