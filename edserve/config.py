@@ -15,6 +15,7 @@ from typing import Any
 
 from edserve.config_checks import (
     CPU_LINEAR_MODES,
+    ENCODER_DTYPES,
     ENCODER_KV_STRATEGIES,
     QUANTIZATION_MODES,
     check_engine_config,
@@ -88,7 +89,7 @@ class EngineConfig:
         "benchmarks/RESULTS.md 'fp8'), or bfloat16 (Whisper: the whole encoder in bfloat16 "
         "beside a float32 or int8 decoder, its linears unquantized: AMX bf16 GEMMs ran the "
         "encoder ~2x faster than int8 ones; see README 'CPU').",
-        choices=("auto", "same", "fp8", "bfloat16"),
+        choices=ENCODER_DTYPES,
     )
     encoder_gelu: str = _f(
         "auto",

@@ -8,6 +8,8 @@ from typing import Any
 ENCODER_KV_STRATEGIES = ("aligned", "ragged", "flat")
 QUANTIZATION_MODES = ("none", "int8")
 CPU_LINEAR_MODES = ("auto", "mkl", "onednn")  # --cpu-linear (edserve.models.cpu_linear)
+# --encoder-dtype (edserve.models.fp8, edserve.models.encoder_bf16); same: as the rest of the model
+ENCODER_DTYPES = ("auto", "same", "fp8", "bfloat16")
 
 
 def check_engine_config(c: Any) -> None:

@@ -20,8 +20,6 @@ from typing import Any
 
 import torch
 
-ENCODER_DTYPES = ("auto", "same", "fp8", "bfloat16")  # same: as the rest of the model
-
 
 def encoder_in_bf16(model: Any) -> Any:
     """The encoder of a Whisper ``model`` in bfloat16, in place (``ValueError`` for other

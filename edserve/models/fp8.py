@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edserve.models.encoder_bf16 import ENCODER_DTYPES, encoder_in_bf16
+from edserve.config import ENCODER_DTYPES
+from edserve.models.encoder_bf16 import encoder_in_bf16
 
-FP8_MODES = ("auto", "fp8")  # --kv-cache-dtype (--encoder-dtype: encoder_bf16.ENCODER_DTYPES)
+FP8_MODES = ("auto", "fp8")  # --kv-cache-dtype (--encoder-dtype: config.ENCODER_DTYPES)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _ENCODER_LINEARS = ("qkv_proj", "out_proj", "fc1", "fc2")
