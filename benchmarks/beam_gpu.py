@@ -304,7 +304,8 @@ def main() -> None:
     if args.torch_topk:
         from edserve.engine import sampler
 
-        sampler.ROW_TOPK_MAX_K = 0  # every k falls back to torch.topk
+        sampler._topk_rows = lambda logits, rows, k: torch.topk(  # the path before wave 21
+            logits.index_select(0, rows), k, dim=-1)
     dev = "cpu" if args.dry_run else "cuda"
     if args.eos_timestamps:
         MODE["timestamps"], args.no_hf = True, True

@@ -29,8 +29,6 @@ from edserve.engine.logits_filter import FilterContext, LogitsFilter
 from edserve.engine.req import Req
 from edserve.engine.token_history import TokenHistory
 
-ROW_TOPK_MAX_K = 64  # = kernels.row_topk.MAX_K (imported lazily: CPU runs never load triton)
-
 
 @dataclass
 class FilterGroup:
@@ -202,10 +200,11 @@ def _topk_rows(logits: torch.Tensor, rows: torch.Tensor, k: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.topk(logits[rows], k)``: on CUDA one Triton pass over each row
     (:mod:`edserve.kernels.row_topk`, no row copy, no radix select), else torch."""
-    if logits.is_cuda and logits.stride(1) == 1 and k <= ROW_TOPK_MAX_K:
-        from edserve.kernels.row_topk import row_topk
+    if logits.is_cuda and logits.stride(1) == 1:
+        from edserve.kernels import row_topk  # here: CPU runs never import triton
 
-        return row_topk(logits, rows, k)
+        if k <= row_topk.MAX_K:
+            return row_topk.row_topk(logits, rows, k)
     return torch.topk(logits.index_select(0, rows), k, dim=-1)
 
 

@@ -73,9 +73,3 @@ def test_bad_arguments_raise():
     vals, idx = row_topk(x, rows[:0], 3)
     assert vals.shape == (0, 3) and idx.shape == (0, 3)
 
-
-def test_sampler_limit_matches_kernel():
-    from edserve.engine.sampler import ROW_TOPK_MAX_K
-    from edserve.kernels.row_topk import MAX_K
-
-    assert ROW_TOPK_MAX_K == MAX_K
