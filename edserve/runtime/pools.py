@@ -59,9 +59,10 @@ def _plan(config: EngineConfig, s: RuntimeSettings, model, context_len: int,
     memory_bytes, used = config.kv_cache_bytes, 0
     max_total = config.max_total_tokens
     if s.on_cuda and memory_bytes is None:
-        # An engine dropped earlier in this process may still hold its pool from inside a
-        # reference cycle (its CUDA-graph runners' closures): collect it before measuring, or
-        # a second engine in one process finds the GPU full (the GPU tests build several).
+        # An engine dropped earlier in this process can still hold its pool until the cycle
+        # collector runs (seen on the H200: GPU tests that build a second engine found the
+        # first's pool allocated; the cycle itself is not identified): collect before
+        # measuring, or that engine finds the GPU full.
         gc.collect()
         memory_bytes = torch.cuda.get_device_properties(s.device).total_memory
         used = torch.cuda.memory_allocated(s.device)
