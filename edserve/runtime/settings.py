@@ -10,12 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from edserve.config import EngineConfig
-from edserve.engine.cpu_modes import (
-    BF16_FASTER_WITH,
-    apply_threads,
-    auto_cpu_dtype,
-    cpu_features,
-)
+from edserve.engine.cpu_modes import apply_threads, auto_cpu_dtype, cpu_features
 from edserve.layers.attention import resolve_page_size
 from edserve.models.cpu_linear import use_onednn
 from edserve.models.fp8 import check_fp8, kv_cache_dtype
@@ -94,21 +89,17 @@ def resolve_settings(config: EngineConfig) -> RuntimeSettings:
 def resolve_encoder_dtype(mode: str, quantization: str, device: torch.device,
                           compute: torch.dtype, features: frozenset[str] | None = None) -> str:
     """``--encoder-dtype`` as it runs here (:mod:`edserve.models.encoder_bf16`): ``auto``
-    becomes ``bfloat16`` on a CPU with AMX tiles under ``--quantization int8``
-    (``$EDSERVE_CPU_AUTO_DTYPE`` set to anything but bfloat16 turns that off, as it does for
-    ``--dtype auto``), else stays ``auto`` (the compute dtype); ``same`` (the encoder like the
-    rest of the model, quantized with it) and ``bfloat16`` with a bfloat16 compute dtype are
-    ``auto``. ``features``: this CPU's unless given."""
+    under ``--quantization int8`` on a CPU is ``bfloat16`` where ``--dtype auto`` without
+    quantization would be (AMX tiles, or ``$EDSERVE_CPU_AUTO_DTYPE``: :func:`resolve_dtype`),
+    else stays ``auto`` (the compute dtype); ``same`` (the encoder like the rest of the model,
+    quantized with it) and ``bfloat16`` with a bfloat16 compute dtype are ``auto``.
+    ``features``: this CPU's unless given."""
     if mode == "same" or (mode == "bfloat16" and compute == torch.bfloat16):
         return "auto"
     if mode != "auto" or device.type != "cpu" or quantization != "int8":
         return mode
-    if features is None:
-        forced = os.environ.get("EDSERVE_CPU_AUTO_DTYPE", "")
-        if forced:
-            return "bfloat16" if forced == "bfloat16" else "auto"
-        features = cpu_features()
-    return "bfloat16" if any(f in features for f in BF16_FASTER_WITH) else "auto"
+    bf16_here = resolve_dtype("auto", device, "none", features) == torch.bfloat16
+    return "bfloat16" if bf16_here else "auto"
 
 
 def use_cuda_graph(config: EngineConfig, settings: RuntimeSettings) -> bool:
