@@ -49,6 +49,9 @@ class Finisher:
         self._keep_or_release(leader, hold, reason, last_holder=getattr(group, "on_device",
                                                                         False))
         self._report(leader, reason, error, [])
+        # unlink group -> leader: leader <-> group was a cycle that held the request (its hooks
+        # and what they hold: the model, for a readout) until the cycle collector ran
+        group.leader = None
 
     def finish(self, req: Req, reason: FinishReason, error: str | None,
                last: list[int]) -> None:
@@ -99,8 +102,10 @@ class Finisher:
         req.finish_reason = reason
         req.error = error
         req.encoder_input = None
-        if req.on_delta is not None:
-            req.on_delta(TokenDelta(req.rid, last, finished=True, output=req.output()))
+        on_delta, req.on_delta = req.on_delta, None  # the last call: the caller's callback
+        # (and what it holds, e.g. the engine) must not live on in a group's row cycle
+        if on_delta is not None:
+            on_delta(TokenDelta(req.rid, last, finished=True, output=req.output()))
 
     def _finished_kv(self, req: Req) -> FinishedKV:
         rtp = self.pools.req_to_token_pool

@@ -102,13 +102,14 @@ def best(finished: list[Finished], length_penalty: float | None) -> Finished:
 
 class RowGroup(ABC):
     """A request decoded on several rows. ``leader`` is the admitted row (it carries the
-    request's callbacks); ``members`` are the rows alive now (the leader among them until it
-    is dropped). ``id`` names the group (a counter: unique for the process's lifetime)."""
+    request's callbacks; None once the group has reported, so that a finished leader and its
+    group are no reference cycle); ``members`` are the rows alive now (the leader among them
+    until it is dropped). ``id`` names the group (a counter: unique for the process's lifetime)."""
 
     def __init__(self, leader: Row, size: int, stop_ids: frozenset[int],
                  length_penalty: float | None) -> None:
         self.id = next(_group_ids)
-        self.leader = leader
+        self.leader: Row | None = leader
         self.size = size  # most rows alive at once
         self.stop_ids = stop_ids
         self.length_penalty = length_penalty

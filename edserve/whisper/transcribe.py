@@ -64,34 +64,47 @@ def make_task(engine: Any, audio: np.ndarray | PreparedAudio, options: Transcrib
 def run_tasks(engine: Any, tasks: list[LongformTask],
               on_finish: Callable[[LongformTask], None] | None = None) -> None:
     """Drive ``tasks`` to completion on ``engine`` (synchronously, windows batched together)."""
-    failures: list[str] = []
-
-    def submit(task: LongformTask) -> None:
-        req = task.next_request()
-        if req is None:
-            if on_finish is not None:
-                on_finish(task)
-            return
-
-        def done(delta: TokenDelta) -> None:
-            if delta.finished:
-                try:
-                    task.feed(delta.output)
-                except RequestFailed as exc:
-                    failures.append(f"{task.source}: {exc}")
-                    _release(engine, task.abandon())
-                    return
-                _release(engine, task.take_released())
-                submit(task)
-
-        engine.add_request(req, done)
-
+    driver = _WindowDriver(engine, on_finish)
     for task in tasks:
-        submit(task)
+        driver.submit(task)
     while engine.has_work():
         engine.step()
-    if failures:
-        raise RequestFailed("; ".join(failures))
+    if driver.failures:
+        raise RequestFailed("; ".join(driver.failures))
+
+
+class _WindowDriver:
+    """Submits each task's next window when its previous one finishes.
+
+    A class, not a recursive closure: a closure that names itself is a reference cycle, and it
+    kept the engine (and its KV pool) alive after ``transcribe`` returned until the cycle
+    collector ran. The callback given to the engine lives only while its window is in flight.
+    """
+
+    def __init__(self, engine: Any, on_finish: Callable[[LongformTask], None] | None):
+        self.engine = engine
+        self.on_finish = on_finish
+        self.failures: list[str] = []
+
+    def submit(self, task: LongformTask) -> None:
+        req = task.next_request()
+        if req is None:
+            if self.on_finish is not None:
+                self.on_finish(task)
+            return
+        self.engine.add_request(req, lambda delta: self._done(task, delta))
+
+    def _done(self, task: LongformTask, delta: TokenDelta) -> None:
+        if not delta.finished:
+            return
+        try:
+            task.feed(delta.output)
+        except RequestFailed as exc:
+            self.failures.append(f"{task.source}: {exc}")
+            _release(self.engine, task.abandon())
+            return
+        _release(self.engine, task.take_released())
+        self.submit(task)
 
 
 def transcribe(engine: Any, inputs: list[Any], language: str | None = None,
