@@ -94,7 +94,7 @@ class DeviceBeams:
         # the choice's launches: a CUDA graph on CUDA (beam_graph.make_beam_stepper)
         self.stepper = make_beam_stepper(self.state, max_beam + 1, stepper)
         # run()'s whole work as CUDA graphs where the choice is one (beam_run_graph)
-        self.graphs = BeamRunGraphs(self) if self.stepper.name == "graph" else None
+        self.graphs = BeamRunGraphs() if self.stepper.name == "graph" else None
         self.own = torch.zeros_like(pools.req_to_token_pool.req_to_token)  # [rows + 1, C]
         self._free = list(range(capacity - 1, -1, -1))
 
@@ -228,7 +228,7 @@ class DeviceBeams:
         toks = cand_tokens[:plan.R * k].view(plan.R, k)[:, :kk]  # [R, kk]
         lps = cand_logprobs[:plan.R * k].view(plan.R, k)[:, :kk]
         if self.graphs is not None:
-            return self.graphs.run(plan, toks, lps, history)
+            return self.graphs.run(self, plan, toks, lps, history)
         return self.apply(plan, toks, lps, history)
 
     def apply(self, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,

@@ -33,8 +33,10 @@ from edserve.engine.graph_capture import capture
 
 logger = logging.getLogger("edserve")
 
-# The graphs serve a beam_rows.DeviceBeams (``beams``: its ``state``, ``apply`` and ``views``),
-# taking its BeamStepPlan and TokenHistory; typed Any here, as beam_rows imports this module.
+# The graphs serve the beam_rows.DeviceBeams that owns them (``beams``: its ``state``, ``apply``,
+# ``views`` and ``pools``), passed to every call, not kept: a kept owner would be a reference
+# cycle holding the engine's KV pool after the engine is dropped (found on the H200). Its
+# BeamStepPlan and TokenHistory are typed Any here, as beam_rows imports this module.
 BeamStepPlan = DeviceBeams = TokenHistory = Any
 
 #: Captured shapes kept at once (a batch's set of beam rows changes rarely in steady state).
@@ -51,11 +53,11 @@ class _Captured:
 
 
 class BeamRunGraphs:
-    """``run(plan, toks, lps, history)``: :meth:`DeviceBeams.apply` eagerly for a new shape,
-    captured at its second occurrence, replayed after that."""
+    """``run(beams, plan, toks, lps, history)``: :meth:`DeviceBeams.apply` eagerly for a new
+    shape, captured at its second occurrence, replayed after that. One instance serves one
+    ``beams`` (its captured graphs write that object's buffers)."""
 
-    def __init__(self, beams: DeviceBeams, max_graphs: int = MAX_GRAPHS) -> None:
-        self.beams = beams
+    def __init__(self, max_graphs: int = MAX_GRAPHS) -> None:
         self.max_graphs = max_graphs
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
         self._seen: set[tuple] = set()
@@ -63,33 +65,35 @@ class BeamRunGraphs:
         self.replays = 0
         self.broken = False  # a capture failed: eager from then on
 
-    def _key(self, plan: BeamStepPlan, toks: torch.Tensor, history: TokenHistory) -> tuple:
+    @staticmethod
+    def _key(beams: DeviceBeams, plan: BeamStepPlan, toks: torch.Tensor,
+             history: TokenHistory) -> tuple:
         """Everything a captured graph's shapes depend on (the packed plan's length follows
         from ``R`` and ``P``)."""
-        st = self.beams.state
+        st = beams.state
         return plan.R, plan.P, toks.shape[1], st.F, st.stop.shape[1], id(history)
 
-    def run(self, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
-            history: TokenHistory) -> torch.Tensor:
-        if self.broken or self.beams.pools.kv_pool.copy_observers:
+    def run(self, beams: DeviceBeams, plan: BeamStepPlan, toks: torch.Tensor,
+            lps: torch.Tensor, history: TokenHistory) -> torch.Tensor:
+        if self.broken or beams.pools.kv_pool.copy_observers:
             # K/V copies that other ranks must hear of (tensor parallel) are host calls a
             # replay would not repeat
-            return self.beams.apply(plan, toks, lps, history)
-        key = self._key(plan, toks, history)
+            return beams.apply(plan, toks, lps, history)
+        key = self._key(beams, plan, toks, history)
         cap = self._graphs.get(key)
         if cap is None:
             if key not in self._seen:  # first time: eager (the warm-up)
                 if len(self._seen) >= 64 * self.max_graphs:  # bounded (shapes come and go)
                     self._seen.clear()
                 self._seen.add(key)
-                return self.beams.apply(plan, toks, lps, history)
+                return beams.apply(plan, toks, lps, history)
             try:
-                cap = self._capture(key, plan, toks, lps, history)
+                cap = self._capture(beams, key, plan, toks, lps, history)
             except Exception:  # a capture runs nothing: the eager path is still exact
                 logger.warning("capturing a beam step failed; device beams run eagerly from "
                                "now on", exc_info=True)
                 self.broken = True
-                return self.beams.apply(plan, toks, lps, history)
+                return beams.apply(plan, toks, lps, history)
         self._graphs.move_to_end(key)
         cap.packed.copy_(plan.packed, non_blocking=True)
         cap.toks.copy_(toks, non_blocking=True)
@@ -98,17 +102,17 @@ class BeamRunGraphs:
         self.replays += 1
         return cap.done
 
-    def _capture(self, key: tuple, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
-                 history: TokenHistory) -> _Captured:
+    def _capture(self, beams: DeviceBeams, key: tuple, plan: BeamStepPlan, toks: torch.Tensor,
+                 lps: torch.Tensor, history: TokenHistory) -> _Captured:
         while len(self._graphs) >= self.max_graphs:
             self._graphs.popitem(last=False)
         packed = torch.empty_like(plan.packed)
         s_toks, s_lps = torch.empty_like(toks), torch.empty_like(lps)
-        done = torch.empty(self.beams.state.G, dtype=torch.bool, device=packed.device)
+        done = torch.empty(beams.state.G, dtype=torch.bool, device=packed.device)
 
         def body() -> None:  # reads only the static inputs, writes ``done``
-            static = self.beams.views(packed, plan.R, plan.P)
-            done.copy_(self.beams.apply(static, s_toks, s_lps, history, captured=True))
+            static = beams.views(packed, plan.R, plan.P)
+            done.copy_(beams.apply(static, s_toks, s_lps, history, captured=True))
 
         cap = _Captured(self._record(body, packed.device), packed, s_toks, s_lps, done)
         self._graphs[key] = cap

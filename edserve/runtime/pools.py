@@ -15,7 +15,6 @@ whatever their lengths.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 from dataclasses import dataclass
 
@@ -59,11 +58,6 @@ def _plan(config: EngineConfig, s: RuntimeSettings, model, context_len: int,
     memory_bytes, used = config.kv_cache_bytes, 0
     max_total = config.max_total_tokens
     if s.on_cuda and memory_bytes is None:
-        # An engine dropped earlier in this process can still hold its pool until the cycle
-        # collector runs (seen on the H200: GPU tests that build a second engine found the
-        # first's pool allocated; the cycle itself is not identified): collect before
-        # measuring, or that engine finds the GPU full.
-        gc.collect()
         memory_bytes = torch.cuda.get_device_properties(s.device).total_memory
         used = torch.cuda.memory_allocated(s.device)
     elif memory_bytes is None and max_total is None:

@@ -26,7 +26,7 @@ def _engine(model, on: bool, page_size: str, strategy: str, max_graphs: int = 8)
                      max_running_requests=16, debug_checks=True, beam_on_device=on,
                      overlap_schedule="on" if on else "off")
     if on:
-        e.scheduler.beams.graphs = EagerRecordGraphs(e.scheduler.beams, max_graphs)
+        e.scheduler.beams.graphs = EagerRecordGraphs(max_graphs)
     return e
 
 
@@ -69,7 +69,7 @@ class FailingGraphs(BeamRunGraphs):
 def test_a_failed_capture_falls_back_to_eager_steps(random_whisper, caplog):
     host = _run(_engine(random_whisper, False, "16", "flat"), _requests())
     eng = _engine(random_whisper, True, "16", "flat")
-    eng.scheduler.beams.graphs = graphs = FailingGraphs(eng.scheduler.beams)
+    eng.scheduler.beams.graphs = graphs = FailingGraphs()
     with caplog.at_level("WARNING", logger="edserve"):
         device = _run(eng, _requests())
     assert graphs.broken and graphs.captures == 0 and graphs.replays == 0

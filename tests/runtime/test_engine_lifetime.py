@@ -70,16 +70,32 @@ def test_engine_freed_after_generate(no_cycle_collector, random_whisper):
     _assert_freed(refs)
 
 
+def test_engine_freed_with_device_beams(no_cycle_collector, random_whisper):
+    """Device beams (the CUDA default; here on the CPU, without their graphs): the beam step's
+    graphs once kept the beams that own them, a cycle that held every CUDA engine's pools (the
+    CUDA test below covers the graphs)."""
+    engine = build_engine(model=str(random_whisper), device="cpu", max_running_requests=4,
+                          beam_on_device=True, overlap_schedule="on")
+    assert engine.scheduler.beams is not None
+    _generate(engine)
+    refs = _refs(engine)
+    del engine
+    _assert_freed(refs)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_engine_freed_with_graphs(no_cycle_collector, random_whisper):
     before = torch.cuda.memory_allocated()
     engine = build_engine(model=str(random_whisper), device="cuda", max_running_requests=4,
                           encoder_cuda_graph_max_bs=2)
-    assert engine.runner is not None
+    assert engine.scheduler.beams.graphs is not None  # beam steps as graphs
     _generate(engine)
+    _generate(engine)  # the second run's beam shapes are captured
     refs = _refs(engine)
     del engine
     _assert_freed(refs)
     torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() - before < 64 << 20, "the KV pool was not freed"
+    # the pool filled the GPU (~110 GB on an H200); what stays is the process's own caches
+    # (~0.1 GB measured there)
+    assert torch.cuda.memory_allocated() - before < 1 << 30, "the KV pool was not freed"
