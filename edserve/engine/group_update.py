@@ -31,7 +31,11 @@ class RowGroupSteps:
 
     def _end_group(self, group: RowGroup, reason: FinishReason,
                    error: str | None = None) -> None:
-        """Stop a row group early (abort, failed step): drop every row it holds, report."""
+        """Stop a row group early (abort, failed step): drop every row it holds, report. A
+        group that has already reported (its leader is None: a row of an overlapped batch that
+        outlived its group) is left alone."""
+        if group.leader is None:
+            return
         rows = [r for r in self.running if r.group is group]
         for r in rows:
             self.running.remove(r)

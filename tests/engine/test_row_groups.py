@@ -149,6 +149,29 @@ def test_abort_group_midway_frees_everything(random_whisper):
     assert len(got) == 1 and got[0].output.finish_reason.value == "abort"
 
 
+@pytest.mark.parametrize("on_device", [False, True])
+def test_ending_a_finished_group_again_is_a_no_op(random_whisper, on_device):
+    """A failed overlapped step may list rows of a group that finished at the step before: the
+    group is not ended (nor reported) a second time."""
+    from edserve.engine.request import FinishReason
+
+    engine = build_engine(model=str(random_whisper), page_size="16", max_running_requests=16,
+                          debug_checks=True, beam_on_device=on_device,
+                          overlap_schedule="on" if on_device else "off")
+    req = GenerateRequest(PROMPT, _mels(1)[0], SamplingParams(beam_size=3, max_new_tokens=6,
+                                                              ignore_eos=True))
+    got, groups = [], []
+    engine.add_request(req, lambda d: got.append(d) if d.finished else None)
+    while engine.has_work():
+        engine.step()
+        groups += [r.group for r in engine.scheduler.running if r.group is not None]
+    assert len(got) == 1 and groups and groups[0].leader is None  # reported, unlinked
+    engine.scheduler._end_group(groups[0], FinishReason.ERROR, "a later step failed")
+    engine.check_integrity()
+    assert len(got) == 1 and got[0].output.finish_reason.value == "length"
+    assert engine.pools.allocator.num_used() == 0
+
+
 def test_keep_encoder_reuse_and_release(random_whisper):
     engine = build_engine(model=str(random_whisper), page_size="128", encoder_kv="flat",
                     max_running_requests=8, debug_checks=True)
