@@ -12,6 +12,7 @@ the steps' wall time, both from the torch profiler.
 
   python benchmarks/cpu_step.py [--rounds 3] [--threads 2] [--clips 10] [--beam-sizes 1 5]
   python benchmarks/cpu_step.py --encoder-attention      # SDPA flash vs math, 1500 x 1500
+  python benchmarks/cpu_step.py --beam-vs-rows --modes auto int8  # beam 5 vs 5 greedy rows
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -145,6 +147,39 @@ def build(mode: str, beam: int, compiled: bool, threads: int):
     return (lambda audio: transcribe(engine, [audio], options=opts)[0].text), clock
 
 
+def beam_vs_rows(modes: list[str], threads: int, rounds: int, width: int = 5) -> None:
+    """Issue 23's "a beam step costs little more than a greedy step of as many rows": median
+    decode step of one clip at beam ``width``, of ``width`` copies of it greedy (as many rows,
+    ``width`` encoder regions), and of the clip alone greedy; eager, rounds interleaved."""
+    import numpy as np
+
+    from edserve.audio.decode import load_audio
+    from edserve.runtime import build_engine
+    from edserve.whisper.options import TranscribeOptions
+    from edserve.whisper.transcribe import transcribe
+
+    clip = load_audio(str(Path(__file__).resolve().parent.parent / "tests" / "data" / "jfk.wav"))
+    clip = clip.astype(np.float32)
+    cases = ((f"beam {width}, 1 clip", [clip], width),
+             (f"greedy, {width} clips", [clip] * width, 1), ("greedy, 1 clip", [clip], 1))
+    print(f"# {cpu_description()}; threads {threads}; jfk; eager steps; medians per round")
+    for mode in modes:
+        dtype, quantization = MODES[mode]
+        engine = build_engine(device="cpu", threads=threads, dtype=dtype,
+                              quantization=quantization, max_running_requests=2 * width,
+                              cpu_compile="off")
+        clock, ms = StepClock(engine), {name: [] for name, _, _ in cases}
+        for _ in range(rounds):
+            for name, inputs, beam in cases:
+                opts = TranscribeOptions(language="en", beam_size=beam, timestamps=False,
+                                         temperatures=(0.0,))
+                clock.reset()
+                transcribe(engine, inputs, options=opts)
+                ms[name].append(statistics.median(clock.decode_s) * 1e3)
+        for name, v in ms.items():
+            print(f"| {mode} | {name} | {' / '.join(f'{x:.2f}' for x in v)} ms |")
+
+
 def main() -> None:
     import numpy as np
     from cpu_whisper import clips
@@ -161,9 +196,14 @@ def main() -> None:
     ap.add_argument("--beam-sizes", nargs="+", type=int, default=[1, 5])
     ap.add_argument("--encoder-attention", action="store_true",
                     help="only time the encoder's attention kernels")
+    ap.add_argument("--beam-vs-rows", action="store_true",
+                    help="only compare a beam-5 step with a greedy step of 5 clips' rows")
     args = ap.parse_args()
     if args.encoder_attention:
         return encoder_attention(args.threads)
+    if args.beam_vs_rows:
+        torch.set_num_threads(args.threads)
+        return beam_vs_rows(args.modes, args.threads, args.rounds)
     torch.set_num_threads(args.threads)
     paths = clips()[:args.clips]
     audios = [load_audio(p).astype(np.float32) for p in paths]
