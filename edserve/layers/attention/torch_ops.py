@@ -23,8 +23,9 @@ import torch.nn.functional as F
 def _acc_dtype(q: torch.Tensor, k_cache: torch.Tensor) -> torch.dtype:
     """The dtype attention is computed in: float64 when either side is (the oracle); the
     cache's own dtype when the queries have it too (SDPA's kernels accumulate bf16 / fp16 in
-    float32 themselves: upcasting first only copied the keys, ~10 % of a tiny.en bf16 decode
-    step on CPU); else float32 (mixed dtypes)."""
+    float32 themselves: upcasting first copied the keys: eager tiny.en bf16 decode
+    steps on CPU ran 19-26 % faster without it, benchmarks/RESULTS.md wave 22); else float32
+    (mixed dtypes)."""
     if torch.float64 in (q.dtype, k_cache.dtype):
         return torch.float64
     return q.dtype if q.dtype == k_cache.dtype else torch.float32
