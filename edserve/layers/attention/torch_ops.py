@@ -24,7 +24,7 @@ def _acc_dtype(q: torch.Tensor, k_cache: torch.Tensor) -> torch.dtype:
     """The dtype attention is computed in: float64 when either side is (the oracle); the
     cache's own dtype when the queries have it too (SDPA's kernels accumulate bf16 / fp16 in
     float32 themselves: upcasting first copied the keys: eager tiny.en bf16 decode
-    steps on CPU ran 19-26 % faster without it, benchmarks/RESULTS.md wave 22); else float32
+    steps on CPU took 19-26 % less time without it, benchmarks/RESULTS.md wave 22); else float32
     (mixed dtypes)."""
     if torch.float64 in (q.dtype, k_cache.dtype):
         return torch.float64
