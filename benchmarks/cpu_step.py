@@ -13,6 +13,7 @@ the steps' wall time, both from the torch profiler.
   python benchmarks/cpu_step.py [--rounds 3] [--threads 2] [--clips 10] [--beam-sizes 1 5]
   python benchmarks/cpu_step.py --encoder-attention      # SDPA flash vs math, 1500 x 1500
   python benchmarks/cpu_step.py --beam-vs-rows --modes auto int8  # beam 5 vs 5 greedy rows
+  python benchmarks/cpu_step.py --host-split --modes auto int8    # compute / other ops / Python
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -76,24 +78,60 @@ class StepClock:
         self.decode_s.clear()
 
 
-def host_share(fn, clock: StepClock) -> float:
-    """1 - compute / wall of the decode steps of one call of ``fn`` (profiled)."""
+def step_split(fn, clock: StepClock) -> tuple[dict[str, float], Counter]:
+    """Seconds of the profiled decode steps of one call of ``fn`` by kind: ``wall``,
+    ``compute`` (self time of :data:`COMPUTE` ops), ``other ops`` (every other op's self time:
+    small kernels and views) and ``python`` (the steps' own self time: Python between ops);
+    and the other ops by name."""
     from torch.profiler import ProfilerActivity, profile
 
     clock.reset()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
-    wall = sum(clock.decode_s)
-    events = [e for e in prof.events() if e.name == "ModelRunner.decode"]
-    compute = 0.0
-    for ev in events:  # compute kernels under the decode steps only
+    split = {"wall": sum(clock.decode_s), "compute": 0.0, "other ops": 0.0, "python": 0.0}
+    others: Counter = Counter()
+    for ev in (e for e in prof.events() if e.name == "ModelRunner.decode"):
+        split["python"] += ev.self_cpu_time_total / 1e6
         stack = list(ev.cpu_children)
         while stack:
             e = stack.pop()
             if any(e.name.startswith(c) for c in COMPUTE):
-                compute += e.self_cpu_time_total / 1e6
+                split["compute"] += e.self_cpu_time_total / 1e6
+            else:
+                split["other ops"] += e.self_cpu_time_total / 1e6
+                others[e.name] += e.self_cpu_time_total / 1e6
             stack.extend(e.cpu_children)
-    return 1 - compute / wall if wall else float("nan")
+    return split, others
+
+
+def host_share(fn, clock: StepClock) -> float:
+    """1 - compute / wall of the decode steps of one call of ``fn`` (profiled)."""
+    split, _ = step_split(fn, clock)
+    return 1 - split["compute"] / split["wall"] if split["wall"] else float("nan")
+
+
+def print_host_split(modes: list[str], beams: list[int], threads: int) -> None:
+    """``--host-split``: where an eager decode step's host share goes (jfk)."""
+    import numpy as np
+
+    from edserve.audio.decode import load_audio
+
+    clip = load_audio(str(Path(__file__).resolve().parent.parent / "tests" / "data" / "jfk.wav"))
+    clip = clip.astype(np.float32)
+    print(f"# {cpu_description()}; threads {threads}; jfk; eager decode steps, ms per step")
+    print("| mode | beam | wall | compute | other ops | Python | largest other ops |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for mode in modes:
+        for beam in beams:
+            fn, clock = build(mode, beam, False, threads)
+            fn(clip)
+            fn(clip)
+            split, others = step_split(lambda fn=fn: fn(clip), clock)
+            n = max(1, len(clock.decode_s))
+            ms = {k: 1e3 * v / n for k, v in split.items()}
+            top = ", ".join(f"{k} {1e3 * v / n:.2f}" for k, v in others.most_common(5))
+            print(f"| {mode} | {beam} | {ms['wall']:.2f} | {ms['compute']:.2f} | "
+                  f"{ms['other ops']:.2f} | {ms['python']:.2f} | {top} |")
 
 
 def encoder_attention(threads: int, rounds: int = 20) -> None:
@@ -196,11 +234,16 @@ def main() -> None:
     ap.add_argument("--beam-sizes", nargs="+", type=int, default=[1, 5])
     ap.add_argument("--encoder-attention", action="store_true",
                     help="only time the encoder's attention kernels")
+    ap.add_argument("--host-split", action="store_true",
+                    help="only split eager decode steps into compute, other ops and Python")
     ap.add_argument("--beam-vs-rows", action="store_true",
                     help="only compare a beam-5 step with a greedy step of 5 clips' rows")
     args = ap.parse_args()
     if args.encoder_attention:
         return encoder_attention(args.threads)
+    if args.host_split:
+        torch.set_num_threads(args.threads)
+        return print_host_split(args.modes, args.beam_sizes, args.threads)
     if args.beam_vs_rows:
         torch.set_num_threads(args.threads)
         return beam_vs_rows(args.modes, args.threads, args.rounds)
