@@ -57,3 +57,25 @@ def test_decoder_adds_go_to_the_next_norm_and_the_kernel_gives_the_torch_tokens(
     per_forward = [False] + [True] * (3 * layers)  # 3 norms per layer + the final one
     assert len(calls) % len(per_forward) == 0 and len(calls) >= 2 * len(per_forward)
     assert calls == per_forward * (len(calls) // len(per_forward))
+
+
+def test_one_bf16_row_on_cpu_takes_the_matrix_vector_logits(random_whisper, monkeypatch):
+    """compute_logits' one-row bf16 CPU path (torch.mv) gives F.linear's logits; more rows keep
+    F.linear."""
+    import torch.nn.functional as F
+
+    from edserve.runtime import build_engine
+
+    engine = build_engine(model=str(random_whisper), device="cpu", dtype="bfloat16",
+                          max_running_requests=1)
+    model = engine.model
+    weight = model.model.decoder.embed_tokens.weight
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(3, weight.shape[1], generator=gen).to(torch.bfloat16)
+    calls = []
+    mv = torch.mv
+    monkeypatch.setattr(torch, "mv", lambda *a: calls.append(1) or mv(*a))
+    one = model.compute_logits(hidden[:1])
+    assert calls == [1] and one.shape == (1, weight.shape[0]) and one.dtype == torch.bfloat16
+    torch.testing.assert_close(one, F.linear(hidden[:1], weight), rtol=1e-2, atol=1e-2)
+    assert model.compute_logits(hidden).shape == (3, weight.shape[0]) and calls == [1]
