@@ -110,3 +110,41 @@ def test_a_batch_memo_is_filled_once_and_gives_the_same_result(kind):
         assert "key_index" in memo and (kind != "decode" or "decode" in memo)
         assert kind != "one_range" or memo["one_range"] == (2 * 24, 20)
         torch.testing.assert_close(with_memo, torch_ops.flat_attention(*args), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path", ["one_range", "gather", "decode"])
+def test_bf16_caches_are_attended_in_bf16_and_match_float64(path, monkeypatch):
+    """bf16 queries over a bf16 cache run SDPA in bf16 (it accumulates in float32 itself; no
+    float32 copy of the keys), within bf16's error of the float64 reference, on each path."""
+    torch.manual_seed(1)
+    Hq, Hkv, D, slots, S = 4, 2, 16, 64, 40
+    kc = torch.randn(slots, Hkv, D).bfloat16()
+    vc = torch.randn(slots, Hkv, D).bfloat16()
+    dtypes = []
+    sdpa = torch_ops.F.scaled_dot_product_attention
+    monkeypatch.setattr(torch_ops.F, "scaled_dot_product_attention",
+                        lambda q, k, *a, **kw: dtypes.append((q.dtype, k.dtype)) or
+                        sdpa(q, k, *a, **kw))
+    if path == "decode":  # two requests, one query each, scattered slots
+        table = torch.randperm(slots).view(2, 32).to(torch.int32)
+        lens = [S // 2, 25]
+        q = torch.randn(2, Hq, D).bfloat16()
+        out = torch_ops.flat_attention(q, kc, vc, table, torch.arange(2, dtype=torch.int32),
+                                       torch.zeros(2, dtype=torch.int32),
+                                       torch.tensor(lens, dtype=torch.int32),
+                                       torch.arange(3, dtype=torch.int32), 1, False, 0.25)
+        wants = [_reference(q[b:b + 1], kc[table[b, :n].long()], vc[table[b, :n].long()], 0.25)
+                 for b, n in enumerate(lens)]
+    else:  # one request, three queries over S keys: contiguous slots or scattered
+        q = torch.randn(3, Hq, D).bfloat16()
+        table = (torch.arange(slots) if path == "one_range" else torch.randperm(slots))
+        table = table[None].to(torch.int32)
+        out = torch_ops.flat_attention(q, kc, vc, table, torch.zeros(1, dtype=torch.int32),
+                                       torch.zeros(1, dtype=torch.int32),
+                                       torch.tensor([S], dtype=torch.int32),
+                                       torch.tensor([0, 3], dtype=torch.int32), 3, False, 0.25)
+        cols = table[0, :S].long()
+        wants = [_reference(q, kc[cols], vc[cols], 0.25)]
+    assert dtypes and all(d == (torch.bfloat16, torch.bfloat16) for d in dtypes)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), torch.cat(wants), rtol=2e-2, atol=2e-2)
