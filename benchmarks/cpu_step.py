@@ -22,7 +22,6 @@ import argparse
 import statistics
 import time
 from collections import Counter
-from pathlib import Path
 
 import torch
 
@@ -110,14 +109,19 @@ def host_share(fn, clock: StepClock) -> float:
     return 1 - split["compute"] / split["wall"] if split["wall"] else float("nan")
 
 
-def print_host_split(modes: list[str], beams: list[int], threads: int) -> None:
-    """``--host-split``: where an eager decode step's host share goes (jfk)."""
+def _jfk():
+    """tests/data/jfk.wav as 16 kHz float32 samples."""
     import numpy as np
+    from cpu_whisper import DATA
 
     from edserve.audio.decode import load_audio
 
-    clip = load_audio(str(Path(__file__).resolve().parent.parent / "tests" / "data" / "jfk.wav"))
-    clip = clip.astype(np.float32)
+    return load_audio(str(DATA / "jfk.wav")).astype(np.float32)
+
+
+def print_host_split(modes: list[str], beams: list[int], threads: int) -> None:
+    """``--host-split``: where an eager decode step's host share goes (jfk)."""
+    clip = _jfk()
     print(f"# {cpu_description()}; threads {threads}; jfk; eager decode steps, ms per step")
     print("| mode | beam | wall | compute | other ops | Python | largest other ops |")
     print("|---|---:|---:|---:|---:|---:|---|")
@@ -189,15 +193,11 @@ def beam_vs_rows(modes: list[str], threads: int, rounds: int, width: int = 5) ->
     """Issue 23's "a beam step costs little more than a greedy step of as many rows": median
     decode step of one clip at beam ``width``, of ``width`` copies of it greedy (as many rows,
     ``width`` encoder regions), and of the clip alone greedy; eager, rounds interleaved."""
-    import numpy as np
-
-    from edserve.audio.decode import load_audio
     from edserve.runtime import build_engine
     from edserve.whisper.options import TranscribeOptions
     from edserve.whisper.transcribe import transcribe
 
-    clip = load_audio(str(Path(__file__).resolve().parent.parent / "tests" / "data" / "jfk.wav"))
-    clip = clip.astype(np.float32)
+    clip = _jfk()
     cases = ((f"beam {width}, 1 clip", [clip], width),
              (f"greedy, {width} clips", [clip] * width, 1), ("greedy, 1 clip", [clip], 1))
     print(f"# {cpu_description()}; threads {threads}; jfk; eager steps; medians per round")
@@ -241,13 +241,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.encoder_attention:
         return encoder_attention(args.threads)
+    torch.set_num_threads(args.threads)
     if args.host_split:
-        torch.set_num_threads(args.threads)
         return print_host_split(args.modes, args.beam_sizes, args.threads)
     if args.beam_vs_rows:
-        torch.set_num_threads(args.threads)
         return beam_vs_rows(args.modes, args.threads, args.rounds)
-    torch.set_num_threads(args.threads)
     paths = clips()[:args.clips]
     audios = [load_audio(p).astype(np.float32) for p in paths]
     print(f"# {cpu_description()}; threads {args.threads}; {len(paths)} clips; medians of "

@@ -288,8 +288,7 @@ class WhisperForConditionalGeneration(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, d] -> [N, vocab] (output projection tied to the token embedding)
         weight = self.model.decoder.embed_tokens.weight  # [vocab, d]
-        one_cpu_row = hidden.shape[0] == 1 and hidden.device.type == "cpu"
-        if one_cpu_row and hidden.dtype == torch.bfloat16:
+        if hidden.shape[0] == 1 and hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu":
             # one bf16 row on CPU: the matrix-vector kernel reads tiny.en's 40 MB vocabulary
             # faster than F.linear's GEMM (1.03 vs 1.45 ms on an AMX Xeon, the same values;
             # benchmarks/RESULTS.md, wave 22)

@@ -85,7 +85,7 @@ def test_int8_decoder_with_a_bfloat16_encoder():
         assert k.dtype == torch.float32
 
 
-def test_embedded_model_transcribes_jfk(monkeypatch):
+def test_embedded_model_transcribes_jfk():
     """The embedded tiny.en, ``--quantization int8 --encoder-dtype bfloat16``: jfk's words."""
     from edserve.runtime import build_engine
     from edserve.whisper.options import TranscribeOptions
