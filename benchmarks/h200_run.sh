@@ -14,6 +14,7 @@
 #   w21-beam (~8 min: beam candidates by the Triton top-k vs torch.topk; decoder GEMMs at decode rows)
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
+#   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
@@ -90,6 +91,13 @@ for part in "$@"; do
     mllama11b) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 570 python3 -W ignore benchmarks/mllama_gpu.py \
              --size 11b --profile --json "$OUT/mllama_11b.json" 2>&1 \
              | tee "$OUT/mllama_11b.log" ;;
+    # wave 23: the 11B decode step synced and back to back, with its kernel table (~5 min)
+    w23-mllama) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 560 python3 -W ignore benchmarks/mllama_gpu.py \
+             --size 11b --batches 16,64 --strategies aligned:128 --profile --decode-steps 10 \
+             --json "$OUT/mllama_11b.json" 2>&1 | tee "$OUT/mllama_11b.log" ;;
+    # wave 23: beam 5 against HF generate(num_beams=5) in the same run (~5 min)
+    w23-beam-hf) (cd benchmarks && timeout 560 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 \
+             --beam 5 --beam-on-device --repeats 2 2>&1 | grep -v "custom logits" | tee "$OUT/beam_hf.log") ;;
     mllama-kernels) timeout 120 python3 -W ignore benchmarks/mllama_kernels.py 2>&1 \
              | tee "$OUT/mllama_kernels.log" ;;
     # wave 7: fused add + LayerNorm (issue 19/24) and the beam-choice graph (issue 22)

@@ -47,7 +47,13 @@ from mllama_hf import (  # noqa: E402
     share_weights,
     sync,
 )
-from whisper_gpu import ceilings, median_step_ms, step_gpu_busy, step_syncs  # noqa: E402
+from whisper_gpu import (  # noqa: E402
+    ceilings,
+    median_step_ms,
+    step_gpu_busy,
+    step_kernels,
+    step_syncs,
+)
 
 TILE_SHAPES = {1: (400, 300), 2: (800, 400), 3: (1200, 400), 4: (1000, 1000)}  # (W, H) at 560
 
@@ -140,11 +146,27 @@ def finish(engine) -> None:
     engine.check_integrity()
 
 
-def decode_stats(engine, case_list, steps: int) -> dict:
-    """Median decode step (ms), syncs per step and GPU busy share, every request running."""
-    start_decoding(engine, case_list, steps)
+def overlapped_step_ms(engine, steps: int) -> float:
+    """Mean interval (ms) of ``steps`` back-to-back decode steps as the engine runs them (with
+    overlap scheduling the host prepares step N+1 while the device runs step N), unlike
+    :func:`median_step_ms`, which syncs around every step."""
     dev = str(engine.device)
-    out = dict(step_ms=median_step_ms(engine, dev, steps), syncs_per_step=None, gpu_busy=None)
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync(dev)
+    return 1000 * (time.perf_counter() - t0) / steps
+
+
+def decode_stats(engine, case_list, steps: int) -> dict:
+    """Decode step ms (median synced, and back-to-back), syncs per step and GPU busy share,
+    every request running."""
+    start_decoding(engine, case_list, 2 * steps)
+    dev = str(engine.device)
+    out = dict(step_ms=median_step_ms(engine, dev, steps),
+               overlapped_step_ms=overlapped_step_ms(engine, steps), syncs_per_step=None,
+               gpu_busy=None)
     if dev.startswith("cuda"):
         out["syncs_per_step"] = len(step_syncs(engine, 4)) / 4
         out["gpu_busy"] = step_gpu_busy(engine, 4)
@@ -230,8 +252,10 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
           f"(HF {r['hf_tokens_per_s']:7.0f}{hf_note(hf_once[n]['chunk'], rows)}, "
           f"x{r['ratio_hf']:.2f}) | TTFT {ttft * 1000:7.1f} ms "
           f"(HF {r['hf_ttft_s'] * 1000:7.1f}) | vision {r['vision_ms_per_tile']:6.2f} ms/tile "
-          f"(HF {r['hf_vision_ms_per_tile']:6.2f}) | step {r['step_ms']:6.2f} ms, floor "
-          f"{floor:6.2f} (x{r['step_ms'] / floor:.2f}) | busy {busy} syncs/step {syncs} | peak "
+          f"(HF {r['hf_vision_ms_per_tile']:6.2f}) | step {r['step_ms']:6.2f} ms synced, "
+          f"{r['overlapped_step_ms']:6.2f} back to back, floor {floor:6.2f} "
+          f"(x{r['step_ms'] / floor:.2f}, x{r['overlapped_step_ms'] / floor:.2f}) | busy {busy} "
+          f"syncs/step {syncs} | peak "
           f"{peak:5.1f} GiB (HF {hf_peak:5.1f}) | same as HF: img "
           f"{r['image_rows_identical']}/{n} txt {r['text_rows_identical']}/{rows - n}",
           flush=True)
@@ -244,18 +268,16 @@ def hf_note(chunk: int, rows: int) -> str:
 
 
 def profile_step(engine, case_list, steps: int = 4, top: int = 15) -> None:
-    """The CUDA kernels of ``steps`` decode steps with every request running, by total time."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """The CUDA kernels of ``steps`` decode steps with every request running, by device time
+    per step, and the device time of a whole step."""
     start_decoding(engine, case_list, steps)
     for _ in range(2):
         engine.step()
-    sync("cuda")
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            engine.step()
-        sync("cuda")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=top), flush=True)
+    lines, device_ms = step_kernels(engine, steps, top, with_total=True)
+    print(f"# decode step kernels, {len(case_list)} rows: device {device_ms:.2f} ms per step",
+          flush=True)
+    for line in lines:
+        print("#  ", line, flush=True)
     finish(engine)
 
 
