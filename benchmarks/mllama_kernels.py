@@ -5,7 +5,12 @@
    size 1, slots shuffled): achieved K/V read bandwidth for the automatic split-KV factor and
    for forced factors, at ``--batches`` image rows (+ 1/8 text rows). Every factor's output is
    checked against the unsplit one.
-2. RMSNorm ``[rows, 4096]``, SiLU-and-multiply ``[rows, 14336]`` and RoPE ``[rows, 32, 128]``:
+2. ``paged_attention`` at the 11B self-attention decode shape as a CUDA-graph step calls it
+   (aligned/128: the page table spans whole rows, 4 tiles of image keys then the decoder's
+   pages; each row has ``--history`` decoder keys): the automatic split-KV factor against
+   forced ones (8 was the automatic choice before self-attention stopped taking the long-range
+   split), each checked against the unsplit output.
+3. RMSNorm ``[rows, 4096]``, SiLU-and-multiply ``[rows, 14336]`` and RoPE ``[rows, 32, 128]``:
    the Triton kernels (checked against) and the torch ops they replace, microseconds per call.
 
   python benchmarks/mllama_kernels.py             # H200: ~30 s
@@ -82,6 +87,41 @@ def cross_row(n: int, P: int, hkv: int, hq: int, d: int, device: str, dtype, spl
           flush=True)
 
 
+def self_row(rows: int, history: int, hkv: int, hq: int, d: int, device: str, dtype,
+             splits: list, reps: int, page: int = 128) -> None:
+    import torch
+
+    from edserve.kernels.paged_attention import paged_attention
+
+    g = torch.Generator().manual_seed(rows)
+    enc_pages = -(-4 * 1601 // page) if d >= 64 else 2  # the image region's pages
+    dec_pages = -(-max(history, 2048) // page)  # the decoder's room in a graph's table
+    width = enc_pages + dec_pages
+    n_slots = (rows * dec_pages + 1) * page  # page 0: padding
+    pages = (torch.randperm(rows * dec_pages, generator=g) + 1).view(rows, dec_pages)
+    table = torch.zeros(rows, width, dtype=torch.int32)
+    table[:, enc_pages:] = pages.to(torch.int32)
+    k = torch.randn(n_slots, hkv, d, generator=g).to(device, dtype)
+    v = torch.randn(n_slots, hkv, d, generator=g).to(device, dtype)
+    q = torch.randn(rows, hq, d, generator=g).to(device, dtype)
+    lens = torch.full((rows,), history, dtype=torch.int32, device=device)
+    start = torch.full((rows,), enc_pages, dtype=torch.int32, device=device)
+    cu = torch.arange(rows + 1, dtype=torch.int32, device=device)
+    args = (q, k, v, table.to(device), start, lens, cu, 1, True, d ** -0.5, page)
+    ref = paged_attention(*args, num_splits=1)
+    nbytes = rows * history * hkv * d * 2 * q.element_size()
+    row = []
+    for sp in [None, *splits]:
+        out = paged_attention(*args, num_splits=sp)
+        err = (out.float() - ref.float()).abs().max().item()
+        if err > (1e-5 if dtype == torch.float32 else 2e-2):
+            raise AssertionError(f"num_splits={sp}: max |out - unsplit| = {err}")
+        us = bench_us(lambda sp=sp: paged_attention(*args, num_splits=sp), device, reps)
+        row.append(f"{'auto' if sp is None else sp}: {us:6.1f} us")
+    print(f"self {rows:3d} rows x {history:5d} keys ({nbytes / 1e6:6.2f} MB, table "
+          f"{width} pages): " + " | ".join(row), flush=True)
+
+
 def rowwise_row(rows: int, hidden: int, inter: int, device: str, dtype, reps: int) -> None:
     import torch
 
@@ -134,6 +174,10 @@ def main(argv=None) -> int:
           f"P={P}", flush=True)
     for n in batches:
         cross_row(n, P, hkv, hq, d, device, dtype, splits, reps)
+    for rows, hist in ([(3, 5)] if args.dry_run else
+                       [(1, 48), (18, 48), (72, 48), (72, 1024), (72, 2048)]):
+        self_row(rows, hist, hkv, hq, d, device, dtype, [1, 8], reps,
+                 page=16 if args.dry_run else 128)
     for rows in ([3] if args.dry_run else [1, 18, 72]):
         rowwise_row(rows, hidden, inter, device, dtype, reps)
     return 0

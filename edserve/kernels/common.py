@@ -238,20 +238,25 @@ LONG_KV = 4096  # key ranges this long (Mllama's 4 x 1601 image tokens) split ev
 LONG_KV_SPLITS = 8
 
 
-def choose_num_splits(n_programs: int, max_kv: int, block_n: int, device: torch.device) -> int:
+def choose_num_splits(n_programs: int, max_kv: int, block_n: int, device: torch.device,
+                      causal: bool = False) -> int:
     """Split-KV factor from shapes only (graph-safe): split when the (request, kv head, q block)
     grid underfills the GPU and the key range is long; each split keeps >= 4 key blocks.
+    ``max_kv`` bounds the keys a row can have (under CUDA graphs: the page table's width).
 
-    A grid that fills the GPU is still split 8 ways when the key range is ``LONG_KV`` or more:
-    rows of very uneven lengths (1-4 image tiles, text-only rows) leave most SMs idle in the
-    last wave. Measured on the H200 (Mllama 11B cross layer, 8 kv heads, 1601 tokens a tile):
-    18 rows 282 -> 104 us, 72 rows 361 -> 325 us (``benchmarks/mllama_kernels.py``)."""
+    A grid that fills the GPU is still split 8 ways when a non-causal key range is
+    ``LONG_KV`` or more: cross-attention rows of very uneven lengths (1-4 image tiles,
+    text-only rows) leave most SMs idle in the last wave. Measured on the H200 (Mllama 11B
+    cross layer, 8 kv heads, 1601 tokens a tile): 18 rows 282 -> 104 us, 72 rows 361 -> 325 us
+    (``benchmarks/mllama_kernels.py``). Not for ``causal`` (self-attention) ranges: in a
+    graph their bound is the whole row's table, encoder pages included, while the decoder's
+    keys are few (Mllama 11B at 72 rows: see that benchmark's self-attention section)."""
     if device.type != "cuda" or n_programs == 0:
         return 1
     sms = _sm_count(device)
     if n_programs >= sms:
         return max(1, min(LONG_KV_SPLITS, triton.cdiv(max_kv, block_n) // 4)) \
-            if max_kv >= LONG_KV else 1
+            if max_kv >= LONG_KV and not causal else 1
     by_fill = triton.cdiv(2 * sms, n_programs)
     by_len = triton.cdiv(max_kv, block_n) // 4
     return max(1, min(by_fill, by_len, MAX_SPLITS))

@@ -129,7 +129,7 @@ def flat_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     block_n, cfg = tile_config(block_m, block_d, q.dtype, BLOCK_N)
     if num_splits is None:
         num_splits = choose_num_splits(B * Hkv * n_qblk, req_to_token.shape[1], block_n,
-                                       q.device)
+                                       q.device, bool(causal))
     num_splits = max(1, int(num_splits))
     part_o = part_lse = out  # unused placeholders when not splitting
     rng = kv_ranges if kv_ranges is not None else cu_q  # placeholder without ranges

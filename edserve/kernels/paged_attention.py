@@ -162,7 +162,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_n, cfg = tile_config(block_m, block_d, q.dtype, max(page_size, MIN_BLOCK_N))
     if num_splits is None:
         num_splits = choose_num_splits(B * Hkv * n_qblk, page_table.shape[1] * page_size,
-                                       block_n, q.device)
+                                       block_n, q.device, bool(causal))
     num_splits = max(1, int(num_splits))
     part_o = part_lse = out  # unused placeholders when not splitting
     rng = kv_ranges if kv_ranges is not None else cu_q  # placeholder without ranges
