@@ -162,14 +162,14 @@ def overlapped_step_ms(engine, steps: int) -> float:
 def decode_stats(engine, case_list, steps: int) -> dict:
     """Decode step ms (median synced, and back-to-back), syncs per step and GPU busy share,
     every request running."""
-    start_decoding(engine, case_list, 2 * steps)
+    start_decoding(engine, case_list, 3 * steps)
     dev = str(engine.device)
     out = dict(step_ms=median_step_ms(engine, dev, steps),
                overlapped_step_ms=overlapped_step_ms(engine, steps), syncs_per_step=None,
                gpu_busy=None)
     if dev.startswith("cuda"):
         out["syncs_per_step"] = len(step_syncs(engine, 4)) / 4
-        out["gpu_busy"] = step_gpu_busy(engine, 4)
+        out["gpu_busy"] = step_gpu_busy(engine, steps)
     finish(engine)
     return out
 
