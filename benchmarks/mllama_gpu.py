@@ -55,6 +55,8 @@ from whisper_gpu import (  # noqa: E402
     step_syncs,
 )
 
+from edserve.engine.step_stats import STEP_KINDS  # noqa: E402
+
 TILE_SHAPES = {1: (400, 300), 2: (800, 400), 3: (1200, 400), 4: (1000, 1000)}  # (W, H) at 560
 
 
@@ -117,14 +119,19 @@ def requests(engine, case_list, new_tokens: int):
 
 
 def run_edserve(engine, case_list, new_tokens: int) -> tuple[list[list[int]], float]:
-    """Greedy tokens and seconds in ``generate`` (preprocessing is done before the clock)."""
+    """Greedy tokens and seconds in ``generate`` (preprocessing is done before the clock);
+    ``engine.last_steps`` becomes the run's steps by kind (``StepCounters`` delta)."""
     reqs = requests(engine, case_list, new_tokens)
     dev = str(engine.device)
+    before = engine.step_counters.snapshot()
     sync(dev)
     t0 = time.perf_counter()
     outs = engine.generate(reqs)
     sync(dev)
     dt = time.perf_counter() - t0
+    after = engine.step_counters.snapshot()
+    engine.last_steps = {k: (after[k].steps - before[k].steps,
+                             after[k].seconds - before[k].seconds) for k in STEP_KINDS}
     engine.check_integrity()
     assert all(len(o.token_ids) == new_tokens for o in outs), [o.error for o in outs]
     return [o.token_ids for o in outs], dt
@@ -231,6 +238,8 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
         torch.cuda.reset_peak_memory_stats()
     tokens, t = run_edserve(eng, b["cases"], args.new_tokens)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    print("#   the timed run's steps: " + ", ".join(
+        f"{k} {n} ({1000 * sec:.0f} ms)" for k, (n, sec) in eng.last_steps.items()), flush=True)
     ttft = run_edserve(eng, b["cases"], 1)[1]
     vision = engine_vision_seconds(eng.model, [x for _, x in b["pre"][:n]])
     stats = decode_stats(eng, b["cases"], args.decode_steps)
