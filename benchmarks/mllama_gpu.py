@@ -86,9 +86,9 @@ def cases(d: dict, n_img: int, n_text: int, seed: int = 0) -> list:
 
 
 def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list,
-                graph: bool = True):
+                graph: bool = True, mixed: bool = True):
     """An engine whose KV pool holds the requests ``pre`` (prompt, preprocessed image or
-    None) once, plus slack; CUDA graphs up to their number."""
+    None) once, plus slack; CUDA graphs up to their number; ``mixed``: mixed steps."""
     from edserve.models.weights import Checkpoint
     from edserve.runtime import build_engine
 
@@ -105,7 +105,7 @@ def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list,
                         max_running_requests=rows, max_total_tokens=need + 64 * page + 8192,
                         context_length=64 + args.new_tokens, max_new_tokens=args.new_tokens,
                         cuda_graph=graph and args.device == "cuda" and strategy != "ragged",
-                        cuda_graph_max_bs=rows)
+                        cuda_graph_max_bs=rows, mixed_steps=mixed)
     share_weights(hf, engine.model)  # one copy of the weights for both (fits 11b twice over)
     return engine
 
@@ -246,7 +246,8 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
     floor = floor_ms(ctx["d"], ctx["w_bytes"], b["cases"], b["tiles"], ctx["bw"])
     n_tok, tiles = rows * args.new_tokens, sum(b["tiles"])
     r = dict(size="toy" if args.dry_run else args.size, strategy=ctx["strategy"],
-             page_size=ctx["page"], graphs=ctx["graphs"], image_requests=n,
+             page_size=ctx["page"], graphs=ctx["graphs"], mixed_steps=ctx["mixed"],
+             image_requests=n,
              text_requests=rows - n, tiles=tiles, new_tokens=args.new_tokens,
              requests_per_s=rows / t, tokens_per_s=n_tok / t, hf_requests_per_s=rows / t_hf,
              hf_tokens_per_s=n_tok / t_hf, ratio_hf=t_hf / t, ttft_s=ttft,
@@ -256,7 +257,8 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
              **agreement(tokens, hf_tokens, n))
     busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
     syncs = "n/a" if r["syncs_per_step"] is None else f"{r['syncs_per_step']:.2f}"
-    print(f"{ctx['strategy']}/{ctx['page']} {n:3d} img + {rows - n:2d} txt: "
+    mix = "" if ctx["mixed"] else " nomix"
+    print(f"{ctx['strategy']}/{ctx['page']}{mix} {n:3d} img + {rows - n:2d} txt: "
           f"{r['requests_per_s']:7.2f} req/s {r['tokens_per_s']:8.0f} tok/s "
           f"(HF {r['hf_tokens_per_s']:7.0f}{hf_note(hf_once[n]['chunk'], rows)}, "
           f"x{r['ratio_hf']:.2f}) | TTFT {ttft * 1000:7.1f} ms "
@@ -300,8 +302,8 @@ def parse_args(argv=None):
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--decode-steps", type=int, default=8, help="timed decode steps")
     ap.add_argument("--strategies", default="flat:1,aligned:128,ragged:1",
-                    help="strategy:page_size[:eager],... (CUDA graphs on CUDA unless :eager; "
-                    "ragged always runs eager)")
+                    help="strategy:page_size[:eager][:nomix],... (CUDA graphs on CUDA unless "
+                    ":eager; ragged always runs eager; :nomix: --no-mixed-steps)")
     ap.add_argument("--ops", default="auto", choices=("auto", "torch", "triton"))
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--hf-every-strategy", action="store_true",
@@ -354,21 +356,22 @@ def main(argv=None) -> int:
     results, hf_once = [], {}
     for spec in args.strategies.split(","):
         strategy, page, *mode = spec.split(":")
-        page, want_graph = int(page), mode != ["eager"]
+        page, want_graph, mixed = int(page), "eager" not in mode, "nomix" not in mode
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
         t0 = time.perf_counter()
-        eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph)
+        eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph,
+                                  mixed)
         run_edserve(eng, largest["cases"][:2] + largest["cases"][-1:], 2)  # warm-up
         graphs = eng.runner.graph_runner is not None
-        print(f"# {strategy}/{page} ({'graphs' if graphs else 'eager'}): engine built and "
+        print(f"# {spec} ({'graphs' if graphs else 'eager'}): engine built and "
               f"warmed up in {time.perf_counter() - t0:.1f} s", flush=True)
         for n, b in batches.items():
             try:
-                r = measure(eng, hf, b, n, args, hf_once, dict(strategy=strategy, page=page,
-                                                                 graphs=graphs, d=d, bw=bw,
-                                                                 w_bytes=w_bytes))
+                ctx = dict(strategy=strategy, page=page, mixed=mixed, graphs=graphs, d=d,
+                           bw=bw, w_bytes=w_bytes)
+                r = measure(eng, hf, b, n, args, hf_once, ctx)
             except torch.cuda.OutOfMemoryError as e:  # keep the other rows of the run
                 r = dict(strategy=strategy, page_size=page, image_requests=n, error=str(e))
                 print(f"{strategy}/{page} {n:3d} img: out of GPU memory", flush=True)
@@ -376,7 +379,8 @@ def main(argv=None) -> int:
                 del eng  # its state may be mid-step: start a fresh engine
                 gc.collect()
                 torch.cuda.empty_cache()
-                eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph)
+                eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph,
+                                  mixed)
             results.append(r)
             if args.json:  # after every row: a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(results, indent=1))
