@@ -26,7 +26,8 @@ from collections import Counter
 import torch
 
 # Profiler events whose self time is compute (everything else in a step is host work).
-COMPUTE = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "quantized::linear_dynamic",
+COMPUTE = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::mv", "aten::addmv_",
+           "quantized::linear_dynamic",
            "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::mkldnn_convolution",
            "aten::index_select", "## Call CompiledFxGraph", "mkldnn::_linear_pointwise")
 
