@@ -5,11 +5,12 @@ directly on the GPU (``--size 11b``: Llama-3.2-11B-Vision's real config; ``small
 8 text + 5 vision layers) and loaded by the engine. Batches of image requests (one image each,
 1-4 tiles of 560 px, prompts that start with ``<|image|>``) plus text-only rows; greedy, forced
 length (HF: no EOS and ``min_new_tokens = max_new_tokens``; edserve: ``ignore_eos``). For every
-strategy and batch, HF ``generate`` and edserve run alternately on the same requests, and the
-script prints:
-  requests/s, tokens/s, ratio to HF, time to first token (a 1-token run of the whole batch),
-  vision encoder + projector ms per tile, decode ms per step with every request running vs
-  the floor (text weights + self/cross KV read once per step / measured copy bandwidth), peak
+strategy and batch, HF ``generate`` and edserve run alternately on the same requests (each
+first once untimed at the batch's shapes), and the script prints:
+  requests/s, tokens/s, ratio to HF, the timed run's engine steps by kind, time to first token
+  (a 1-token run of the whole batch), vision encoder + projector ms per tile, decode ms per
+  step with every request running, synced and back to back (``mllama_steps.py``), vs the
+  floor (text weights + self/cross KV read once per step / measured copy bandwidth), peak
   memory, GPU busy share of decode steps (torch profiler), syncs per decode step
   (``torch.cuda.set_sync_debug_mode``), and greedy-token agreement with HF (whole requests).
 HF's text-only rows in a mixed batch attend to a dummy image (mllama-facts.md section 5), so
