@@ -23,3 +23,13 @@ def test_decode_gemm_dry_run(capsys):
     assert decode_gemm_gpu.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "one layer's 6 GEMMs" in out and "triton 16x32/s1" in out
+
+
+def test_mllama_kernels_dry_run(capsys):
+    """Every split factor of the cross- and self-attention shapes is checked against the
+    unsplit output, and the row-wise kernels against torch, before they are timed."""
+    import mllama_kernels
+
+    assert mllama_kernels.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "self   3 rows" in out and "8:" in out and "rms_norm" in out
