@@ -250,7 +250,10 @@ def choose_num_splits(n_programs: int, max_kv: int, block_n: int, device: torch.
     cross layer, 8 kv heads, 1601 tokens a tile): 18 rows 282 -> 104 us, 72 rows 361 -> 325 us
     (``benchmarks/mllama_kernels.py``). Not for ``causal`` (self-attention) ranges: in a
     graph their bound is the whole row's table, encoder pages included, while the decoder's
-    keys are few (Mllama 11B at 72 rows: see that benchmark's self-attention section)."""
+    keys are few (Mllama 11B at 72 rows: see that benchmark's self-attention section). The
+    cost: a full grid of very uneven long histories (one long chat among short ones) loses
+    the last-wave balance the split gave it; uniform 1024-2048-key rows measured the same
+    either way."""
     if device.type != "cuda" or n_programs == 0:
         return 1
     sms = _sm_count(device)
