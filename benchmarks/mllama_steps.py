@@ -7,24 +7,13 @@ Every decode-step figure is taken with every request of the batch running (prefi
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import torch
+from mllama_hf import sync  # imported from mllama_gpu.py, which puts benchmarks/ on the path
+from whisper_gpu import median_step_ms, step_gpu_busy, step_kernels, step_syncs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from mllama_hf import sync  # noqa: E402
-from whisper_gpu import (  # noqa: E402
-    median_step_ms,
-    step_gpu_busy,
-    step_kernels,
-    step_syncs,
-)
-
-from edserve.engine.step_stats import STEP_KINDS  # noqa: E402
+from edserve.engine.step_stats import STEP_KINDS
 
 
 def requests(engine, case_list, new_tokens: int):
