@@ -97,7 +97,7 @@ for part in "$@"; do
              --json "$OUT/mllama_11b.json" 2>&1 | tee "$OUT/mllama_11b.log" ;;
     # wave 23: batches 1 / 16 / 64 with and without mixed steps, the timed run's steps by kind (~5 min)
     w23-mllama-mix) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 560 python3 -W ignore benchmarks/mllama_gpu.py \
-             --size 11b --batches 1,16,64 --strategies aligned:128,aligned:128:nomix --decode-steps 10 \
+             --size 11b --batches 1,16,64 --strategies aligned:128,aligned:128:nomix --decode-steps 10 --repeats 3 \
              --json "$OUT/mllama_11b_mix.json" 2>&1 | tee "$OUT/mllama_11b_mix.log" ;;
     # wave 23: beam 5 against HF generate(num_beams=5) in the same run (~5 min)
     w23-beam-hf) (cd benchmarks && timeout 560 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 \

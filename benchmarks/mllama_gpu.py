@@ -6,7 +6,8 @@ directly on the GPU (``--size 11b``: Llama-3.2-11B-Vision's real config; ``small
 1-4 tiles of 560 px, prompts that start with ``<|image|>``) plus text-only rows; greedy, forced
 length (HF: no EOS and ``min_new_tokens = max_new_tokens``; edserve: ``ignore_eos``). For every
 strategy and batch, HF ``generate`` and edserve run alternately on the same requests (each
-first once untimed at the batch's shapes), and the script prints:
+first once untimed at the batch's shapes; ``--repeats`` timed runs, the median counts), and the
+script prints:
   requests/s, tokens/s, ratio to HF, the timed run's engine steps by kind, time to first token
   (a 1-token run of the whole batch), vision encoder + projector ms per tile, decode ms per
   step with every request running, synced and back to back (``mllama_steps.py``), vs the
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -129,7 +131,9 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
         hf_generate_fitting(hf, b["hf"], 2)  # warm-up at this batch's shapes
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        hf_tokens, t_hf, chunk = hf_generate_fitting(hf, b["hf"], args.new_tokens)
+        runs = [hf_generate_fitting(hf, b["hf"], args.new_tokens) for _ in range(args.repeats)]
+        hf_tokens, _, chunk = runs[0]
+        t_hf = statistics.median(r[1] for r in runs)
         hf_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
         hf_once[n] = dict(tokens=hf_tokens, seconds=t_hf, chunk=chunk, peak=hf_peak,
                           ttft=hf_once.get(n, {}).get("ttft"))
@@ -142,7 +146,8 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
     run_edserve(eng, b["cases"], 2)  # warm-up at this batch's shapes
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    tokens, t = run_edserve(eng, b["cases"], args.new_tokens)
+    runs = [run_edserve(eng, b["cases"], args.new_tokens) for _ in range(args.repeats)]
+    tokens, t = runs[0][0], statistics.median(r[1] for r in runs)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     print("#   the timed run's steps: " + ", ".join(
         f"{k} {n} ({1000 * sec:.0f} ms)" for k, (n, sec) in eng.last_steps.items()), flush=True)
@@ -193,6 +198,9 @@ def parse_args(argv=None):
                     help="text-only rows per image request (batches of 1 get none)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--decode-steps", type=int, default=8, help="timed decode steps")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="timed generation runs per system and batch (the median counts; HF's "
+                    "figure moved ~10 %% between runs at 64 image requests)")
     ap.add_argument("--strategies", default="flat:1,aligned:128,ragged:1",
                     help="strategy:page_size[:eager][:nomix],... (CUDA graphs on CUDA unless "
                     ":eager; ragged always runs eager; :nomix: --no-mixed-steps)")
