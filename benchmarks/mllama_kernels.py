@@ -67,22 +67,32 @@ def cross_case(n_img: int, P: int, hkv: int, hq: int, d: int, device: str, dtype
     return args, ranges, sum(lens) * hkv * d * 2 * q.element_size(), B
 
 
+def split_timings(attend, dtype, device: str, splits: list, reps: int
+                  ) -> list[tuple[str, float]]:
+    """``attend(num_splits)`` with the automatic factor (None) and each of ``splits``: every
+    output checked against the unsplit one, then timed; (label, us) per factor."""
+    import torch
+
+    ref = attend(1)
+    out = []
+    for s in [None, *splits]:
+        err = (attend(s).float() - ref.float()).abs().max().item()
+        if err > (1e-5 if dtype == torch.float32 else 2e-2):
+            raise AssertionError(f"num_splits={s}: max |out - unsplit| = {err}")
+        out.append(("auto" if s is None else str(s),
+                    bench_us(lambda s=s: attend(s), device, reps)))
+    return out
+
+
 def cross_row(n: int, P: int, hkv: int, hq: int, d: int, device: str, dtype, splits: list,
               reps: int) -> None:
-    import torch
 
     from edserve.kernels.flat_attention import flat_attention
 
     a, rng, nbytes, B = cross_case(n, P, hkv, hq, d, device, dtype)
-    ref = flat_attention(*a, kv_ranges=rng, num_splits=1)
-    row = []
-    for s in [None, *splits]:
-        out = flat_attention(*a, kv_ranges=rng, num_splits=s)
-        err = (out.float() - ref.float()).abs().max().item()
-        if err > (1e-5 if dtype == torch.float32 else 2e-2):
-            raise AssertionError(f"num_splits={s}: max |out - unsplit| = {err}")
-        us = bench_us(lambda s=s: flat_attention(*a, kv_ranges=rng, num_splits=s), device, reps)
-        row.append(f"{'auto' if s is None else s}: {us:7.1f} us {nbytes / us / 1e6:5.2f} TB/s")
+    timed = split_timings(lambda s: flat_attention(*a, kv_ranges=rng, num_splits=s), dtype,
+                          device, splits, reps)
+    row = [f"{label}: {us:7.1f} us {nbytes / us / 1e6:5.2f} TB/s" for label, us in timed]
     print(f"{n:3d} img + {B - n:2d} txt ({nbytes / 1e6:6.1f} MB): " + " | ".join(row),
           flush=True)
 
@@ -108,16 +118,10 @@ def self_row(rows: int, history: int, hkv: int, hq: int, d: int, device: str, dt
     start = torch.full((rows,), enc_pages, dtype=torch.int32, device=device)
     cu = torch.arange(rows + 1, dtype=torch.int32, device=device)
     args = (q, k, v, table.to(device), start, lens, cu, 1, True, d ** -0.5, page)
-    ref = paged_attention(*args, num_splits=1)
     nbytes = rows * history * hkv * d * 2 * q.element_size()
-    row = []
-    for sp in [None, *splits]:
-        out = paged_attention(*args, num_splits=sp)
-        err = (out.float() - ref.float()).abs().max().item()
-        if err > (1e-5 if dtype == torch.float32 else 2e-2):
-            raise AssertionError(f"num_splits={sp}: max |out - unsplit| = {err}")
-        us = bench_us(lambda sp=sp: paged_attention(*args, num_splits=sp), device, reps)
-        row.append(f"{'auto' if sp is None else sp}: {us:6.1f} us")
+    timed = split_timings(lambda sp: paged_attention(*args, num_splits=sp), dtype, device,
+                          splits, reps)
+    row = [f"{label}: {us:6.1f} us" for label, us in timed]
     print(f"self {rows:3d} rows x {history:5d} keys ({nbytes / 1e6:6.2f} MB, table "
           f"{width} pages): " + " | ".join(row), flush=True)
 
