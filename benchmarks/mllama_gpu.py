@@ -47,6 +47,7 @@ from mllama_hf import (  # noqa: E402
     hf_generate,
     hf_generate_fitting,
     hf_vision_seconds,
+    set_dense_tiles,
     share_weights,
 )
 from mllama_steps import (  # noqa: E402
@@ -88,9 +89,10 @@ def cases(d: dict, n_img: int, n_text: int, seed: int = 0) -> list:
 
 
 def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list,
-                graph: bool = True, mixed: bool = True):
+                graph: bool = True, mixed: bool = True, vision_kernel: str = "auto"):
     """An engine whose KV pool holds the requests ``pre`` (prompt, preprocessed image or
-    None) once, plus slack; CUDA graphs up to their number; ``mixed``: mixed steps."""
+    None) once, plus slack; CUDA graphs up to their number; ``mixed``: mixed steps;
+    ``vision_kernel``: the vision tower's attention kernel (auto: Triton on CUDA)."""
     from edserve.models.weights import Checkpoint
     from edserve.runtime import build_engine
 
@@ -109,6 +111,7 @@ def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list,
                         cuda_graph=graph and args.device == "cuda" and strategy != "ragged",
                         cuda_graph_max_bs=rows, mixed_steps=mixed)
     share_weights(hf, engine.model)  # one copy of the weights for both (fits 11b twice over)
+    engine.model.vision_model.attention_kernel = vision_kernel
     return engine
 
 
@@ -158,7 +161,7 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
     n_tok, tiles = rows * args.new_tokens, sum(b["tiles"])
     r = dict(size="toy" if args.dry_run else args.size, strategy=ctx["strategy"],
              page_size=ctx["page"], graphs=ctx["graphs"], mixed_steps=ctx["mixed"],
-             image_requests=n,
+             vision_kernel="sdpa" if ctx.get("sdpa") else "auto", image_requests=n,
              text_requests=rows - n, tiles=tiles, new_tokens=args.new_tokens,
              requests_per_s=rows / t, tokens_per_s=n_tok / t, hf_requests_per_s=rows / t_hf,
              hf_tokens_per_s=n_tok / t_hf, ratio_hf=t_hf / t, ttft_s=ttft,
@@ -168,7 +171,7 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
              **agreement(tokens, hf_tokens, n))
     busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
     syncs = "n/a" if r["syncs_per_step"] is None else f"{r['syncs_per_step']:.2f}"
-    mix = "" if ctx["mixed"] else " nomix"
+    mix = ("" if ctx["mixed"] else " nomix") + (" sdpa" if ctx.get("sdpa") else "")
     print(f"{ctx['strategy']}/{ctx['page']}{mix} {n:3d} img + {rows - n:2d} txt: "
           f"{r['requests_per_s']:7.2f} req/s {r['tokens_per_s']:8.0f} tok/s "
           f"(HF {r['hf_tokens_per_s']:7.0f}{hf_note(hf_once[n]['chunk'], rows)}, "
@@ -202,8 +205,11 @@ def parse_args(argv=None):
                     help="timed generation runs per system and batch (the median counts; HF's "
                     "figure moved ~10 %% between runs at 64 image requests)")
     ap.add_argument("--strategies", default="flat:1,aligned:128,ragged:1",
-                    help="strategy:page_size[:eager][:nomix],... (CUDA graphs on CUDA unless "
-                    ":eager; ragged always runs eager; :nomix: --no-mixed-steps)")
+                    help="strategy:page_size[:eager][:nomix][:sdpa],... (CUDA graphs on CUDA "
+                    "unless :eager; ragged always runs eager; :nomix: --no-mixed-steps; :sdpa: "
+                    "the vision tower's attention on SDPA, not the Triton kernel)")
+    ap.add_argument("--dense-tiles", default=None, help="BM,BN,WARPS,STAGES of the Triton "
+                    "vision attention (default: the kernel's DEFAULT_TILES)")
     ap.add_argument("--ops", default="auto", choices=("auto", "torch", "triton"))
     ap.add_argument("--json", default=None, help="write the summary here")
     ap.add_argument("--hf-every-strategy", action="store_true",
@@ -230,6 +236,7 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device; use --dry-run")
         return 2
+    set_dense_tiles(args.dense_tiles)
     d = SIZES["toy" if args.dry_run else args.size]
     config = hf_config(d)
     bw, _ = ceilings(args.device)
@@ -257,12 +264,13 @@ def main(argv=None) -> int:
     for spec in args.strategies.split(","):
         strategy, page, *mode = spec.split(":")
         page, want_graph, mixed = int(page), "eager" not in mode, "nomix" not in mode
+        opts = dict(vision_kernel="sdpa" if "sdpa" in mode else "auto")
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
         t0 = time.perf_counter()
         eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph,
-                                  mixed)
+                          mixed, **opts)
         run_edserve(eng, largest["cases"][:2] + largest["cases"][-1:], 2)  # warm-up
         graphs = eng.runner.graph_runner is not None
         print(f"# {spec} ({'graphs' if graphs else 'eager'}): engine built and "
@@ -270,7 +278,7 @@ def main(argv=None) -> int:
         for n, b in batches.items():
             try:
                 ctx = dict(strategy=strategy, page=page, mixed=mixed, graphs=graphs, d=d,
-                           bw=bw, w_bytes=w_bytes)
+                           bw=bw, w_bytes=w_bytes, sdpa="sdpa" in mode)
                 r = measure(eng, hf, b, n, args, hf_once, ctx)
             except torch.cuda.OutOfMemoryError as e:  # keep the other rows of the run
                 r = dict(strategy=strategy, page_size=page, image_requests=n, error=str(e))
@@ -280,7 +288,7 @@ def main(argv=None) -> int:
                 gc.collect()
                 torch.cuda.empty_cache()
                 eng = make_engine(config, hf, args, strategy, page, largest["pre"], want_graph,
-                                  mixed)
+                                  mixed, **opts)
             results.append(r)
             if args.json:  # after every row: a run cut short keeps what it measured
                 Path(args.json).write_text(json.dumps(results, indent=1))

@@ -199,6 +199,18 @@ def hf_vision_seconds(model, inputs: dict) -> float:
     return time.perf_counter() - t0
 
 
+def set_dense_tiles(spec: str | None) -> None:
+    """``--dense-tiles BM,BN,WARPS,STAGES``: the Triton vision attention's launch shape for this
+    process (e.g. the best of ``attn_headdim.py``'s sweep); None keeps the default."""
+    if not spec:
+        return
+    from edserve.kernels import dense_attention as da
+
+    bm, bn, w, st = (int(x) for x in spec.split(","))
+    da.DEFAULT_TILES = da.DenseTiles(block_m=bm, block_n=bn, num_warps=w, num_stages=st)
+    print(f"# dense attention tiles {da.DEFAULT_TILES}", flush=True)
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()

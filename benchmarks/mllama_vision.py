@@ -4,7 +4,8 @@ Random weights (HF's init, gates U(0.5, 1.5), zero tensors N(0, in^-0.5)) in HF
 ``MllamaVisionModel``; edserve's vision model loads the same weights. For each tile count
 1..4, a batch of ``--images`` images of that many tiles, then a mixed batch (4, 1, 2, 3, ...
 tiles): median wall time of ``--runs`` runs after a warm-up, per image and per real tile, for
-edserve's "grouped" (mask-free) and "masked" (HF's mask) attention plans, "unfused" (grouped,
+edserve's "grouped" (mask-free, SDPA) and "masked" (HF's mask) attention plans, "triton" (grouped
+on the Triton dense-attention kernel, the engine's default on CUDA), "unfused" (grouped,
 the residual adds and LayerNorms as separate torch ops, not the fused Triton add + LayerNorm)
 and HF (which always runs and projects all 4 tile slots). On the mixed batch it also times
 the grouped plan with each SDPA backend alone (CUDA) and prints the largest difference of the
@@ -27,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mllama_hf import SIZES, fill_random, hf_config, sync  # noqa: E402
+from mllama_hf import SIZES, fill_random, hf_config, set_dense_tiles, sync  # noqa: E402
 
 
 @torch.no_grad()
@@ -73,13 +74,15 @@ def batch(n: int, tiles: list[int], image: int, device: str, dtype: torch.dtype,
 
 
 @torch.inference_mode()  # as the engine runs it (the fused add + LayerNorm: no autograd)
-def run_ours(ours, proj, plan: str, b, add_norm=None, gelu: str = "exact") -> torch.Tensor:
+def run_ours(ours, proj, plan: str, b, add_norm=None, gelu: str = "exact",
+             kernel: str = "sdpa") -> torch.Tensor:
     """``add_norm``: the encoder's add + LayerNorm ops (None: by device, the engine's);
-    ``gelu``: ``--encoder-gelu`` (exact, or tanh: cuBLASLt's bias + GELU epilogue on CUDA)."""
+    ``gelu``: ``--encoder-gelu`` (exact, or tanh: cuBLASLt's bias + GELU epilogue on CUDA);
+    ``kernel``: the grouped plan's attention kernel (sdpa, or triton: ours at head dim 80)."""
     from edserve.layers.linear_gelu import set_linear_gelu
 
     pv, ids, mask, keep = b
-    ours.attention_plan, ours.add_norm = plan, add_norm
+    ours.attention_plan, ours.add_norm, ours.attention_kernel = plan, add_norm, kernel
     set_linear_gelu(ours, gelu)
     return proj(ours(pv, ids, mask, tiles=keep))  # [kept tiles, P, hidden]
 
@@ -156,11 +159,14 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="also a kernel table (torch profiler) of the grouped plan on a batch "
                     "of 4-tile images")
+    ap.add_argument("--dense-tiles", default=None, help="BM,BN,WARPS,STAGES of the Triton "
+                    "vision attention (default: the kernel's DEFAULT_TILES)")
     ap.add_argument("--shapes", default="1,2,3,4,mixed",
                     help="batches to time: tile counts 1-4 and/or 'mixed'")
     args = ap.parse_args(argv)
     from edserve.layers.add_norm import TORCH_ADD_NORM
 
+    set_dense_tiles(args.dense_tiles)
     device = "cpu" if args.dry_run else "cuda"
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     if args.dry_run:
@@ -174,7 +180,8 @@ def main(argv=None) -> int:
     runners = {"grouped": lambda b: run_ours(ours, proj, "grouped", b),
                "masked": lambda b: run_ours(ours, proj, "masked", b),
                "unfused": lambda b: run_ours(ours, proj, "grouped", b, TORCH_ADD_NORM),
-               "tanh": lambda b: run_ours(ours, proj, "grouped", b, gelu="tanh")}
+               "tanh": lambda b: run_ours(ours, proj, "grouped", b, gelu="tanh"),
+               "triton": lambda b: run_ours(ours, proj, "grouped", b, kernel="triton")}
     if not args.no_hf:
         runners["hf"] = lambda b: run_hf(hf, proj, b)
     print(f"# vision {'toy' if args.dry_run else args.size} on {device} {dtype}, "

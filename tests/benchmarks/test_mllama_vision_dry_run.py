@@ -23,8 +23,8 @@ def test_dry_run_times_both_plans_and_hf(capsys):
         assert re.search(r"grouped +[\d.]+ ms/img .*masked +[\d.]+ ms/img .*hf +[\d.]+ ms/img",
                          line)
     diff = re.search(r"grouped ([\d.e+-]+), unfused ([\d.e+-]+), tanh ([\d.e+-]+), "
-                     r"hf ([\d.e+-]+)", out)
+                     r"triton ([\d.e+-]+), hf ([\d.e+-]+)", out)
     assert diff, out
-    grouped, unfused, tanh, hf = (float(d) for d in diff.groups())
-    assert max(grouped, unfused, hf) < 1e-5  # same weights, fp32
+    grouped, unfused, tanh, triton, hf = (float(d) for d in diff.groups())
+    assert max(grouped, unfused, triton, hf) < 1e-5  # same weights, fp32
     assert 0 < tanh < 1e-3  # --encoder-gelu tanh: another function, close (gap <= 4.8e-4)

@@ -20,7 +20,7 @@ from torch import nn
 from edserve.layers.add_norm import NO_PENDING, AddNormOps, Pending, add_norm_ops, add_pending
 from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
 from edserve.models.mllama.config import MllamaVisionConfig
-from edserve.models.mllama.vision_plan import VISION_PLANS, VisionPlan
+from edserve.models.mllama.vision_plan import VISION_KERNELS, VISION_PLANS, VisionPlan
 from edserve.models.weights.fused import FusedLinear
 
 
@@ -132,17 +132,23 @@ class PositionEmbedding(nn.Module):
 class MllamaVisionModel(nn.Module):
     """pixel_values ``[N, T, 3, S, S]`` -> features ``[N, T, P, vision_output_dim]``, or of the
     chosen tiles only. ``attention_plan`` names the token order and attention scheme
-    (:data:`~edserve.models.mllama.vision_plan.VISION_PLANS`; "masked" is HF's as written)."""
+    (:data:`~edserve.models.mllama.vision_plan.VISION_PLANS`; "masked" is HF's as written);
+    ``attention_kernel`` the grouped plan's mask-free attention
+    (:data:`~edserve.models.mllama.vision_plan.VISION_KERNELS`, or "auto": by device)."""
 
     def __init__(self, cfg: MllamaVisionConfig, intermediate_semantics: str = "hf",
-                 attention_plan: str = "grouped") -> None:
+                 attention_plan: str = "grouped", attention_kernel: str = "auto") -> None:
         super().__init__()
         if attention_plan not in VISION_PLANS:
             raise ValueError(f"unknown vision attention plan {attention_plan!r}; choose from "
                              f"{sorted(VISION_PLANS)}")
+        if attention_kernel != "auto" and attention_kernel not in VISION_KERNELS:
+            raise ValueError(f"unknown vision attention kernel {attention_kernel!r}; choose "
+                             f"from auto, {', '.join(sorted(VISION_KERNELS))}")
         self.cfg = cfg
         self.intermediate_semantics = intermediate_semantics
         self.attention_plan = attention_plan
+        self.attention_kernel = attention_kernel
         D = cfg.hidden_size
         self.patch_embedding = nn.Conv2d(cfg.num_channels, D, kernel_size=cfg.patch_size,
                                          stride=cfg.patch_size, bias=False)
@@ -172,6 +178,14 @@ class MllamaVisionModel(nn.Module):
         x = self.layernorm_pre(x)
         return F.pad(x, (0, 0, 0, self.padded_len - P)).reshape(N, -1, D)  # pads after the LN
 
+    def kernel_for(self, device: torch.device) -> str:
+        """The attention kernel to run on ``device``: "auto" is the Triton kernel on CUDA
+        (measured faster than SDPA's cuDNN at head dim 80, RESULTS.md wave 24), SDPA elsewhere
+        (the CPU has no Triton)."""
+        if self.attention_kernel != "auto":
+            return self.attention_kernel
+        return "triton" if device.type == "cuda" else "sdpa"
+
     @property
     def padded_len(self) -> int:
         P = self.cfg.num_patches
@@ -187,8 +201,8 @@ class MllamaVisionModel(nn.Module):
         D, P, Ppad, K = cfg.hidden_size, cfg.num_patches, self.padded_len, \
             len(cfg.intermediate_layers_indices)
         # host-built indices first: their copies to the device wait on no queued work
-        plan = VISION_PLANS[self.attention_plan](ar_mask, P, Ppad,
-                                                 self.patch_embedding.weight.device)
+        dev = self.patch_embedding.weight.device
+        plan = VISION_PLANS[self.attention_plan](ar_mask, P, Ppad, dev, self.kernel_for(dev))
         keep = plan.plan_positions(list(range(N * T)) if tiles is None else tiles, P)  # [M]
         x = plan.to_plan(self.embed(pixel_values, ar_ids))  # [N, L, D] in plan order
         out = x.new_empty(keep.numel(), D * (1 + K))  # channel = D + d * K + k: d-major

@@ -14,7 +14,10 @@ computed there; every other encoder op acts per token, so it runs in any order:
     queries ``[r, L)`` over keys ``[0, r)``. Exact: attention does not depend on key order.
 
 Plans are built on the host from the aspect-ratio masks (no device sync when they are on the
-CPU), once per batch, and their index tensors moved to the device once.
+CPU), once per batch, and their index tensors moved to the device once. The grouped plan's
+mask-free calls run on one of :data:`VISION_KERNELS`: SDPA (whatever backend it picks, then a
+copy into the plan's layout) or the Triton kernel of :mod:`edserve.kernels.dense_attention`
+(head dim 80 without padding it to 128, written in place).
 """
 
 from __future__ import annotations
@@ -24,6 +27,25 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from edserve.kernels.dense_attention import dense_attention
+
+AttendInto = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
+
+
+def sdpa_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    """q ``[n, H, Lq, hd]``, k/v ``[n, H, Lk, hd]`` -> ``out [n, Lq, H, hd]`` (a view)."""
+    out.copy_(F.scaled_dot_product_attention(q, k, v).transpose(1, 2))
+
+
+def triton_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    """As :func:`sdpa_into`, by the Triton kernel, written straight into ``out``."""
+    dense_attention(q, k, v, out=out)
+
+
+# name -> mask-free attention written into a [n, Lq, H, hd] view (MllamaVisionModel's
+# attention_kernel; "auto" there picks by device)
+VISION_KERNELS: dict[str, AttendInto] = {"sdpa": sdpa_into, "triton": triton_into}
 
 
 def real_tokens(ar_mask: torch.Tensor, num_patches: int, padded_len: int) -> torch.Tensor:
@@ -81,16 +103,16 @@ class MaskedPlan(VisionPlan):
 @dataclass(frozen=True)
 class GroupedPlan(VisionPlan):
     groups: tuple[tuple[int, int, int], ...]  # (first image, end image, real tokens r)
+    kernel: AttendInto = sdpa_into
 
     def attend(self, q, k, v):
         N, H, L, hd = q.shape
         out = q.new_empty(N, L, H, hd)
-        sdpa = F.scaled_dot_product_attention
         for a, b, r in self.groups:
             o = out[a:b]  # [n, L, H, hd]
-            o[:, :r] = sdpa(q[a:b, :, :r], k[a:b], v[a:b]).transpose(1, 2)
+            self.kernel(q[a:b, :, :r], k[a:b], v[a:b], o[:, :r])
             if r < L:  # padding queries see the real keys only
-                o[:, r:] = sdpa(q[a:b, :, r:], k[a:b, :, :r], v[a:b, :, :r]).transpose(1, 2)
+                self.kernel(q[a:b, :, r:], k[a:b, :, :r], v[a:b, :, :r], o[:, r:])
         return out
 
 
@@ -100,7 +122,8 @@ def _identity(N: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def masked_plan(ar_mask: torch.Tensor, num_patches: int, padded_len: int,
-                device: torch.device) -> MaskedPlan:
+                device: torch.device, kernel: str = "sdpa") -> MaskedPlan:
+    """HF's masked SDPA (the reference; ``kernel`` is not used: a mask needs SDPA)."""
     real = real_tokens(ar_mask, num_patches, padded_len).to(device)  # [N, L]
     pad = ~real
     src, dst = _identity(*real.shape)
@@ -109,7 +132,7 @@ def masked_plan(ar_mask: torch.Tensor, num_patches: int, padded_len: int,
 
 
 def grouped_plan(ar_mask: torch.Tensor, num_patches: int, padded_len: int,
-                 device: torch.device) -> GroupedPlan:
+                 device: torch.device, kernel: str = "sdpa") -> GroupedPlan:
     real = real_tokens(ar_mask.cpu(), num_patches, padded_len)  # [N, L]
     N, L = real.shape
     counts = real.sum(1)  # [N]
@@ -123,10 +146,11 @@ def grouped_plan(ar_mask: torch.Tensor, num_patches: int, padded_len: int,
     for r, n in zip(*(t.tolist() for t in runs), strict=True):
         groups.append((a, a + n, r))
         a += n
-    return GroupedPlan(src=src.to(device), dst=dst, padded_len=padded_len, groups=tuple(groups))
+    return GroupedPlan(src=src.to(device), dst=dst, padded_len=padded_len, groups=tuple(groups),
+                       kernel=VISION_KERNELS[kernel])
 
 
-# name -> builder(ar_mask [N, T], num_patches, padded_len, device)
+# name -> builder(ar_mask [N, T], num_patches, padded_len, device, kernel name)
 VISION_PLANS: dict[str, Callable[..., VisionPlan]] = {
     "grouped": grouped_plan,
     "masked": masked_plan,

@@ -94,10 +94,10 @@ FUSED_CASES = {
 
 @pytest.mark.parametrize("semantics,saved", list(FUSED_CASES), ids=str)
 def test_fused_add_norm_kernel_gives_the_eager_features(tiny_folder, semantics, saved):
-    """The vision encoder with the Triton add + LayerNorm (interpreter on CPU) vs its torch
-    ops: every add fused into the next norm (tanh-gated in the global layers, one more global
-    layer so a gated add reaches the next layer's norm), pending adds flushed where a feature
-    is saved; the features and the output within fp32 rounding."""
+    """The vision encoder with the Triton add + LayerNorm (interpreter on CPU, CUDA where there
+    is one) vs its torch ops: every add fused into the next norm (tanh-gated in the global
+    layers, one more global layer so a gated add reaches the next layer's norm), pending adds
+    flushed where a feature is saved; the features and the output within fp32 rounding."""
     import copy
     import dataclasses
 
@@ -116,7 +116,9 @@ def test_fused_add_norm_kernel_gives_the_eager_features(tiny_folder, semantics, 
         return TRITON_ADD_NORM.add_layer_norm(norm, x, delta, gate)
 
     inp = preprocess_images([synthetic_image(*SIZES[2], seed=5)], MllamaImageConfig(image_size=56))
-    args = (inp.pixel_values, inp.aspect_ratio_ids, inp.aspect_ratio_mask)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # Triton runs on CUDA tensors there
+    vm.to(dev)
+    args = (inp.pixel_values.to(dev), inp.aspect_ratio_ids.to(dev), inp.aspect_ratio_mask)
     with torch.inference_mode():
         ref = vm(*args)
         vm.add_norm = AddNormOps("counted", counted)

@@ -70,6 +70,27 @@ def test_grouped_equals_masked_float32_and_tile_selection(semantics):
     torch.testing.assert_close(got, want.flatten(0, 1)[keep], atol=2e-5, rtol=2e-5)
 
 
+def test_grouped_on_the_triton_kernel_equals_masked():
+    """The grouped plan's calls on the Triton dense-attention kernel (CPU: its interpreter),
+    written in place into the plan's layout, give HF's masked attention (float32)."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # Triton runs on CUDA tensors there
+    m = _model(torch.float32).to(dev)
+    pv, ids, mask = _inputs(BATCHES[-1], torch.float32)
+    args = (pv.to(dev), ids.to(dev), mask)
+    want = _run(m, "masked", *args)
+    m.attention_kernel = "triton"
+    torch.testing.assert_close(_run(m, "grouped", *args), want, atol=2e-5, rtol=2e-5)
+    assert m.kernel_for(torch.device("cpu")) == "triton"
+    m.attention_kernel = "auto"  # auto: SDPA on the CPU, the Triton kernel on CUDA
+    assert m.kernel_for(torch.device("cpu")) == "sdpa"
+    assert m.kernel_for(torch.device("cuda")) == "triton"
+
+
+def test_unknown_kernel_is_rejected():
+    with pytest.raises(ValueError, match="unknown vision attention kernel"):
+        MllamaVisionModel(CFG, attention_kernel="flash9")
+
+
 def test_padding_queries_see_only_real_keys():
     """The oracle itself: a padding token's output must not depend on other padding tokens,
     a real token's must (HF masks a pair only when both are padding)."""
@@ -107,10 +128,11 @@ def test_image_without_valid_tile_is_rejected(plan):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_grouped_plan_runs_on_flash_and_matches_masked():
+@pytest.mark.parametrize("kernel", ["sdpa", "triton"])
+def test_gpu_grouped_plan_runs_on_flash_and_matches_masked(kernel):
     """bf16 on CUDA at the real sequence (560 px tiles: P = 1601, L = 6432) and head size 80:
-    the grouped plan runs with the flash SDPA kernel alone (the masked plan cannot) and agrees
-    with the masked plan within bf16 rounding."""
+    the grouped plan runs with the flash SDPA kernel alone (the masked plan cannot), or on the
+    Triton kernel, and agrees with the masked plan within bf16 rounding."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     cfg = MllamaVisionConfig(hidden_size=160, attention_heads=2, intermediate_size=320,
@@ -122,6 +144,7 @@ def test_gpu_grouped_plan_runs_on_flash_and_matches_masked():
         for p in m.parameters():
             p.copy_(torch.randn_like(p) * 0.05)
     m = m.to("cuda", torch.bfloat16).eval()
+    m.attention_kernel = kernel
     pv, ids, mask = _inputs([4, 1, 2, 3], torch.float32)
     pv = torch.nn.functional.interpolate(pv.flatten(0, 1), size=560).view(4, T, 3, 560, 560)
     args = (pv.to("cuda", torch.bfloat16), ids.cuda(), mask)
