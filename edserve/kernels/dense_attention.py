@@ -141,11 +141,13 @@ class DenseTiles:
 
     block_m: int = 128
     block_n: int = 64
-    num_warps: int = 8
+    num_warps: int = 4
     num_stages: int = 3
 
 
-DEFAULT_TILES = DenseTiles()  # the H200's best in benchmarks/attn_headdim.py's sweep
+# The H200's best of benchmarks/attn_headdim.py's 16-shape sweep at every vision shape (Triton
+# 3.6; RESULTS.md wave 24): 4-tile images 2.24 ms (cuDNN 2.24); 8 warps 2.69, 128 keys 2.61.
+DEFAULT_TILES = DenseTiles()
 
 
 def head_dim_chunks(D: int) -> tuple[int, int]:
