@@ -15,7 +15,7 @@
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
-#   w24-attn (~9 min: the Triton vision attention swept, tested, and against HF at 64 image requests)
+#   w24-attn (~9 min: the Triton vision attention swept, tested, and against HF at 64 image requests), w24-mllama (~8 min)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
@@ -114,6 +114,13 @@ for part in "$@"; do
              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 330 python3 -W ignore benchmarks/mllama_gpu.py \
                --size 11b --batches 64 --strategies aligned:128,aligned:128:sdpa --decode-steps 10 --repeats 2 \
                ${best:+--dense-tiles $best} --json "$OUT/mllama_11b_w24.json" 2>&1 | tee "$OUT/mllama_11b_w24.log" ;;
+    # wave 24: the vision/Mllama GPU tests, then 16 and 64 image requests vs HF, medians of 3 (~8 min)
+    w24-mllama) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_dense_attention.py \
+               tests/models/mllama/test_vision_plan.py tests/models/mllama/test_vision.py \
+               tests/models/mllama/test_gpu_graph.py -rs 2>&1 | tee "$OUT/w24_tests.log" | tail -8
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 420 python3 -W ignore benchmarks/mllama_gpu.py \
+               --size 11b --batches 16,64 --strategies aligned:128 --decode-steps 10 --repeats 3 \
+               --json "$OUT/mllama_11b_w24.json" 2>&1 | tee "$OUT/mllama_11b_w24.log" ;;
     # wave 23: beam 5 against HF generate(num_beams=5) in the same run (~5 min)
     w23-beam-hf) (cd benchmarks && timeout 560 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 \
              --beam 5 --beam-on-device --repeats 2 2>&1 | grep -v "custom logits" | tee "$OUT/beam_hf.log") ;;
