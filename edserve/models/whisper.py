@@ -36,6 +36,7 @@ from edserve.layers.forward_batch import ForwardBatch
 from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
 from edserve.models.encoder_graphs import EncoderGraphs
 from edserve.models.mel_staging import MelStager, host_finite, mels_to_device
+from edserve.models.opaque_linear import mv
 from edserve.models.weights.fused import FusedLinear, load_hf_tensors
 from edserve.models.whisper_config import WhisperConfig
 from edserve.models.whisper_encoder import SelfAttention, WhisperEncoder
@@ -291,8 +292,8 @@ class WhisperForConditionalGeneration(nn.Module):
         if hidden.shape[0] == 1 and hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu":
             # one bf16 row on CPU: the matrix-vector kernel reads tiny.en's 40 MB vocabulary
             # faster than F.linear's GEMM (1.03 vs 1.45 ms on an AMX Xeon, the same values;
-            # benchmarks/RESULTS.md, wave 22)
-            return torch.mv(weight, hidden[0])[None]
+            # benchmarks/RESULTS.md, wave 22), also inside a compiled step (opaque_linear.mv)
+            return mv(weight, hidden[0])[None]
         return F.linear(hidden, weight)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
