@@ -121,6 +121,8 @@ for part in "$@"; do
              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 420 python3 -W ignore benchmarks/mllama_gpu.py \
                --size 11b --batches 16,64 --strategies aligned:128 --decode-steps 10 --repeats 3 \
                --json "$OUT/mllama_11b_w24.json" 2>&1 | tee "$OUT/mllama_11b_w24.log" ;;
+    # wave 24: head dim 80 as 64 + 16 vs zero-padded 128, per dot, at the engine's group size (~3 min)
+    w24-variants) timeout 420 python3 -W ignore benchmarks/dense_attn_variants.py 2>&1 | tee "$OUT/dense_attn_variants.log" ;;
     # wave 23: beam 5 against HF generate(num_beams=5) in the same run (~5 min)
     w23-beam-hf) (cd benchmarks && timeout 560 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 \
              --beam 5 --beam-on-device --repeats 2 2>&1 | grep -v "custom logits" | tee "$OUT/beam_hf.log") ;;
