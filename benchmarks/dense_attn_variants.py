@@ -158,9 +158,9 @@ def main() -> None:
     print(f"# {dev} {dt}, {n} images x {H} heads x head dim 80, median of {args.runs}")
     print(f"{'shape':16} {'qk':5} {'pv':5} {'tiles':16} {'ms':>8} {'TFLOP/s':>8} {'max diff':>9}")
     for name, Lq, Lk in shapes:
-        qkv = torch.randn(n, Lk, 3, H, 80, generator=g, device=dev, dtype=dt)
+        qkv = torch.randn(n, max(Lq, Lk), 3, H, 80, generator=g, device=dev, dtype=dt)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        q = q[:, :, :Lq]
+        q, k, v = q[:, :, :Lq], k[:, :, :Lk], v[:, :, :Lk]
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float()).transpose(1, 2)
         flops = 4 * n * H * Lq * Lk * 80
         ms = timed(lambda: F.scaled_dot_product_attention(q, k, v), args.runs)  # noqa: B023
