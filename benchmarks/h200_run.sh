@@ -15,7 +15,7 @@
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
-#   w24-attn (~9 min: the Triton vision attention swept, tested, and against HF at 64 image requests), w24-mllama (~8 min)
+#   w24-attn (~9 min: the Triton vision attention swept, tested, and against HF at 64 image requests), w24-mllama (~8 min), w24-variants (~3 min), w24-strategies (~6 min)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
 set -uo pipefail
@@ -123,6 +123,10 @@ for part in "$@"; do
                --json "$OUT/mllama_11b_w24.json" 2>&1 | tee "$OUT/mllama_11b_w24.log" ;;
     # wave 24: head dim 80 as 64 + 16 vs zero-padded 128, per dot, at the engine's group size (~3 min)
     w24-variants) timeout 420 python3 -W ignore benchmarks/dense_attn_variants.py 2>&1 | tee "$OUT/dense_attn_variants.log" ;;
+    # wave 24: the three strategies at 1 and 16 image requests with the Triton vision attention (~6 min)
+    w24-strategies) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 480 python3 -W ignore benchmarks/mllama_gpu.py \
+               --size 11b --batches 1,16 --strategies flat:1,aligned:128,ragged:1 --decode-steps 10 --repeats 2 \
+               --json "$OUT/mllama_11b_w24_strategies.json" 2>&1 | tee "$OUT/mllama_11b_w24_strategies.log" ;;
     # wave 23: beam 5 against HF generate(num_beams=5) in the same run (~5 min)
     w23-beam-hf) (cd benchmarks && timeout 560 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 \
              --beam 5 --beam-on-device --repeats 2 2>&1 | grep -v "custom logits" | tee "$OUT/beam_hf.log") ;;
