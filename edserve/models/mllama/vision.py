@@ -178,13 +178,15 @@ class MllamaVisionModel(nn.Module):
         x = self.layernorm_pre(x)
         return F.pad(x, (0, 0, 0, self.padded_len - P)).reshape(N, -1, D)  # pads after the LN
 
-    def kernel_for(self, device: torch.device) -> str:
-        """The attention kernel to run on ``device``: "auto" is the Triton kernel on CUDA
-        (measured faster than SDPA's cuDNN at head dim 80, RESULTS.md wave 24), SDPA elsewhere
-        (the CPU has no Triton)."""
+    def kernel_for(self, device: torch.device, dtype: torch.dtype) -> str:
+        """The attention kernel for weights on ``device`` in ``dtype``: "auto" is the Triton
+        kernel on CUDA in fp16 / bf16 (head dim 80 without padding: the tower ~3 % faster than
+        SDPA's cuDNN on the H200, RESULTS.md wave 24), SDPA elsewhere (no Triton on the CPU;
+        fp32 would run IEEE dots on CUDA cores)."""
         if self.attention_kernel != "auto":
             return self.attention_kernel
-        return "triton" if device.type == "cuda" else "sdpa"
+        half = dtype in (torch.float16, torch.bfloat16)
+        return "triton" if device.type == "cuda" and half else "sdpa"
 
     @property
     def padded_len(self) -> int:
@@ -201,8 +203,9 @@ class MllamaVisionModel(nn.Module):
         D, P, Ppad, K = cfg.hidden_size, cfg.num_patches, self.padded_len, \
             len(cfg.intermediate_layers_indices)
         # host-built indices first: their copies to the device wait on no queued work
-        dev = self.patch_embedding.weight.device
-        plan = VISION_PLANS[self.attention_plan](ar_mask, P, Ppad, dev, self.kernel_for(dev))
+        w = self.patch_embedding.weight
+        plan = VISION_PLANS[self.attention_plan](ar_mask, P, Ppad, w.device,
+                                                 self.kernel_for(w.device, w.dtype))
         keep = plan.plan_positions(list(range(N * T)) if tiles is None else tiles, P)  # [M]
         x = plan.to_plan(self.embed(pixel_values, ar_ids))  # [N, L, D] in plan order
         out = x.new_empty(keep.numel(), D * (1 + K))  # channel = D + d * K + k: d-major

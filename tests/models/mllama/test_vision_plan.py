@@ -80,10 +80,13 @@ def test_grouped_on_the_triton_kernel_equals_masked():
     want = _run(m, "masked", *args)
     m.attention_kernel = "triton"
     torch.testing.assert_close(_run(m, "grouped", *args), want, atol=2e-5, rtol=2e-5)
-    assert m.kernel_for(torch.device("cpu")) == "triton"
-    m.attention_kernel = "auto"  # auto: SDPA on the CPU, the Triton kernel on CUDA
-    assert m.kernel_for(torch.device("cpu")) == "sdpa"
-    assert m.kernel_for(torch.device("cuda")) == "triton"
+    assert m.kernel_for(torch.device("cpu"), torch.float32) == "triton"
+    m.attention_kernel = "auto"  # auto: the Triton kernel on CUDA in fp16 / bf16, else SDPA
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert m.kernel_for(cpu, torch.bfloat16) == "sdpa"
+    assert m.kernel_for(cuda, torch.bfloat16) == "triton"
+    assert m.kernel_for(cuda, torch.float16) == "triton"
+    assert m.kernel_for(cuda, torch.float32) == "sdpa"
 
 
 def test_unknown_kernel_is_rejected():
