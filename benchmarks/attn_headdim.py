@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -100,12 +101,12 @@ def triton_rows(name: str, q, k, v, ref, flops: float, runs: int, dry_run: bool)
         print(f"{name:24} BEST {best[1]:21} {best[0]:9.3f} {flops / best[0] / 1e9:8.1f}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="small shapes on CPU")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--images", type=int, default=4, help="vision batch (images per call)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from torch.nn.attention import sdpa_kernel
 
     dev = "cuda" if torch.cuda.is_available() and not args.dry_run else "cpu"
@@ -145,7 +146,8 @@ def main() -> None:
             q, k, v, ref = q[:, :1, :32], k[:, :1], v[:, :1], ref[:, :1, :32]
             flops *= 32 / (H * Lq)
         triton_rows(name, q, k, v, ref.transpose(1, 2), flops, args.runs, dev == "cpu")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -138,13 +138,13 @@ def variant(q, k, v, qk_wide: bool, pv_wide: bool, bm: int, bn: int, warps: int,
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--images", type=int, default=16, help="images per call (the engine's "
                     "groups at 64 image requests hold ~16)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dry = args.dry_run or not torch.cuda.is_available()
     if dry and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("--dry-run runs the Triton interpreter: set TRITON_INTERPRET=1")
@@ -182,7 +182,8 @@ def main() -> None:
                     print(f"{name:16} {'128' if qk_wide else '64+16':5} "
                           f"{'128' if pv_wide else '64+16':5} {label:16} {ms:8.3f} "
                           f"{flops / ms / 1e9:8.1f} {diff:9.2e}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -33,3 +33,31 @@ def test_mllama_kernels_dry_run(capsys):
     assert mllama_kernels.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "self   3 rows" in out and "8:" in out and "rms_norm" in out
+
+
+def _diffs(out: str, marker: str) -> list[float]:
+    """The last column (max difference) of every printed row containing ``marker``."""
+    return [float(line.split()[-1]) for line in out.splitlines()
+            if marker in line and "BEST" not in line and "n/a" not in line]
+
+
+def test_attn_headdim_dry_run(capsys):
+    """SDPA at native and padded head dims, and the Triton dense attention, each checked
+    against float32 SDPA."""
+    import attn_headdim
+
+    assert attn_headdim.main(["--dry-run", "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    diffs = _diffs(out, "triton 16x16")
+    assert len(diffs) == 4 and max(diffs) < 1e-5, out
+    assert out.count("BEST triton") == 4
+
+
+def test_dense_attn_variants_dry_run(capsys):
+    """Every layout of head dim 80's two dots (64 + 16 or zero-padded 128) equals SDPA."""
+    import dense_attn_variants
+
+    assert dense_attn_variants.main(["--dry-run", "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    diffs = _diffs(out, "16x16 w4 s1")
+    assert len(diffs) == 12 and max(diffs) < 1e-5, out
