@@ -127,6 +127,10 @@ for part in "$@"; do
     w24-strategies) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 480 python3 -W ignore benchmarks/mllama_gpu.py \
                --size 11b --batches 1,16 --strategies flat:1,aligned:128,ragged:1 --decode-steps 10 --repeats 2 \
                --json "$OUT/mllama_11b_w24_strategies.json" 2>&1 | tee "$OUT/mllama_11b_w24_strategies.log" ;;
+    # wave 24: 64 image requests vs HF with each system's run started from an emptied cache, allocator retries counted (~3 min)
+    w24-hfmem) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 300 python3 -W ignore benchmarks/mllama_gpu.py \
+               --size 11b --batches 64 --strategies aligned:128 --decode-steps 10 --repeats 3 \
+               --json "$OUT/mllama_11b_w24_hfmem.json" 2>&1 | tee "$OUT/mllama_11b_w24_hfmem.log" ;;
     # wave 23: beam 5 against HF generate(num_beams=5) in the same run (~5 min)
     w23-beam-hf) (cd benchmarks && timeout 560 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 \
              --beam 5 --beam-on-device --repeats 2 2>&1 | grep -v "custom logits" | tee "$OUT/beam_hf.log") ;;

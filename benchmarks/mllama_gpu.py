@@ -41,8 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mllama_hf import (  # noqa: E402
     BOS,
     SIZES,
+    alloc_retries,
     batch_inputs,
     build_hf,
+    fresh_cache,
     hf_config,
     hf_generate,
     hf_generate_fitting,
@@ -131,25 +133,27 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
     plans and cuBLAS choices (~0.2-2 s here), which the timed run must not count."""
     rows, cuda = len(b["cases"]), args.device == "cuda"
     if n not in hf_once or args.hf_every_strategy:
+        fresh_cache(cuda)  # HF gets every cached block our engine is not using
         hf_generate_fitting(hf, b["hf"], 2)  # warm-up at this batch's shapes
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
+        retries = alloc_retries(cuda)
         runs = [hf_generate_fitting(hf, b["hf"], args.new_tokens) for _ in range(args.repeats)]
         hf_tokens, _, chunk = runs[0]
         t_hf = statistics.median(r[1] for r in runs)
         hf_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
         hf_once[n] = dict(tokens=hf_tokens, seconds=t_hf, chunk=chunk, peak=hf_peak,
-                          ttft=hf_once.get(n, {}).get("ttft"))
+                          ttft=hf_once.get(n, {}).get("ttft"),
+                          retries=alloc_retries(cuda) - retries)
         if hf_once[n]["ttft"] is None:
             first = hf_generate_fitting(hf, b["hf"], 1)
             vis_chunk = {k: v[:first[2]] for k, v in b["hf_img"].items()}
             hf_once[n].update(ttft=first[1], vision=hf_vision_seconds(hf, vis_chunk)
                               * n / min(n, first[2]))
     hf_tokens, t_hf, hf_peak = hf_once[n]["tokens"], hf_once[n]["seconds"], hf_once[n]["peak"]
+    fresh_cache(cuda)
     run_edserve(eng, b["cases"], 2)  # warm-up at this batch's shapes
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+    retries = alloc_retries(cuda)
     runs = [run_edserve(eng, b["cases"], args.new_tokens) for _ in range(args.repeats)]
+    retries = alloc_retries(cuda) - retries
     tokens, t = runs[0][0], statistics.median(r[1] for r in runs)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     print("#   the timed run's steps: " + ", ".join(
@@ -167,7 +171,8 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
              hf_tokens_per_s=n_tok / t_hf, ratio_hf=t_hf / t, ttft_s=ttft,
              hf_ttft_s=hf_once[n]["ttft"], vision_ms_per_tile=1000 * vision / tiles,
              hf_vision_ms_per_tile=1000 * hf_once[n]["vision"] / tiles, floor_ms=floor,
-             peak_gib=peak, hf_peak_gib=hf_peak, hf_chunk=hf_once[n]["chunk"], **stats,
+             peak_gib=peak, hf_peak_gib=hf_peak, hf_chunk=hf_once[n]["chunk"],
+             alloc_retries=retries, hf_alloc_retries=hf_once[n]["retries"], **stats,
              **agreement(tokens, hf_tokens, n))
     busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
     syncs = "n/a" if r["syncs_per_step"] is None else f"{r['syncs_per_step']:.2f}"
@@ -181,7 +186,8 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
           f"{r['overlapped_step_ms']:6.2f} back to back, floor {floor:6.2f} "
           f"(x{r['step_ms'] / floor:.2f}, x{r['overlapped_step_ms'] / floor:.2f}) | busy {busy} "
           f"syncs/step {syncs} | peak "
-          f"{peak:5.1f} GiB (HF {hf_peak:5.1f}) | same as HF: img "
+          f"{peak:5.1f} GiB (HF {hf_peak:5.1f}), alloc retries {retries} (HF "
+          f"{r['hf_alloc_retries']}) | same as HF: img "
           f"{r['image_rows_identical']}/{n} txt {r['text_rows_identical']}/{rows - n}",
           flush=True)
     return r

@@ -211,6 +211,20 @@ def set_dense_tiles(spec: str | None) -> None:
     print(f"# dense attention tiles {da.DEFAULT_TILES}", flush=True)
 
 
+def fresh_cache(cuda: bool) -> None:
+    """Return the caching allocator's unused blocks and reset the peak (both systems share one
+    GPU and process: each timed system starts with all free memory available to it)."""
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def alloc_retries(cuda: bool) -> int:
+    """The caching allocator's retries so far (a cudaMalloc that failed, blocks freed, tried
+    again: a run near the memory limit pays for it)."""
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
