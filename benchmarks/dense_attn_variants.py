@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attn_headdim import timed  # noqa: E402
 
-LOG2E = 1.4426950408889634
+from edserve.kernels.common import LOG2E  # noqa: E402
 
 
 @triton.jit

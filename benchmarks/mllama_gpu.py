@@ -165,7 +165,7 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
     n_tok, tiles = rows * args.new_tokens, sum(b["tiles"])
     r = dict(size="toy" if args.dry_run else args.size, strategy=ctx["strategy"],
              page_size=ctx["page"], graphs=ctx["graphs"], mixed_steps=ctx["mixed"],
-             vision_kernel="sdpa" if ctx.get("sdpa") else "auto", image_requests=n,
+             vision_kernel=ctx["vision_kernel"], image_requests=n,
              text_requests=rows - n, tiles=tiles, new_tokens=args.new_tokens,
              requests_per_s=rows / t, tokens_per_s=n_tok / t, hf_requests_per_s=rows / t_hf,
              hf_tokens_per_s=n_tok / t_hf, ratio_hf=t_hf / t, ttft_s=ttft,
@@ -176,7 +176,8 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
              **agreement(tokens, hf_tokens, n))
     busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
     syncs = "n/a" if r["syncs_per_step"] is None else f"{r['syncs_per_step']:.2f}"
-    mix = ("" if ctx["mixed"] else " nomix") + (" sdpa" if ctx.get("sdpa") else "")
+    mix = ("" if ctx["mixed"] else " nomix") + (" sdpa" if ctx["vision_kernel"] == "sdpa"
+                                                   else "")
     print(f"{ctx['strategy']}/{ctx['page']}{mix} {n:3d} img + {rows - n:2d} txt: "
           f"{r['requests_per_s']:7.2f} req/s {r['tokens_per_s']:8.0f} tok/s "
           f"(HF {r['hf_tokens_per_s']:7.0f}{hf_note(hf_once[n]['chunk'], rows)}, "
@@ -284,7 +285,7 @@ def main(argv=None) -> int:
         for n, b in batches.items():
             try:
                 ctx = dict(strategy=strategy, page=page, mixed=mixed, graphs=graphs, d=d,
-                           bw=bw, w_bytes=w_bytes, sdpa="sdpa" in mode)
+                           bw=bw, w_bytes=w_bytes, **opts)
                 r = measure(eng, hf, b, n, args, hf_once, ctx)
             except torch.cuda.OutOfMemoryError as e:  # keep the other rows of the run
                 r = dict(strategy=strategy, page_size=page, image_requests=n, error=str(e))
