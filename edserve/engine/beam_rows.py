@@ -48,6 +48,7 @@ class DeviceBeamGroup(BeamGroup):
         super().__init__(leader, beam_size, stop_ids, length_penalty, patience)
         self.patience = patience
         self.slot: int | None = None  # its group slot in DeviceBeams.state (None once over)
+        self.member_pos: dict[int, int] | None = None  # id(row) -> its slot in members
         self.finished_rows: list[Finished] | None = None
 
     def update(self, results, at_limit, ops) -> bool:
@@ -58,7 +59,7 @@ class DeviceBeamGroup(BeamGroup):
 
 
 def is_device_row(req: Req) -> bool:
-    return getattr(req.group, "on_device", False)
+    return req.group is not None and req.group.on_device
 
 
 @dataclass
@@ -119,6 +120,7 @@ class DeviceBeams:
                          torch.int64, self.pools.device)
         self.own[rows] = rtp.req_to_token.index_select(0, rows)
         group.members = [leader] + followers
+        group.member_pos = None
         group.hyps = {}
         return followers
 
@@ -190,20 +192,27 @@ class DeviceBeams:
         row prefills in this step); ``at_limit`` per group slot."""
         groups: dict[int, DeviceBeamGroup] = {}
         cand: list[int] = []
-        for r in reqs:
-            if is_device_row(r) and r.group.slot is not None:
-                g = r.group
+        fresh: set[int] = set()
+        for r, n in zip(reqs, new, strict=True):
+            g = r.group
+            if g is not None and g.on_device and g.slot is not None:
                 groups.setdefault(g.slot, g)
-                cand += [g.slot, g.members.index(r)]
+                pos = g.member_pos
+                if pos is None:  # members are fixed from admit() on
+                    pos = g.member_pos = {id(m): b for b, m in enumerate(g.members)}
+                cand += (g.slot, pos[id(r)])
+                if n:
+                    fresh.add(g.slot)
         if not groups:
             return None
-        fresh = {r.group.slot for r, n in zip(reqs, new, strict=True) if n and is_device_row(r)}
         per_row: list[int] = []
         row_of = [0] * (self.state.G * self.state.B)
+        B = self.state.B
         for s, g in groups.items():
+            enc = s in fresh
             for b, m in enumerate(g.members):
-                per_row += [m.req_pool_idx, s, b, m.row_len, 0 if s in fresh else m.enc_region]
-                row_of[s * self.state.B + b] = m.req_pool_idx
+                per_row += (m.req_pool_idx, s, b, m.row_len, 0 if enc else m.enc_region)
+                row_of[s * B + b] = m.req_pool_idx
         limit = [at_limit.get(s, False) for s in range(self.state.G)]
         packed = to_device(cand + per_row + row_of + limit, torch.int64, self.pools.device)
         return self.views(packed, len(cand) // 2, len(per_row) // 5)

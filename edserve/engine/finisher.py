@@ -46,8 +46,7 @@ class Finisher:
                     list(leader.prompt_ids), list(leader.output_ids)))
         # a device beam group's rows have dropped their holds (DeviceBeams.release): its
         # hold is the region's last holder, so releasing it reads nothing from the device
-        self._keep_or_release(leader, hold, reason, last_holder=getattr(group, "on_device",
-                                                                        False))
+        self._keep_or_release(leader, hold, reason, last_holder=group.on_device)
         self._report(leader, reason, error, [])
         # unlink group -> leader: leader <-> group was a cycle that held the request (its hooks
         # and what they hold: the model, for a readout) until the cycle collector ran

@@ -39,7 +39,7 @@ class RowGroupSteps:
         rows = [r for r in self.running if r.group is group]
         for r in rows:
             self.running.remove(r)
-        if getattr(group, "on_device", False):
+        if group.on_device:
             self.beams.release(rows)
             self.beams.close([group], read=False)
         else:

@@ -106,6 +106,8 @@ class RowGroup(ABC):
     group are no reference cycle); ``members`` are the rows alive now (the leader among them
     until it is dropped). ``id`` names the group (a counter: unique for the process's lifetime)."""
 
+    on_device = False  # chosen on the host by update(); DeviceBeamGroup: by DeviceBeams
+
     def __init__(self, leader: Row, size: int, stop_ids: frozenset[int],
                  length_penalty: float | None) -> None:
         self.id = next(_group_ids)

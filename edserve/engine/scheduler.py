@@ -142,7 +142,7 @@ class Scheduler(RowGroupSteps):
     # ---- schedule ---------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         """The next step's batch (rows and slots allocated), or None when nothing can run."""
-        reqs = [r for r in self.running if not self._length_reached(r, r.steps)]
+        reqs = self._below_limit(self.running)
         if reqs and any(r.group is not None for r in reqs):
             reqs = groups_side_by_side(reqs)
         new = self._admit()
@@ -164,15 +164,16 @@ class Scheduler(RowGroupSteps):
                    prompt: torch.Tensor | None = None, new_rows: int = 0) -> ScheduledBatch:
         """The step's hand-off, carrying the row groups' pending history edits."""
         edits, self._edits = self._edits, HistoryEdits()
+        groups = {id(r.group): r for r in reqs if r.group is not None}  # one row per group
         sched = ScheduledBatch(mode, reqs, batch, plan, prompt,
                                history_edits=edits if edits else None,
-                               sync_update=any(r.group is not None and not is_device_row(r)
-                                               for r in reqs))
+                               sync_update=any(not r.group.on_device for r in groups.values()))
         if self.beams is not None:
             new = [mode == ForwardMode.EXTEND and i >= len(reqs) - new_rows
                    for i in range(len(reqs))]
-            limits = {r.group.slot: self._length_reached(r, r.steps) for r in reqs
-                      if is_device_row(r) and r.group.slot is not None}
+            # a device group's rows have taken the same number of steps
+            limits = {r.group.slot: self._length_reached(r, r.steps) for r in groups.values()
+                      if r.group.on_device and r.group.slot is not None}
             sched.beams = self.beams.plan(reqs, new, limits)
         return sched
 
@@ -211,6 +212,13 @@ class Scheduler(RowGroupSteps):
         if key != self._plan_key or self._plan is None:
             self._plan_key, self._plan = key, plan_sampling(reqs, self.pools.device)
         return self._plan
+
+    def _below_limit(self, reqs: list[Req]) -> list[Req]:
+        """The rows of ``reqs`` that may take another step: :meth:`_length_reached` with
+        their scheduled steps, as one pass (it runs for every running row at every step)."""
+        limit = self.limits.max_decoder_len
+        return [r for r in reqs
+                if r.steps < r.max_new_tokens and len(r.prompt_ids) + r.steps < limit]
 
     def _length_reached(self, req: Req, tokens: int) -> bool:
         """True once ``tokens`` generated tokens are the request's last allowed one
