@@ -17,6 +17,7 @@ Scenarios (large-v3 random bf16 weights, flat/128 unless ``--config``, filters o
              clients; the engine thread is sampled, and the API thread in a second table
 
   python benchmarks/gpu_idle.py --scenarios arrivals prefill16 decode64
+  python benchmarks/gpu_idle.py --scenarios beam64 decode64 --cprofile 30   # host time by function
   python benchmarks/gpu_idle.py --dry-run     # toy model on CPU: the script runs
 """
 
@@ -179,6 +180,22 @@ def _idle_by_frame(fn, dev: str, interval_us: float, rows: int, label: str,
             print(f"| `{frame}` | {idle[frame]:.1f} | | {ms:.1f} |")
 
 
+def host_profile(fn, rows: int, label: str) -> None:
+    """Runs ``fn`` once under cProfile (no torch profiler, no sampler): the engine thread's
+    host time by function, own time and cumulative, ``rows`` lines each."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    fn()
+    prof.disable()
+    print(f"\n## {label}: cProfile, wall {1000 * (time.perf_counter() - t0):.1f} ms")
+    for order in ("tottime", "cumulative"):
+        pstats.Stats(prof, stream=sys.stdout).sort_stats(order).print_stats(rows)
+
+
 def serve_scenario(hf, args, dev: str, dtype: torch.dtype):
     """(engine, callable, threads): the in-process server under ``edserve bench``."""
     import math
@@ -285,6 +302,9 @@ def main() -> None:
                     help="replay graph steps' sampling as CUDA graphs (--sampling-cuda-graph)")
     ap.add_argument("--interval-us", type=float, default=200.0)
     ap.add_argument("--rows", type=int, default=15)
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="instead of the idle table: cProfile of the scenario, N functions "
+                         "by own and by cumulative time (not for 'serve')")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args()
     dev, dtype = device_and_dtype(args)
@@ -296,7 +316,10 @@ def main() -> None:
             idle_by_frame(fn, dev, args.interval_us, args.rows, name, threads, engine)
             continue  # the server's engine keeps running until the process exits
         engine, fn = scenario(name, hf, args, dev, dtype)
-        idle_by_frame(fn, dev, args.interval_us, args.rows, name, engine=engine)
+        if args.cprofile:
+            host_profile(fn, args.cprofile, name)
+        else:
+            idle_by_frame(fn, dev, args.interval_us, args.rows, name, engine=engine)
         engine.check_integrity()
         del engine, fn
 

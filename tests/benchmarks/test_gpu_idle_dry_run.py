@@ -58,3 +58,15 @@ def test_dry_run_prints_idle_by_frame(capsys, monkeypatch):
     rows = re.findall(r"\| `([^`]+)` \| ([\d.]+) \|", out)
     assert any(frame.startswith("models/") for frame, _ in rows)  # the encoder shows up
     assert sum(float(ms) for _, ms in rows[:5]) <= float(head.group(1)) + 1.0
+
+
+def test_dry_run_cprofile_lists_engine_functions(capsys, monkeypatch):
+    import gpu_idle
+
+    monkeypatch.setattr(sys, "argv", ["gpu_idle.py", "--dry-run", "--scenarios", "decode1",
+                                      "--cprofile", "8"])
+    gpu_idle.main()
+    out = capsys.readouterr().out
+    assert re.search(r"## decode1: cProfile, wall [\d.]+ ms", out), out
+    assert "Ordered by: internal time" in out and "Ordered by: cumulative time" in out
+    assert "engine.py" in out  # Engine.step's frames are in the cumulative list
