@@ -36,7 +36,7 @@ from edserve.layers.forward_batch import ForwardBatch
 from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
 from edserve.models.encoder_graphs import EncoderGraphs
 from edserve.models.mel_staging import MelStager, host_finite, mels_to_device
-from edserve.models.opaque_linear import mv
+from edserve.models.vocab_projection import pad_rows, vocab_logits
 from edserve.models.weights.fused import FusedLinear, load_hf_tensors
 from edserve.models.whisper_config import WhisperConfig
 from edserve.models.whisper_encoder import SelfAttention, WhisperEncoder
@@ -161,6 +161,7 @@ class WhisperForConditionalGeneration(nn.Module):
         # The decoder's add + norm ops; None: chosen by the stream's device (add_norm_ops)
         self.add_norm: AddNormOps | None = None
         self.mel_stager = MelStager()  # page-locked log-mels at submission (CUDA)
+        self.vocab_rows: torch.Tensor | None = None  # [P, d] padded embedding (align_vocabulary)
 
     # Sizes the engine needs to lay out the KV pool.
     @property
@@ -287,14 +288,19 @@ class WhisperForConditionalGeneration(nn.Module):
             batch.attn_backend.write_cross(layer.cross_site, k, v, batch)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [N, d] -> [N, vocab] (output projection tied to the token embedding)
-        weight = self.model.decoder.embed_tokens.weight  # [vocab, d]
-        if hidden.shape[0] == 1 and hidden.dtype == torch.bfloat16 and hidden.device.type == "cpu":
-            # one bf16 row on CPU: the matrix-vector kernel reads tiny.en's 40 MB vocabulary
-            # faster than F.linear's GEMM (1.03 vs 1.45 ms on an AMX Xeon, the same values;
-            # benchmarks/RESULTS.md, wave 22), also inside a compiled step (opaque_linear.mv)
-            return mv(weight, hidden[0])[None]
-        return F.linear(hidden, weight)
+        # hidden: [N, d] -> [N, vocab] (output projection tied to the token embedding; rows
+        # may be strided on CUDA: see models/vocab_projection.py)
+        return vocab_logits(hidden, self.model.decoder.embed_tokens.weight, self.vocab_rows)
+
+    def align_vocabulary(self) -> None:
+        """CUDA: an unaligned vocabulary's embedding becomes the first rows of a zero-padded
+        buffer, the same memory, which ``compute_logits`` multiplies by (see
+        :mod:`edserve.models.vocab_projection`). Call once the weights are final."""
+        emb = self.model.decoder.embed_tokens
+        buf = pad_rows(emb.weight.detach()) if emb.weight.is_cuda else None
+        if buf is not None:
+            emb.weight = nn.Parameter(buf[:emb.num_embeddings], requires_grad=False)
+        self.vocab_rows = buf
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load HF-named tensors, fusing q/k/v and the cross k/v into their stacked weights

@@ -39,5 +39,6 @@ def build_whisper(checkpoint: Any, dtype: torch.dtype,
     model.load_weights({k: v.to(device=device, dtype=dtype)
                         for k, v in checkpoint.state_dict.items()})
     model = model.to(dtype).eval()
+    model.align_vocabulary()
     tokenizer = WhisperTokenizer.from_file(checkpoint.tokenizer_path, vocab_size=cfg.vocab_size)
     return model, tokenizer

@@ -61,3 +61,12 @@ def test_dense_attn_variants_dry_run(capsys):
     out = capsys.readouterr().out
     diffs = _diffs(out, "16x16 w4 s1")
     assert len(diffs) == 12 and max(diffs) < 1e-5, out
+
+
+def test_logits_gemm_dry_run(capsys):
+    import logits_gemm_gpu
+
+    assert logits_gemm_gpu.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "exact" in out and "padded 112 + copy" in out and "engine" in out and "out= view" in out
+    assert "max diff 0.0e+00" in out
