@@ -15,6 +15,7 @@
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
+#   w25-host (~3 min: cProfile of beam and greedy steps), w25-ab (~10 min), w25-prefill (~4 min), w25-logits (~3 min), w25-vocab (~6 min)
 #   w24-attn (~9 min: the Triton vision attention swept, tested, and against HF at 64 image requests), w24-mllama (~8 min), w24-variants (~3 min), w24-strategies (~6 min)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
 #   w12-tests, quant-sweep, cross-decode (~1 min each), prefill-fp8 (~3 min), serve-http (~6 min: httptools vs h11), serve-fp8 (~4 min), serve-full (~5 min)
@@ -114,6 +115,53 @@ for part in "$@"; do
              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 330 python3 -W ignore benchmarks/mllama_gpu.py \
                --size 11b --batches 64 --strategies aligned:128,aligned:128:sdpa --decode-steps 10 --repeats 2 \
                ${best:+--dense-tiles $best} --json "$OUT/mllama_11b_w24.json" 2>&1 | tee "$OUT/mllama_11b_w24.log" ;;
+    # wave 25: host time by function (cProfile) of 30 beam steps (64 x beam 5) and 30 greedy steps at 64 rows (~3 min)
+    w25-host) (cd benchmarks && timeout 300 python3 -W ignore gpu_idle.py --scenarios beam64 decode64 --cprofile 45 \
+             2>&1 | grep -v "custom logits" | tee "$OUT/w25_host.log" | grep -E "^## |function calls") ;;
+    # wave 25: host lists packed by array (and the beam step's row passes) vs the tree before
+    # (_ab/before = git archive 42557c5 edserve; carried, imported first): beam 5 vs greedy at 64 (flat/128, forced 100
+    # tokens), then the real path at 64, alternating after/before (~10 min)
+    w25-ab) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_host_copy.py tests/engine/test_gpu_beam.py \
+             tests/engine/test_gpu_sample_graphs.py tests/engine/test_gpu_syncs.py -rs 2>&1 | grep -v "Loading weights" \
+             | tee "$OUT/w25_tests.log" | tail -3
+           for tree in after before after2 before2; do
+             pp=$PYTHONPATH; case $tree in before*) pp=$PWD/_ab/before:/tmp/site ;; esac
+             echo "--- $tree"
+             (cd benchmarks && PYTHONPATH=$pp timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 \
+               --beam 5 --beam-on-device --no-hf 2>&1 | grep -v "custom logits" | tee -a "$OUT/w25_beam_$tree.log" | grep -E "^flat")
+           done
+           for tree in after before after2 before2; do
+             pp=$PYTHONPATH; case $tree in before*) pp=$PWD/_ab/before:/tmp/site ;; esac
+             echo "--- $tree"
+             (cd benchmarks && PYTHONPATH=$pp timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
+               --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee -a "$OUT/w25_real_$tree.log" | tail -2)
+           done ;;
+    # wave 25: the real path's prefill (64 clips in one step): eager vs encoder graphs at 32 and 64 clips, op table (~4 min)
+    w25-prefill) (cd benchmarks && timeout 400 python3 -W ignore prefill_gpu.py --arch large-v3 --batch 32 64 --profile-batch 64 \
+             --variants tanh graphs --repeats 3 --rows 25 2>&1 | grep -v "custom logits" | tee "$OUT/w25_prefill.log" | grep -E "^#|^tanh|^graphs") ;;
+    # wave 25: the logits GEMM at the multilingual vocabulary's unaligned width vs padded (~0.5 min),
+    # then the host time by function after the host-list change (beam 64 x 5, one row) (~2 min)
+    w25-logits) timeout 120 python3 -W ignore benchmarks/logits_gemm_gpu.py 2>&1 | tee "$OUT/w25_logits_gemm.log"
+           (cd benchmarks && timeout 300 python3 -W ignore gpu_idle.py --scenarios beam64 decode1 --cprofile 30 \
+             2>&1 | grep -v "custom logits" | tee "$OUT/w25_host_after.log" | grep -E "^## |function calls|torch.tensor|array") ;;
+    # wave 25: the padded vocabulary buffer: the logits GEMM, GPU tests, the real path and beam 5
+    # vs the tree with the vocabulary left unaligned (_ab/nologits: a copy of edserve/ with the
+    # loader's align_vocabulary() call removed; carried) (~6 min)
+    w25-vocab) timeout 60 python3 -W ignore benchmarks/logits_gemm_gpu.py 2>&1 | tee "$OUT/w25_logits_gemm3.log" | tail -4
+           timeout 150 python3 -m pytest -q -p no:cacheprovider tests/models/test_vocab_projection.py tests/engine/test_gpu.py \
+             -k "vocab or large" -rs 2>&1 | grep -v "Loading weights" | tee "$OUT/w25_vocab_tests.log" | tail -3
+           for tree in padded nologits; do
+             pp=$PYTHONPATH; case $tree in nologits*) pp=$PWD/_ab/nologits:/tmp/site ;; esac
+             echo "--- $tree"
+             (cd benchmarks && PYTHONPATH=$pp timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
+               --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee -a "$OUT/w25_vreal_$tree.log" | tail -1)
+           done
+           for tree in padded nologits; do
+             pp=$PYTHONPATH; case $tree in nologits*) pp=$PWD/_ab/nologits:/tmp/site ;; esac
+             echo "--- $tree"
+             (cd benchmarks && PYTHONPATH=$pp timeout 200 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 \
+               --beam 5 --beam-on-device --no-hf 2>&1 | grep -v "custom logits" | tee -a "$OUT/w25_vbeam_$tree.log" | grep -E "^flat" | head -2)
+           done ;;
     # wave 24: the vision/Mllama GPU tests, then 16 and 64 image requests vs HF, medians of 3 (~8 min)
     w24-mllama) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_dense_attention.py \
                tests/models/mllama/test_vision_plan.py tests/models/mllama/test_vision.py \
