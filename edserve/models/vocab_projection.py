@@ -10,8 +10,8 @@ read as the vocabulary matrix), by the fastest kernel for the device and shape.
   model keeps its token embedding as the first ``V`` rows of a zero-padded ``[P, d]`` buffer
   (:func:`pad_rows`, the same memory); multiplying by the whole buffer gives an aligned
   ``[N, P]`` output whose ``[N, V]`` view is returned (row stride ``P``; consumers read rows by
-  stride). On the H200 (``benchmarks/logits_gemm_gpu.py``, wave 25): 79.6 -> 38.4 us at 64
-  rows, 205.1 -> 75.0 us at 320 (a beam step), 46.7 -> 36.2 us at one row.
+  stride). On the H200 (``benchmarks/logits_gemm_gpu.py``, wave 25, this function): 78.8 ->
+  36.5 us at 64 rows, 206.0 -> 72.4 us at 320 (a beam step), 46.6 -> 36.8 us at one row.
 * Otherwise ``F.linear``.
 """
 
