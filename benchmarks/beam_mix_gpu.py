@@ -80,19 +80,14 @@ def step_ms(engine, dev: str, steps: int) -> float:
 def host_profile(engine, dev: str, steps: int, top: int) -> None:
     """cProfile of ``steps`` back-to-back steps: the ``top`` functions by cumulative and by
     own time (where the host's time per step goes)."""
-    import cProfile
-    import pstats
+    def run() -> None:
+        for _ in range(steps):
+            engine.step()
+        wg.sync(dev)
 
-    prof = cProfile.Profile()
     wg.sync(dev)
-    prof.enable()
-    for _ in range(steps):
-        engine.step()
-    wg.sync(dev)
-    prof.disable()
-    for order in ("cumulative", "tottime"):
-        print(f"# host profile of {steps} steps by {order}", flush=True)
-        pstats.Stats(prof).sort_stats(order).print_stats(top)
+    wg.cprofiled(run, top, ("cumulative", "tottime"),
+                 order_heading=f"# host profile of {steps} steps by {{order}}")
 
 
 def device_view(engine, steps: int, rows: int, label: str) -> None:

@@ -78,6 +78,10 @@ class StepClock:
         self.encode_s.clear()
         self.decode_s.clear()
 
+    def mean_decode_s(self) -> float:
+        """Mean wall seconds of the decode steps timed since :meth:`reset` (nan: none)."""
+        return sum(self.decode_s) / len(self.decode_s) if self.decode_s else float("nan")
+
 
 def step_split(fn, clock: StepClock) -> tuple[dict[str, float], Counter]:
     """Seconds of the profiled decode steps of one call of ``fn`` by kind: ``wall``,
@@ -117,7 +121,7 @@ def host_shares(fn, clock: StepClock) -> tuple[float, float]:
         return float("nan"), float("nan")
     clock.reset()
     fn()
-    plain = sum(clock.decode_s) / max(1, len(clock.decode_s))
+    plain = clock.mean_decode_s()
     return 1 - split["compute"] / split["wall"], 1 - split["compute"] / n / plain
 
 
@@ -144,7 +148,7 @@ def print_host_split(modes: list[str], beams: list[int], threads: int) -> None:
             fn(clip)
             clock.reset()
             fn(clip)
-            plain = 1e3 * sum(clock.decode_s) / max(1, len(clock.decode_s))
+            plain = 1e3 * clock.mean_decode_s()
             split, others = step_split(lambda fn=fn: fn(clip), clock)
             n = max(1, len(clock.decode_s))
             ms = {k: 1e3 * v / n for k, v in split.items()}

@@ -183,17 +183,8 @@ def _idle_by_frame(fn, dev: str, interval_us: float, rows: int, label: str,
 def host_profile(fn, rows: int, label: str) -> None:
     """Runs ``fn`` once under cProfile (no torch profiler, no sampler): the engine thread's
     host time by function, own time and cumulative, ``rows`` lines each."""
-    import cProfile
-    import pstats
-
-    prof = cProfile.Profile()
-    t0 = time.perf_counter()
-    prof.enable()
-    fn()
-    prof.disable()
-    print(f"\n## {label}: cProfile, wall {1000 * (time.perf_counter() - t0):.1f} ms")
-    for order in ("tottime", "cumulative"):
-        pstats.Stats(prof, stream=sys.stdout).sort_stats(order).print_stats(rows)
+    wg.cprofiled(fn, rows, ("tottime", "cumulative"),
+                 f"\n## {label}: cProfile, wall {{wall_ms:.1f}} ms")
 
 
 def serve_scenario(hf, args, dev: str, dtype: torch.dtype):

@@ -78,6 +78,31 @@ def sync(dev: str) -> None:
         torch.cuda.synchronize()
 
 
+def cprofiled(fn, top: int, orders: tuple[str, ...], heading: str = "",
+              order_heading: str = "") -> float:
+    """Runs ``fn()`` once under cProfile and prints ``heading`` (formatted with ``wall_ms``),
+    then per sort order of ``orders`` ``order_heading`` (formatted with ``order``) and the
+    ``top`` functions; empty headings are left out. Returns the profiled wall seconds. The
+    benchmarks' one host-profile helper."""
+    import cProfile
+    import pstats
+    import sys
+
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    fn()
+    prof.disable()
+    wall = time.perf_counter() - t0
+    if heading:
+        print(heading.format(wall_ms=1000 * wall), flush=True)
+    for order in orders:
+        if order_heading:
+            print(order_heading.format(order=order), flush=True)
+        pstats.Stats(prof, stream=sys.stdout).sort_stats(order).print_stats(top)
+    return wall
+
+
 # ---- steady-state step measurements (the caller has every request decoding, then drains) --
 def drain(engine) -> None:
     """Step until every request has finished."""

@@ -163,18 +163,14 @@ def gpu_busy(engine, feats, steps: int = 10) -> float:
 
 def host_profile(engine, feats, steps: int = 20) -> None:
     """cProfile of steady decode steps with the filters (host time by function)."""
-    import cProfile
-    import pstats
-
     _steady(engine, feats, True)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(steps):
-        engine.step()
-    prof.disable()
+
+    def run() -> None:
+        for _ in range(steps):
+            engine.step()
+    wg.cprofiled(run, 22, ("cumulative",), f"# host profile of {steps} decode steps "
+                 "(cumulative s):")
     wg.drain(engine)
-    print(f"# host profile of {steps} decode steps (cumulative s):")
-    pstats.Stats(prof).sort_stats("cumulative").print_stats(22)
 
 
 def kernel_table(engine, feats, rows: int, bw: float, steps: int = 10) -> None:
