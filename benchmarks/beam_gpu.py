@@ -71,7 +71,8 @@ def make_requests(engine, feats, n_new: int, beam: int, eos: bool = False
 
 
 def make_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, ps: str,
-                 dev: str, grouped_cross: bool = True, beam_on_device: bool = False):
+                 dev: str, grouped_cross: bool = True, beam_on_device: bool = False,
+                 beam_choice: str = "auto"):
     from edserve.engine.groups import reserved_slots
     from edserve.models.weights import Checkpoint
     from edserve.runtime import build_engine
@@ -86,7 +87,8 @@ def make_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, 
                   encoder_kv=strategy, page_size=ps, max_running_requests=conc * beam,
                   cuda_graph_max_bs=conc * beam, max_total_tokens=conc * per_req + 4096,
                   max_new_tokens=n_max, debug_checks=False,
-                  grouped_cross_attention=grouped_cross, beam_on_device=beam_on_device)
+                  grouped_cross_attention=grouped_cross, beam_on_device=beam_on_device,
+                  beam_choice=beam_choice)
 
 
 def run_ours(engine, feats, n_new: int, beam: int) -> tuple[float, int]:
@@ -207,7 +209,7 @@ def measure(args, hf, procs, arch, conc, spec, dev, dtype, with_hf: bool) -> lis
         torch.cuda.empty_cache()
     engine = make_engine(hf, arch, conc, beam, n_new, strategy, ps, dev,
                           grouped_cross=not args.per_row_cross,
-                          beam_on_device=args.beam_on_device)
+                          beam_on_device=args.beam_on_device, beam_choice=args.beam_choice)
     m = engine.model
     dbytes = torch.empty((), dtype=engine.dtype).element_size()
     slot_bytes = 2 * m.num_kv_layers * m.num_kv_heads * m.head_dim * dbytes
@@ -291,6 +293,9 @@ def main() -> None:
                          "cross-attention kernel), for A/B against the default")
     ap.add_argument("--beam-on-device", action="store_true",
                     help="beams chosen on the device (fixed rows; the host reads done flags)")
+    ap.add_argument("--beam-choice", default="auto", choices=("auto", "triton", "ops"),
+                    help="with --beam-on-device: one Triton launch per step or the tensor ops "
+                         "(--beam-choice of the engine), for A/B")
     ap.add_argument("--eos-timestamps", action="store_true",
                     help="the transcription path: stop at end-of-text (at most --new-tokens), "
                          "prompt <|startoftranscript|>, timestamp rules on (HF not run)")

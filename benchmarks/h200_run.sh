@@ -15,6 +15,7 @@
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
+#   w26-choice (~8 min: the Triton beam choice tested, alone, and in the engine vs the tensor ops), w26-ab (~8 min)
 #   w25-host (~3 min: cProfile of beam and greedy steps), w25-ab (~10 min), w25-prefill (~4 min), w25-logits (~3 min), w25-vocab (~6 min)
 #   w24-attn (~9 min: the Triton vision attention swept, tested, and against HF at 64 image requests), w24-mllama (~8 min), w24-variants (~3 min), w24-strategies (~6 min)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
@@ -136,6 +137,25 @@ for part in "$@"; do
              (cd benchmarks && PYTHONPATH=$pp timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
                --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee -a "$OUT/w25_real_$tree.log" | tail -2)
            done ;;
+    # wave 26: the beam choice as one Triton launch: tests, the choice alone, engine A/B (~8 min)
+    w26-choice) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_beam_choice.py tests/engine/test_beam_device.py \
+             tests/engine/test_beam_run_graph.py tests/engine/test_gpu_beam.py -rs 2>&1 | grep -v "Loading weights" \
+             | tee "$OUT/w26_tests.log" | tail -4
+           timeout 90 python3 benchmarks/beam_choice_gpu.py --groups 16 64 161 2>&1 | tee "$OUT/w26_choice.log"
+           for run in "triton flat:128" "ops flat:128" "triton aligned:128" "ops aligned:128"; do
+             set -- $run
+             echo "--- $1 $2"
+             (cd benchmarks && timeout 120 python3 -W ignore beam_gpu.py --concurrency 64 --configs $2 --beam 5 \
+               --beam-on-device --no-hf --beam-choice $1 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_beam_$1.log" | grep -E "^(flat|aligned)")
+           done ;;
+    # wave 26: more alternating A/B rounds (flat/128), the choice's kernels in a beam step (~8 min)
+    w26-ab) for run in ops triton ops triton; do
+             echo "--- $run"
+             (cd benchmarks && timeout 120 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
+               --beam-on-device --no-hf --beam-choice $run 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_ab_$run.log" | grep -E "^flat")
+           done
+           (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
+             --beam-on-device --no-hf --profile 40 2>&1 | grep -v "custom logits" | tee "$OUT/w26_beam_kernels.log" | tail -45) ;;
     # wave 25: the real path's prefill (64 clips in one step): eager vs encoder graphs at 32 and 64 clips, op table (~4 min)
     w25-prefill) (cd benchmarks && timeout 400 python3 -W ignore prefill_gpu.py --arch large-v3 --batch 32 64 --profile-batch 64 \
              --variants tanh graphs --repeats 3 --rows 25 2>&1 | grep -v "custom logits" | tee "$OUT/w25_prefill.log" | grep -E "^#|^tanh|^graphs") ;;

@@ -266,6 +266,13 @@ class EngineConfig:
         "Default: on where steps overlap (CUDA; measured 1.5-1.8x the host path's beam "
         "throughput on an H200), off on CPU.",
     )
+    beam_choice: str = _f(
+        "auto",
+        "How device beams are chosen each step: triton (one kernel launch per step), ops "
+        "(~230 tensor ops, the reference; any device), or auto (triton on CUDA while every "
+        "admitted beam_size is <= 8, ops otherwise). Both give the same beams bit for bit.",
+        choices=("auto", "triton", "ops"),
+    )
     overlap_schedule: str = _f(
         "auto",
         "Prepare step N+1 on the host while step N runs on the device (SGLang's overlap "

@@ -34,6 +34,8 @@ def check_engine_config(c: Any) -> None:
                          f"got {c.quantization!r}")
     if c.cpu_linear not in CPU_LINEAR_MODES:
         raise ValueError(f"--cpu-linear must be auto, mkl or onednn, got {c.cpu_linear!r}")
+    if c.beam_choice not in ("auto", "triton", "ops"):
+        raise ValueError(f"--beam-choice must be auto, triton or ops, got {c.beam_choice!r}")
     if c.cpu_compile not in ("auto", "on", "off"):
         raise ValueError(f"--cpu-compile must be auto, on or off, got {c.cpu_compile!r}")
     if c.threads is not None and c.threads < 1:

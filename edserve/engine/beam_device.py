@@ -45,6 +45,7 @@ import torch
 
 from edserve.engine.host_copy import to_device
 from edserve.engine.row_group import Finished
+from edserve.kernels import beam_choice as choice_kernel
 
 
 @dataclass
@@ -61,14 +62,26 @@ class BeamBatch:
     """The beam state of up to ``capacity`` groups (see the module doc), one *group slot*
     each: :meth:`admit` starts a group in a slot, :meth:`step` advances every admitted group
     that is not done, :meth:`release` frees the slot. Nothing here waits for the device except
-    :meth:`finished`."""
+    :meth:`finished`.
+
+    ``choice`` names how :meth:`step` runs (:data:`BEAM_CHOICES`): ``"ops"``, the tensor ops of
+    :meth:`step_ops` (any device; the reference), or ``"triton"``, one kernel launch
+    (:mod:`edserve.kernels.beam_choice`: the same results bit for bit) while every admitted
+    beam fits it, else the ops. None: Triton on CUDA, the ops elsewhere."""
 
     def __init__(self, capacity: int, max_beam: int, max_tokens: int,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", choice: str | None = None) -> None:
         if capacity < 1 or max_beam < 1 or max_tokens < 1:
             raise ValueError(f"BeamBatch: capacity, max_beam and max_tokens must be >= 1, got "
                              f"{capacity}, {max_beam}, {max_tokens}")
         dev = self.device = torch.device(device)
+        choice = choice or ("triton" if dev.type == "cuda" else "ops")
+        if choice not in BEAM_CHOICES:
+            raise ValueError(f"unknown beam choice {choice!r}; known: {sorted(BEAM_CHOICES)}")
+        if choice == "triton":
+            choice_kernel.check_device(dev)
+        self.choice = choice
+        self.width = 1  # widest beam admitted so far (host-known: the kernel's shapes)
         G, B, L = self.G, self.B, self.L = capacity, max_beam, max_tokens
         F = self.F = B  # finished buffer; admit() widens it to round(beam * patience)
         i64, f64 = torch.int64, torch.float64
@@ -102,6 +115,7 @@ class BeamBatch:
                              f">= 1, got {beam} * {patience}")
         if max_cand > self.F:
             self._widen(max_cand)
+        self.width = max(self.width, beam)
         if len(stop_ids) > self.stop.shape[1]:  # widen the stop table (host-known shape)
             pad = torch.full((self.G, len(stop_ids) - self.stop.shape[1]), -1,
                              dtype=torch.int64, device=self.device)
@@ -138,6 +152,11 @@ class BeamBatch:
         self.done[slot] = True
         self.live[slot] = False
 
+    def shape_key(self) -> tuple[str, int, int, int]:
+        """Everything the launches of :meth:`step` depend on besides the batch's capacity (a
+        captured graph is valid while it stays the same)."""
+        return self.choice, self.width, self.F, self.stop.shape[1]
+
     def step(self, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor,
              at_limit: torch.Tensor) -> BeamChoice:
         """Rank one step's candidates and rearrange the slots; no host sync.
@@ -146,6 +165,20 @@ class BeamBatch:
         reads its first ``beam + 1``); cand_logprobs: [G, B, T] their log-probabilities (any
         float dtype); at_limit: [G] bool no further step is allowed. Entries of dead slots and
         of groups already done are ignored."""
+        return BEAM_CHOICES[self.choice](self, cand_tokens, cand_logprobs, at_limit)
+
+    def step_triton(self, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor,
+                    at_limit: torch.Tensor) -> BeamChoice:
+        """:meth:`step` as one kernel launch (groups up to ``beam_choice.MAX_WIDTH`` wide)."""
+        if not choice_kernel.fits(self.width):
+            return self.step_ops(cand_tokens, cand_logprobs, at_limit)
+        parents, tokens, lead = choice_kernel.beam_choice(
+            self.tensors(), self.width, cand_tokens, cand_logprobs, at_limit)
+        return BeamChoice(parents, tokens, self.done, lead)
+
+    def step_ops(self, cand_tokens: torch.Tensor, cand_logprobs: torch.Tensor,
+                 at_limit: torch.Tensor) -> BeamChoice:
+        """:meth:`step` as tensor ops (any device)."""
         G, B, L = self.G, self.B, self.L
         T = cand_tokens.shape[2]
         dev = self.live.device
@@ -285,3 +318,7 @@ class BeamBatch:
                                  None if stops[f] != stops[f] else stops[f])
                         for f in range(int(row[0]))])
         return out
+
+
+#: How :meth:`BeamBatch.step` runs, by name (``BeamBatch(choice=...)``).
+BEAM_CHOICES = {"ops": BeamBatch.step_ops, "triton": BeamBatch.step_triton}

@@ -1,12 +1,14 @@
 """How a step's beam choice (:meth:`~edserve.engine.beam_device.BeamBatch.step`) is launched:
 eagerly, or as one CUDA-graph replay.
 
-The choice is ~230 small tensor ops over fixed ``[G, B, ...]`` shapes. Eagerly their launches
-cost the host a few ms per step on the H200, more than the device work (H200, large-v3, 64
-requests x beam 5: GPU busy 52 % of a 15-17 ms step). The shapes depend only on the batch's
-capacity, the finished buffer's width ``F`` and the stop table's width, so one captured graph
-serves every step until a request widens one of them (``patience`` > 1, more stop tokens than
-before); the graph is then captured again (a host sync and an allocator flush, once).
+The choice is ~230 small tensor ops over fixed ``[G, B, ...]`` shapes (or one Triton launch:
+``BeamBatch(choice="triton")``, the default on CUDA). Eagerly the ops' launches cost the host a
+few ms per step on the H200, more than the device work (H200, large-v3, 64 requests x beam 5:
+GPU busy 52 % of a 15-17 ms step). The launches depend only on the batch's capacity and
+:meth:`~edserve.engine.beam_device.BeamBatch.shape_key` (the widest beam, the finished
+buffer's width ``F``, the stop table's width), so one captured graph serves every step until a
+request widens one of them (a wider beam, ``patience`` > 1, more stop tokens than before); the
+graph is then captured again (a host sync and an allocator flush, once).
 
 A stepper owns the step's input buffers (``[G, B, T]`` candidates, ``[G]`` length limits): the
 caller fills them (:meth:`BeamStepper.inputs` resets the candidates to "no candidate"; the
@@ -58,13 +60,13 @@ class GraphBeamStepper(BeamStepper):
             raise ValueError("GraphBeamStepper needs a CUDA device")
         super().__init__(state, T)
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._key: tuple[int, int] | None = None
+        self._key: tuple | None = None
         self._out: BeamChoice | None = None
         self.captures = 0
         self._capture()
 
-    def _shape_key(self) -> tuple[int, int]:
-        return self.state.F, self.state.stop.shape[1]
+    def _shape_key(self) -> tuple:
+        return self.state.shape_key()
 
     @torch.inference_mode()
     def _capture(self) -> None:

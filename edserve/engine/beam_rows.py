@@ -89,9 +89,9 @@ class DeviceBeams:
     """The scheduler's side: group slots, own pages, admission and release of rows."""
 
     def __init__(self, pools: Pools, capacity: int, max_beam: int, max_tokens: int,
-                 stepper: str | None = None) -> None:
+                 stepper: str | None = None, choice: str | None = None) -> None:
         self.pools = pools
-        self.state = BeamBatch(capacity, max_beam, max_tokens, pools.device)
+        self.state = BeamBatch(capacity, max_beam, max_tokens, pools.device, choice)
         # the choice's launches: a CUDA graph on CUDA (beam_graph.make_beam_stepper)
         self.stepper = make_beam_stepper(self.state, max_beam + 1, stepper)
         # run()'s whole work as CUDA graphs where the choice is one (beam_run_graph)

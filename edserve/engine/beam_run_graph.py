@@ -8,12 +8,13 @@ and one beam-5 request spent ~5 ms of host time per step on them against ~1 ms o
 (the packed plan and the candidates into static buffers) and one replay.
 
 A graph is specific to its shapes: the plan's ``(R, P)``, the candidates' width, the choice's
-finished-buffer width and stop table (:class:`~edserve.engine.beam_device.BeamBatch`), and the
-token history it edits. A shape runs eagerly the first time it is seen (the warm-up: kernels
-compiled, lazy library state set up, without running a step twice) and is captured the second
-time, then replayed; at most :data:`MAX_GRAPHS` are kept (least recently used go first). A
-failed capture (it runs nothing) turns the graphs off for good, with a warning; K/V copies
-watched by other ranks (tensor parallel) always run eagerly.
+launches (:meth:`~edserve.engine.beam_device.BeamBatch.shape_key`: its kernel or ops, widest
+beam, finished-buffer width and stop table), and the token history it edits. A shape runs
+eagerly the first time it is seen (the warm-up: kernels compiled, lazy library state set up,
+without running a step twice) and is captured the second time, then replayed; at most
+:data:`MAX_GRAPHS` are kept (least recently used go first). A failed capture (it runs nothing)
+turns the graphs off for good, with a warning; K/V copies watched by other ranks (tensor
+parallel) always run eagerly.
 
 Contract: outputs equal the eager path's (the same ops on the same inputs); the returned done
 flags are valid until the next step's replay (the caller copies them to the host in stream
@@ -70,8 +71,7 @@ class BeamRunGraphs:
              history: TokenHistory) -> tuple:
         """Everything a captured graph's shapes depend on (the packed plan's length follows
         from ``R`` and ``P``)."""
-        st = beams.state
-        return plan.R, plan.P, toks.shape[1], st.F, st.stop.shape[1], id(history)
+        return plan.R, plan.P, toks.shape[1], *beams.state.shape_key(), id(history)
 
     def run(self, beams: DeviceBeams, plan: BeamStepPlan, toks: torch.Tensor,
             lps: torch.Tensor, history: TokenHistory) -> torch.Tensor:

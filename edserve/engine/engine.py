@@ -53,6 +53,7 @@ class Engine:
             mixed_steps=self.config.mixed_steps,
             beam_on_device=self.config.beam_on_device,
             beam_graph=self.config.cuda_graph is not False,  # --no-cuda-graph: eager launches
+            beam_choice=None if self.config.beam_choice == "auto" else self.config.beam_choice,
             admission=AdmissionPolicy(self.config.admission_wait_ms / 1000,
                                       self.config.admission_batch))
         history = TokenHistory(self.pools.req_to_token_pool.size, self.max_decoder_len,

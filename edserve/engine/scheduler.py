@@ -66,6 +66,7 @@ class SchedulerLimits:
     mixed_steps: bool = False  # running rows decode in every prefill step (see schedule)
     beam_on_device: bool = False  # beam groups on fixed rows, chosen on the device
     beam_graph: bool = True  # that choice as a CUDA-graph replay on CUDA (beam_graph.py)
+    beam_choice: str | None = None  # BeamBatch's choice: "triton", "ops"; None: by device
     admission: AdmissionPolicy = AdmissionPolicy()  # hold arrivals to batch their prefill
 
 
@@ -83,7 +84,7 @@ class Scheduler(RowGroupSteps):
         rows = pools.req_to_token_pool.size
         self.beams = DeviceBeams(pools, rows // 2 + 1, min(MAX_GROUP_ROWS, rows),
                                  limits.max_decoder_len,
-                                 None if limits.beam_graph else "eager"
+                                 None if limits.beam_graph else "eager", limits.beam_choice
                                  ) if limits.beam_on_device else None
 
     # ---- queue management -------------------------------------------------------------

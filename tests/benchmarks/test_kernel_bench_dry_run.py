@@ -17,6 +17,15 @@ def test_row_topk_dry_run(capsys):
     assert "torch" in out and "triton default" in out
 
 
+def test_beam_choice_dry_run(capsys):
+    """Both beam choices run the same steps and end in equal states (asserted inside)."""
+    import beam_choice_gpu
+
+    assert beam_choice_gpu.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 |" in out and out.rstrip().endswith("True |")
+
+
 def test_decode_gemm_dry_run(capsys):
     import decode_gemm_gpu
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from beam_candidates import candidates as _candidates
 from cuda_syncs import count_syncs
 
 from edserve.engine.beam_device import BeamBatch
@@ -36,29 +37,11 @@ class _Ops:
         pass
 
 
-def _candidates(gen: torch.Generator, G: int, B: int, T: int, vocab: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[G, B, T] distinct tokens per slot and log-probs best first: quarter steps (ties within
-    and across beams) or continuous, a few trailing ``-inf`` (a filter left fewer choices),
-    a few slots offering only token 0 (a stop token: nothing may be kept)."""
-    toks = torch.stack([torch.randperm(vocab, generator=gen)[:T] for _ in range(G * B)])
-    only_stop = torch.rand(G * B, 1, generator=gen) < 0.2
-    toks[:, :1] = torch.where(only_stop, 0, toks[:, :1])
-    toks[:, 1:] = torch.where(only_stop & (toks[:, 1:] == 0), vocab - 1, toks[:, 1:])
-    steps = -0.25 * torch.randint(0, 12, (G * B, T), generator=gen).float()
-    smooth = -3 * torch.rand(G * B, T, generator=gen)
-    quant = torch.rand(G * B, 1, generator=gen) < 0.6
-    lps = torch.where(quant, steps, smooth).sort(dim=1, descending=True).values
-    cut = torch.randint(1, T + 1, (G * B, 1), generator=gen)
-    cut = torch.where(torch.rand(G * B, 1, generator=gen) < 0.15, cut, T)
-    cut = torch.where(only_stop, 1, cut)
-    lps = lps.masked_fill(torch.arange(T)[None, :] >= cut, float("-inf"))
-    return toks.reshape(G, B, T), lps.reshape(G, B, T)
-
-
-def _replay(seed: int, G: int, device: str = "cpu", stepper: str = "eager") -> int:
+def _replay(seed: int, G: int, device: str = "cpu", stepper: str = "eager",
+            choice: str | None = None) -> int:
     """Replay random steps through both (the device side through the engine's stepper
-    interface: ``stepper`` names it); returns the steps taken (all asserts inside)."""
+    interface: ``stepper`` names it; ``choice``: BeamBatch's); returns the steps taken (all
+    asserts inside)."""
     gen = torch.Generator().manual_seed(seed)
     beams = torch.randint(1, 6, (G,), generator=gen).tolist()
     patience = [None if torch.rand(1, generator=gen) < 0.5 else
@@ -73,7 +56,7 @@ def _replay(seed: int, G: int, device: str = "cpu", stepper: str = "eager") -> i
              for g, (b, s, p) in enumerate(zip(beams, stops, patience, strict=True))]
     ops = _Ops()
     B, T = max(beams), max(beams) + 1
-    dev = BeamBatch(G + 1, B, max(limits) + 1, device=device)  # one slot stays free
+    dev = BeamBatch(G + 1, B, max(limits) + 1, device=device, choice=choice)  # one free
     for g in range(G):
         dev.admit(g, beams[g], patience[g], stops[g])
     run = make_beam_stepper(dev, T, stepper)
@@ -128,6 +111,13 @@ def test_device_ranking_matches_host_beam_search(seed):
     assert _replay(seed, G=6) >= 1
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_triton_choice_matches_host_beam_search(seed):
+    """The one-launch kernel (Triton interpreter on CPU) against the host groups."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    assert _replay(seed, G=6, device=dev, choice="triton") >= 1
+
+
 def test_parents_and_tokens_describe_the_rearrangement():
     """Slot b's new beam is its parent's beam plus its token (the engine's gather plan); a
     beam's first continuation keeps its slot."""
@@ -170,9 +160,10 @@ def test_bad_settings_are_refused_and_slots_are_reused():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_device_step_matches_and_never_syncs():
-    assert _replay(0, G=8, device="cuda") >= 1
-    dev = BeamBatch(64, 5, 448, device="cuda")
+@pytest.mark.parametrize("choice", ["ops", "triton"])
+def test_device_step_matches_and_never_syncs(choice):
+    assert _replay(0, G=8, device="cuda", choice=choice) >= 1
+    dev = BeamBatch(64, 5, 448, device="cuda", choice=choice)
     for g in range(64):
         dev.admit(g, 5, None, frozenset({0}))
     gen = torch.Generator().manual_seed(1)

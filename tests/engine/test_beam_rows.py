@@ -62,12 +62,15 @@ def _run(engine, reqs, check=None):
 @pytest.mark.parametrize("strategy,page_size,kernel", [
     ("flat", "128", False), ("aligned", "16", True), ("ragged", "1", False), ("flat", "64", True)])
 def test_device_beams_equal_host_beams(random_whisper, strategy, page_size, kernel):
-    """``kernel``: the device engine copies K/V through the Triton pair-copy kernel, as on
-    CUDA (its attention stays torch's)."""
+    """``kernel``: the device engine copies K/V through the Triton pair-copy kernel and
+    chooses beams by the Triton beam-choice kernel, as on CUDA (its attention stays torch's)."""
     def engine(on):
         e = build_engine(model=str(random_whisper), page_size=page_size, encoder_kv=strategy,
                          max_running_requests=16, debug_checks=True, beam_on_device=on,
-                         overlap_schedule="on" if on else "off")
+                         overlap_schedule="on" if on else "off",
+                         beam_choice="triton" if on and kernel else "auto")
+        assert e.scheduler.beams is None or \
+            e.scheduler.beams.state.choice == ("triton" if kernel else "ops")
         e.pools.kv_pool.copy_kernel = on and kernel
         return e
 
