@@ -148,14 +148,24 @@ for part in "$@"; do
              (cd benchmarks && timeout 120 python3 -W ignore beam_gpu.py --concurrency 64 --configs $2 --beam 5 \
                --beam-on-device --no-hf --beam-choice $1 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_beam_$1.log" | grep -E "^(flat|aligned)")
            done ;;
-    # wave 26: more alternating A/B rounds (flat/128), the choice's kernels in a beam step (~8 min)
-    w26-ab) for run in ops triton ops triton; do
+    # wave 26: more alternating A/B rounds (aligned/128 x 4, flat/128 x 2), the aligned beam step's kernels (~8 min)
+    w26-ab) timeout 60 python3 -m pytest -q -p no:cacheprovider tests/engine/test_beam_device.py -rs 2>&1 | tail -2
+           for run in "ops aligned:128" "triton aligned:128" "ops aligned:128" "triton aligned:128" "ops flat:128" "triton flat:128"; do
+             set -- $run
+             echo "--- $1 $2"
+             (cd benchmarks && timeout 120 python3 -W ignore beam_gpu.py --concurrency 64 --configs $2 --beam 5 \
+               --beam-on-device --no-hf --beam-choice $1 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_ab_$1.log" | grep -E "^(flat|aligned|# large)" | cut -c1-330)
+           done
+           (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs aligned:128 --beam 5 \
+             --beam-on-device --no-hf --profile 30 2>&1 | grep -v "custom logits" | tee "$OUT/w26_beam_kernels.log" | grep -c .) ;;
+    # wave 26: decoder self-attention kernels at decode shapes; beam 5 on the transcription path, both choices (~4 min)
+    w26-self) (cd benchmarks && timeout 90 python3 self_attn_decode_gpu.py --rows 64 320 2>&1 | tee "$OUT/w26_self_attn.log")
+           for run in ops triton; do
              echo "--- $run"
              (cd benchmarks && timeout 120 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
-               --beam-on-device --no-hf --beam-choice $run 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_ab_$run.log" | grep -E "^flat")
-           done
-           (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
-             --beam-on-device --no-hf --profile 40 2>&1 | grep -v "custom logits" | tee "$OUT/w26_beam_kernels.log" | tail -45) ;;
+               --beam-on-device --eos-timestamps --beam-choice $run 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_eos_$run.log" \
+               | grep -E "^(flat|# large)" | cut -c1-330)
+           done ;;
     # wave 25: the real path's prefill (64 clips in one step): eager vs encoder graphs at 32 and 64 clips, op table (~4 min)
     w25-prefill) (cd benchmarks && timeout 400 python3 -W ignore prefill_gpu.py --arch large-v3 --batch 32 64 --profile-batch 64 \
              --variants tanh graphs --repeats 3 --rows 25 2>&1 | grep -v "custom logits" | tee "$OUT/w25_prefill.log" | grep -E "^#|^tanh|^graphs") ;;

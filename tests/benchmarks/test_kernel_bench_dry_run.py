@@ -26,6 +26,14 @@ def test_beam_choice_dry_run(capsys):
     assert "| 2 |" in out and out.rstrip().endswith("True |")
 
 
+def test_self_attn_decode_dry_run(capsys):
+    """The paged kernel at both key-block caps is checked against the flat kernel."""
+    import self_attn_decode_gpu
+
+    assert self_attn_decode_gpu.main(["--dry-run"]) == 0
+    assert "| 3 |" in capsys.readouterr().out
+
+
 def test_decode_gemm_dry_run(capsys):
     import decode_gemm_gpu
 
