@@ -296,6 +296,10 @@ def main() -> None:
     ap.add_argument("--beam-choice", default="auto", choices=("auto", "triton", "ops"),
                     help="with --beam-on-device: one Triton launch per step or the tensor ops "
                          "(--beam-choice of the engine), for A/B")
+    ap.add_argument("--copy-whole-tail", action="store_true",
+                    help="with --beam-on-device: a moved beam row copies its parent's whole "
+                         "partial page (the path before wave 26), for A/B against copying from "
+                         "the first token the two sequences do not share")
     ap.add_argument("--eos-timestamps", action="store_true",
                     help="the transcription path: stop at end-of-text (at most --new-tokens), "
                          "prompt <|startoftranscript|>, timestamp rules on (HF not run)")
@@ -311,6 +315,10 @@ def main() -> None:
 
         sampler._topk_rows = lambda logits, rows, k: torch.topk(  # the path before wave 21
             logits.index_select(0, rows), k, dim=-1)
+    if args.copy_whole_tail:
+        from edserve.engine.beam_rows import DeviceBeams
+
+        DeviceBeams.copy_start = staticmethod(lambda plan, parents, history: plan.dec_start)
     dev = "cpu" if args.dry_run else "cuda"
     if args.eos_timestamps:
         MODE["timestamps"], args.no_hf = True, True

@@ -166,6 +166,15 @@ for part in "$@"; do
                --beam-on-device --eos-timestamps --beam-choice $run 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_eos_$run.log" \
                | grep -E "^(flat|# large)" | cut -c1-330)
            done ;;
+    # wave 26: beam rows copy K/V only past the tokens they share with their parent, A/B (~6 min)
+    w26-tail) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_beam.py tests/engine/test_beam_rows.py -rs 2>&1 \
+             | grep -v "Loading weights" | tee "$OUT/w26_tail_tests.log" | tail -2
+           for run in "--copy-whole-tail flat:128" "- flat:128" "--copy-whole-tail flat:128" "- flat:128" "--copy-whole-tail aligned:128" "- aligned:128"; do
+             set -- $run; flag=$1; [ "$flag" = "-" ] && flag=""
+             echo "--- ${flag:-shared} $2"
+             (cd benchmarks && timeout 100 python3 -W ignore beam_gpu.py --concurrency 64 --configs $2 --beam 5 \
+               --beam-on-device --no-hf $flag 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_tail.log" | grep -E "^(flat|aligned|# large)" | cut -c1-330)
+           done ;;
     # wave 25: the real path's prefill (64 clips in one step): eager vs encoder graphs at 32 and 64 clips, op table (~4 min)
     w25-prefill) (cd benchmarks && timeout 400 python3 -W ignore prefill_gpu.py --arch large-v3 --batch 32 64 --profile-batch 64 \
              --variants tanh graphs --repeats 3 --rows 25 2>&1 | grep -v "custom logits" | tee "$OUT/w25_prefill.log" | grep -E "^#|^tanh|^graphs") ;;

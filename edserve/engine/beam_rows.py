@@ -82,7 +82,7 @@ class BeamStepPlan:
     b: torch.Tensor  # [P] slot in the group
     row_of: torch.Tensor  # [capacity, B] int64 row of each (group, slot) of these groups
     lengths: torch.Tensor  # [P] filled columns after this step's write
-    dec_start: torch.Tensor  # [P] first column whose K/V a reorder copies (0: the prefill)
+    dec_start: torch.Tensor  # [P] first decoder column (0: the prefill step: copy everything)
 
 
 class DeviceBeams:
@@ -240,6 +240,22 @@ class DeviceBeams:
             return self.graphs.run(self, plan, toks, lps, history)
         return self.apply(plan, toks, lps, history)
 
+    @staticmethod
+    def copy_start(plan: BeamStepPlan, parent_rows: torch.Tensor,
+                   history: TokenHistory) -> torch.Tensor:
+        """[P] the first column whose K/V a row that takes ``parent_rows``' sequence must copy:
+        past the tokens the two sequences share. Column ``c`` holds the K/V of the sequence's
+        ``c``-th token, written once by the row that first held that prefix and copied
+        unchanged to every row that took it since (forks share the prompt, reorders copy), so
+        two rows of a group hold bit-identical K/V wherever their tokens agree. The history's
+        last token (this step's pick, not yet written) is not counted. A group's first step
+        (``dec_start`` 0: the followers' private pages still empty) copies everything."""
+        n = history.lengths.index_select(0, plan.rows) - 1  # [P] sampled tokens with K/V
+        shared = history.common_prefix(plan.rows, parent_rows, n)
+        first_diff = plan.lengths - n + shared  # column of the first token that differs
+        return torch.where(plan.dec_start > 0, torch.maximum(plan.dec_start, first_diff),
+                           plan.dec_start)
+
     def apply(self, plan: BeamStepPlan, toks: torch.Tensor, lps: torch.Tensor,
               history: TokenHistory, captured: bool = False) -> torch.Tensor:
         """:meth:`run`'s work, eagerly (``captured``: inside a graph capture, so the choice
@@ -256,7 +272,7 @@ class DeviceBeams:
         parent_rows = plan.row_of[plan.g, par]
         kv = self.pools.kv_pool
         reorder_rows(self.pools.req_to_token_pool.req_to_token, kv, plan.rows, parent_rows,
-                     plan.lengths, plan.dec_start)
+                     plan.lengths, self.copy_start(plan, parent_rows, history))
         going = first >= 0  # [P] the group goes on
         last = torch.where(going, choice.tokens[plan.g, plan.b], history.last(plan.rows))
         history.reorder(plan.rows, torch.where(going, parent_rows, plan.rows), last)

@@ -83,6 +83,17 @@ class TokenHistory:
         self.tokens.index_copy_(0, rows, toks)
         self.lengths.index_copy_(0, rows, lens)
 
+    def common_prefix(self, rows: torch.Tensor, others: torch.Tensor,
+                      upto: torch.Tensor) -> torch.Tensor:
+        """[P] how many leading tokens row ``rows[i]`` shares with row ``others[i]``, counting
+        at most ``upto[i]`` columns ([P] int64 each; device ops only)."""
+        a = self.tokens.index_select(0, rows)  # [P, max_tokens]
+        b = self.tokens.index_select(0, others)
+        col = torch.arange(self.max_tokens, device=a.device)[None, :]
+        differ = (a != b) | (col >= upto[:, None])  # [P, max_tokens]; True at `upto` at least
+        first = torch.where(differ, col, self.max_tokens).amin(1)
+        return torch.minimum(first, upto.clamp(min=0))
+
     def view(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(history [B, max_tokens], lengths [B]) of ``rows``."""
         return self.tokens[rows], self.lengths[rows]

@@ -241,3 +241,32 @@ def test_device_beams_reuse_and_keep_encoder_regions(random_whisper):
         assert e.pools.allocator.num_used() == 0
         tokens.append([o.token_ids for o in outs])
     assert tokens[0] == tokens[1]
+
+
+def test_reorders_copy_only_the_columns_past_the_shared_tokens(random_whisper, monkeypatch):
+    """A moved row copies its parent's K/V only from the first token their sequences do not
+    share (the rest is already bit-identical): the same tokens as copying the whole partial
+    page, with fewer copied slots."""
+    from edserve.engine.beam_rows import DeviceBeams
+
+    def run(whole_tail: bool):
+        if whole_tail:
+            monkeypatch.setattr(DeviceBeams, "copy_start",
+                                staticmethod(lambda plan, parents, history: plan.dec_start))
+        e = build_engine(model=str(random_whisper), page_size="128", encoder_kv="flat",
+                         max_running_requests=16, debug_checks=True, beam_on_device=True,
+                         overlap_schedule="on")
+        pool, copied = e.pools.kv_pool, []
+        real = pool.copy_slots
+
+        def counting(src, dst):
+            copied.append(int((src != dst).sum()))
+            real(src, dst)
+        pool.copy_slots = counting
+        return _run(e, _requests()), sum(copied)
+
+    fewer, n_fewer = run(False)
+    whole, n_whole = run(True)
+    for a, b in zip(fewer, whole, strict=True):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+    assert 0 < n_fewer < n_whole
