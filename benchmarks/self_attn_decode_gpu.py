@@ -1,7 +1,8 @@
 """Decoder self-attention of a decode step on the GPU: the paged kernel (what ``aligned`` runs)
 at key blocks of 128 and 64 against the flat kernel (what ``flat`` runs), on the same K/V.
 
-Rows as in a large-v3 decode step (20 heads x 64, one query each) with decoder histories of
+``--variants`` sweeps the paged kernel's key-block cap, warps and stages. Rows as in a large-v3
+decode step (20 heads x 64, one query each) with decoder histories of
 4..``--max-len`` keys in pages of 128 (a row's pages at random places in the pool). Each
 variant's output is checked against the flat kernel's before it is timed. One layer's call,
 median us (``triton.testing.do_bench``), and the bytes of K/V it must read at the copy rate.
@@ -26,12 +27,16 @@ from edserve.kernels import paged_attention as paged  # noqa: E402
 from edserve.kernels.flat_attention import flat_attention  # noqa: E402
 
 
-def with_block_n(cap: int):
-    """The paged kernel's tile choice with key blocks capped at ``cap``."""
+def with_tiles(cap: int, warps: int | None = None, stages: int | None = None):
+    """The paged kernel's tile choice with key blocks capped at ``cap`` (and, if given, its
+    warps and pipeline stages)."""
     orig = paged.tile_config
 
     def capped(block_m, block_d, dtype, want_n):
-        return orig(block_m, block_d, dtype, min(want_n, cap))
+        block_n, cfg = orig(block_m, block_d, dtype, min(want_n, cap))
+        cfg = dict(cfg, **({"num_warps": warps} if warps else {}),
+                   **({"num_stages": stages} if stages else {}))
+        return block_n, cfg
     return capped
 
 
@@ -67,18 +72,19 @@ def measure(rows: int, args, dev: torch.device, shape: tuple, dtype, bench, gbs:
 
     ref = flat().float()
     us, diff = {}, 0.0
-    for name, cap in (("128", 128), ("64", 64)):
+    for spec in args.variants:
+        cap, warps, stages = (int(x) for x in (spec.split(":") + ["0", "0"])[:3])
         orig = paged.tile_config
-        paged.tile_config = with_block_n(cap)
+        paged.tile_config = with_tiles(cap, warps, stages)
         try:
             diff = max(diff, (paged_call().float() - ref).abs().max().item())
-            us[name] = 1000 * bench(paged_call)
+            us[spec] = 1000 * bench(paged_call)
         finally:
             paged.tile_config = orig
     us["flat"] = 1000 * bench(flat)
     floor = nbytes / (gbs * 1e9) * 1e6
-    print(f"| {rows} | {nbytes / 1e6:.1f} | {floor:.1f} | {us['flat']:.1f} | {us['128']:.1f} | "
-          f"{us['64']:.1f} | {diff:.2e} |", flush=True)
+    print(f"| {rows} | {nbytes / 1e6:.1f} | {floor:.1f} | {us['flat']:.1f} | "
+          + " | ".join(f"{us[v]:.1f}" for v in args.variants) + f" | {diff:.2e} |", flush=True)
     assert diff < (1e-4 if args.dry_run else 2e-2), diff
 
 
@@ -86,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="+", type=int, default=[64, 320])
     ap.add_argument("--max-len", type=int, default=104, help="longest decoder history")
+    ap.add_argument("--variants", nargs="+", default=["128", "64"],
+                    help="paged-kernel tiles: key-block cap[:warps[:stages]] (0: the default)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     dev = torch.device("cpu" if args.dry_run else "cuda")
@@ -97,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     gbs = copy_gbs(dev, bench, args.dry_run)
     print(f"# {device_label(dev)}: {shape[0]} heads x {shape[1]}, pages of {shape[2]}, "
           f"histories 4..{args.max_len} keys, copy {gbs:.0f} GB/s")
-    print("| rows | K/V MB | floor us | flat us | paged blocks 128 us | paged blocks 64 us | "
-          "max diff |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| rows | K/V MB | floor us | flat us | " + " | ".join(
+        f"paged {v} us" for v in args.variants) + " | max diff |")
+    print("|---:|---:|---:|---:|" + "---:|" * len(args.variants) + "---:|")
     for rows in args.rows:
         measure(rows, args, dev, shape, dtype, bench, gbs)
     return 0
