@@ -175,6 +175,15 @@ for part in "$@"; do
              (cd benchmarks && timeout 100 python3 -W ignore beam_gpu.py --concurrency 64 --configs $2 --beam 5 \
                --beam-on-device --no-hf $flag 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_tail.log" | grep -E "^(flat|aligned|# large)" | cut -c1-330)
            done ;;
+    # wave 26: the paged kernel's decode tiles (64-key blocks, 2 warps), A/B against _ab/before on aligned/128 (~7 min)
+    w26-paged) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention.py tests/engine/test_gpu.py -rs 2>&1 \
+             | grep -v "Loading weights" | tee "$OUT/w26_paged_tests.log" | tail -2
+           for tree in after before after2 before2; do
+             pp=$PYTHONPATH; case $tree in before*) pp=$PWD/_ab/before:/tmp/site ;; esac
+             echo "--- $tree"
+             (cd benchmarks && PYTHONPATH=$pp timeout 100 python3 -W ignore beam_gpu.py --concurrency 64 --configs aligned:128 --beam 5 \
+               --beam-on-device --no-hf 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_paged_$tree.log" | grep -E "^(aligned|# large)" | cut -c1-330)
+           done ;;
     # wave 25: the real path's prefill (64 clips in one step): eager vs encoder graphs at 32 and 64 clips, op table (~4 min)
     w25-prefill) (cd benchmarks && timeout 400 python3 -W ignore prefill_gpu.py --arch large-v3 --batch 32 64 --profile-batch 64 \
              --variants tanh graphs --repeats 3 --rows 25 2>&1 | grep -v "custom logits" | tee "$OUT/w25_prefill.log" | grep -E "^#|^tanh|^graphs") ;;

@@ -37,6 +37,12 @@ from edserve.kernels.common import (
 
 SUPPORTED_PAGE_SIZES: tuple[int, ...] = (16, 32, 64, 128, 256)
 MIN_BLOCK_N = 64  # pages smaller than this are read several per step
+# Decode self-attention of one-query rows without GQA (Whisper's decoder): key blocks of 64
+# and 2 warps, whatever the page size. H200, large-v3 shapes, histories of 4..104 keys in
+# 128-slot pages, one layer (benchmarks/self_attn_decode_gpu.py, wave 26): 320 rows 68.7 ->
+# 49.3 us (the flat kernel: 49.0), 64 rows 21.4 -> 16.2 (within that size's noise). Other
+# shapes keep tile_config's choice until measured.
+DECODE_TILES = (64, 2)
 
 
 def supported_page_sizes(restrict: tuple[int, ...] | None = None) -> tuple[int, ...]:
@@ -159,7 +165,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     block_m, qpb = block_m_for(max_q, G)
     n_qblk = triton.cdiv(max_q, qpb)
     block_d = max(16, triton.next_power_of_2(D))
-    block_n, cfg = tile_config(block_m, block_d, q.dtype, max(page_size, MIN_BLOCK_N))
+    decode = bool(causal) and G == 1 and block_m == 16 and q.dtype != torch.float32
+    want_n = DECODE_TILES[0] if decode else max(page_size, MIN_BLOCK_N)
+    block_n, cfg = tile_config(block_m, block_d, q.dtype, want_n)
+    if decode:
+        cfg = dict(cfg, num_warps=DECODE_TILES[1])
     if num_splits is None:
         num_splits = choose_num_splits(B * Hkv * n_qblk, page_table.shape[1] * page_size,
                                        block_n, q.device, bool(causal))

@@ -165,6 +165,18 @@ def test_half_precision(dtype):
     check(out, reference(a, True, 64), tol=2e-2)
 
 
+@pytest.mark.parametrize("ps", [16, 128, 256])
+def test_decode_self_attention_tiles(ps):
+    """Whisper's decode self-attention (bf16, one query a row, no GQA) runs 64-key blocks
+    whatever the page size (a 128- or 256-slot page in slices, 16-slot pages four a block):
+    the same values as the float64 reference, with split-KV too."""
+    a = make_paged([0, 1, 63, 64, ps + 5, 2 * ps + 70], [1] * 6, ps, hq=3, hkv=3, d=64,
+                   dtype=torch.bfloat16, seed=ps + 1)
+    ref = reference(a, True, ps)
+    for splits in (None, 3):
+        check(run(a, True, ps, num_splits=splits), ref, tol=2e-2)
+
+
 def test_strided_q_and_out():
     a = make_paged([10, 70], [3, 2], 16, hq=4, hkv=2, d=32, seed=5)
     qkv = torch.randn(a["q"].shape[0], 8, 32)
