@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 import torch
 
-from edserve.engine.beam_device import BeamBatch, BeamChoice
+from edserve.engine.beam_choices import BeamChoice
+from edserve.engine.beam_device import BeamBatch
 from edserve.engine.graph_capture import capture
 
 

@@ -1,9 +1,9 @@
 """One Triton program per beam group: a device beam step's whole choice in one launch.
 
-The tensor-op version (:meth:`edserve.engine.beam_device.BeamBatch.step_ops`, the reference
+The tensor-op version (:func:`edserve.engine.beam_choices.choose_by_ops`, the reference
 and the CPU path) is ~230 small launches over ``[G, B, ...]`` shapes; even replayed as a CUDA
-graph they cost ~0.5 ms of a ~10 ms beam step on the H200 (large-v3, 64 requests x beam 5:
-benchmarks/RESULTS.md, waves 24-25), nearly all of it launch gaps. Here program ``g`` reads
+graph (194 kernels) they took 449 us of a ~10 ms beam step on the H200, this kernel 15.6 us
+(64 groups of beam 5: benchmarks/RESULTS.md, wave 26). Here program ``g`` reads
 group ``g``'s candidates and state once and writes the same results, bit for bit:
 
 * candidate ``i`` is member ``k = i // T`` (slot ``rank_slot[g, k]``) and top-k place
@@ -13,7 +13,7 @@ group ``g``'s candidates and state once and writes the same results, bit for bit
   score is larger, or equal with a smaller index); every running count of the tensor-op
   version ("kept so far, this one included") is then a row sum of that matrix;
 * the new beams are picked by rank and given slots by ``[B, B]`` comparisons, as
-  ``BeamBatch._assign_slots`` does with scatters and cumulative sums;
+  ``beam_choices._assign_slots`` does with scatters and cumulative sums;
 * token histories (``[B, L]`` per group) move in column blocks: a block is loaded whole,
   then a CTA barrier, then stored, so no slot is overwritten before every slot has read it;
   the finished buffer copies its source beams before the first move (another barrier).
@@ -204,7 +204,7 @@ def beam_choice(state: dict[str, torch.Tensor], width: int, cand_tokens: torch.T
     cand_tokens ``[G, B, T]`` int64, cand_logprobs ``[G, B, T]`` (any float dtype; same
     strides as the tokens), at_limit ``[G]`` bool; ``width``: the widest beam admitted
     (``fits(width)``, ``T > width``). Returns ``parents [G, B]``, ``tokens [G, B]`` (int64) and
-    ``lead [G]``, as ``BeamBatch.step_ops`` does."""
+    ``lead [G]``, as ``beam_choices.choose_by_ops`` does."""
     live = state["live"]
     G, B = live.shape
     L, F, S = state["tokens"].shape[2], state["fin_tokens"].shape[1], state["stop"].shape[1]

@@ -1,10 +1,10 @@
 """The one-launch beam choice (:mod:`edserve.kernels.beam_choice`, Triton interpreter on CPU)
-against the tensor-op version it replaces (``BeamBatch.step_ops``, itself checked against the
-host's openai-whisper beam search in tests/engine/test_beam_device.py): after every step of a
-random replay the outputs and *every* state tensor must be equal bit for bit, including dead
-slots, the finished buffer and the token histories, at state widths 3 and 16 (the engine's),
-beams 1..8, patience, several stop tokens, length limits and filtered candidates. On a machine
-with CUDA the same tests run the compiled kernel."""
+against the tensor-op version it replaces (``beam_choices.choose_by_ops``, itself checked
+against the host's openai-whisper beam search in tests/engine/test_beam_device.py): after every
+step of a random replay the outputs and *every* state tensor must be equal bit for bit,
+including dead slots, the finished buffer and the token histories, at state widths 3 and 16 (the
+engine's), beams 1..8, patience, several stop tokens, length limits and filtered candidates. On
+a machine with CUDA the same tests run the compiled kernel."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ def test_forked_rows_get_private_tails_filled_by_the_first_reorder(ps, enc, prom
 
 
 def beam_parents(gen: torch.Generator, B: int) -> list[int]:
-    """Parents as beam choice makes them (``BeamBatch._assign_slots``): random sources, each
+    """Parents as beam choice makes them (``beam_choices._assign_slots``): random sources, each
     source's first continuation keeps its slot, the forks take the free slots, so no moved
     row is another row's parent (the copy kernel's no-overlap rule)."""
     parents: list[int | None] = [None] * B
