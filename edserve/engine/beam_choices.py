@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from edserve.kernels import beam_choice as choice_kernel
-
 if TYPE_CHECKING:
     from edserve.engine.beam_device import BeamBatch
 
@@ -35,6 +33,8 @@ def choose_by_kernel(st: BeamBatch, cand_tokens: torch.Tensor,
                      cand_logprobs: torch.Tensor, at_limit: torch.Tensor) -> BeamChoice:
     """The step as one Triton launch (:mod:`edserve.kernels.beam_choice`) while the widest
     admitted beam fits it (``MAX_WIDTH``), else :func:`choose_by_ops`."""
+    from edserve.kernels import beam_choice as choice_kernel  # triton: imported when used
+
     if not choice_kernel.fits(st.width):
         return choose_by_ops(st, cand_tokens, cand_logprobs, at_limit)
     parents, tokens, lead = choice_kernel.beam_choice(
@@ -177,5 +177,7 @@ def check_choice(name: str, device: torch.device) -> str:
     if name not in BEAM_CHOICES:
         raise ValueError(f"unknown beam choice {name!r}; known: {sorted(BEAM_CHOICES)}")
     if name == "triton":
-        choice_kernel.check_device(device)
+        from edserve.kernels.beam_choice import check_device
+
+        check_device(device)
     return name

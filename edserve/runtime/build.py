@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from edserve.config import EngineConfig
+from edserve.engine.beam_choices import check_choice
 from edserve.engine.cpu_compile import CompiledDecodeRunner
 from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.engine import Engine
@@ -54,6 +55,8 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
     """
     config = (config or EngineConfig()).replace(**overrides)
     s = resolve_settings(config)
+    if config.beam_choice != "auto":  # e.g. triton on a CPU: said now, not at the first beam
+        check_choice(config.beam_choice, s.device)
     if config.tensor_parallel_size > 1:  # rank 0 of a tensor-parallel group
         # imported here: it brings the Mllama model (~0.2 s of a Whisper CLI's start-up)
         from edserve.parallel import build_sharded_model
