@@ -15,7 +15,8 @@
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
-#   w26-choice (~8 min: the Triton beam choice tested, alone, and in the engine vs the tensor ops), w26-ab (~8 min)
+#   w26-choice (~8 min: the Triton beam choice tested, alone, and in the engine vs the tensor ops), w26-ab (~8 min),
+#   w26-self (~4 min), w26-tail (~6 min), w26-paged (~7 min), w26-final (~2 min: GPU tests of the wave's changes)
 #   w25-host (~3 min: cProfile of beam and greedy steps), w25-ab (~10 min), w25-prefill (~4 min), w25-logits (~3 min), w25-vocab (~6 min)
 #   w24-attn (~9 min: the Triton vision attention swept, tested, and against HF at 64 image requests), w24-mllama (~8 min), w24-variants (~3 min), w24-strategies (~6 min)
 #   w17-attn (~1 min: SDPA backends at native vs zero-padded head dims), w17-ab (~7 min: audio jobs from the event loop vs the process pool), w17-long (~4 min), w17-soak (~3 min)
@@ -184,6 +185,10 @@ for part in "$@"; do
              (cd benchmarks && PYTHONPATH=$pp timeout 100 python3 -W ignore beam_gpu.py --concurrency 64 --configs aligned:128 --beam 5 \
                --beam-on-device --no-hf 2>&1 | grep -v "custom logits" | tee -a "$OUT/w26_paged_$tree.log" | grep -E "^(aligned|# large)" | cut -c1-330)
            done ;;
+    # wave 26: the final tree's GPU tests of what the wave touched (~2 min)
+    w26-final) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_beam_choice.py tests/engine/test_beam_device.py \
+             tests/engine/test_beam_run_graph.py tests/engine/test_gpu_beam.py tests/kernels/test_paged_attention.py \
+             tests/runtime/test_build_imports.py -rs 2>&1 | grep -v "Loading weights" | tee "$OUT/w26_final_tests.log" | tail -3 ;;
     # wave 25: the real path's prefill (64 clips in one step): eager vs encoder graphs at 32 and 64 clips, op table (~4 min)
     w25-prefill) (cd benchmarks && timeout 400 python3 -W ignore prefill_gpu.py --arch large-v3 --batch 32 64 --profile-batch 64 \
              --variants tanh graphs --repeats 3 --rows 25 2>&1 | grep -v "custom logits" | tee "$OUT/w25_prefill.log" | grep -E "^#|^tanh|^graphs") ;;

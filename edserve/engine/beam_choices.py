@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from edserve.engine.beam_device import BeamBatch
+# The state these functions read and update: edserve.engine.beam_device.BeamBatch, which
+# imports this module (its step dispatches here), so it is typed Any here.
+BeamBatch = Any
 
 
 @dataclass
