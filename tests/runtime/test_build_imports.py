@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 
-def test_a_cpu_engine_does_not_import_triton():
+def test_a_cpu_engine_does_not_import_triton(random_whisper):
     code = ("import sys\nfrom edserve.runtime import build_engine\n"
-            "e = build_engine(device='cpu', beam_on_device=True)\n"
+            f"e = build_engine(model={str(random_whisper)!r}, device='cpu', beam_on_device=True)\n"
             "assert e.scheduler.beams.state.choice == 'ops'\n"
             "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith('triton.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
