@@ -165,7 +165,7 @@ class Scheduler(RowGroupSteps):
                    prompt: torch.Tensor | None = None, new_rows: int = 0) -> ScheduledBatch:
         """The step's hand-off, carrying the row groups' pending history edits."""
         edits, self._edits = self._edits, HistoryEdits()
-        groups = {id(r.group): r for r in reqs if r.group is not None}  # one row per group
+        groups = {r.group.id: r for r in reqs if r.group is not None}  # one row per group
         sched = ScheduledBatch(mode, reqs, batch, plan, prompt,
                                history_edits=edits if edits else None,
                                sync_update=any(not r.group.on_device for r in groups.values()))
