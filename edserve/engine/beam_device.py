@@ -170,4 +170,3 @@ class BeamBatch:
                                  None if stops[f] != stops[f] else stops[f])
                         for f in range(int(row[0]))])
         return out
-
