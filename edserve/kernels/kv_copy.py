@@ -8,9 +8,12 @@ into a temporary, then the scatter; ``index_put`` ran at ~0.8 TB/s on the H200, 
 ``kv_write``). Large-v3 at 320 beam rows and page 128 has 40,640 pairs x 32 layers x K and V
 (6.7 GB of pairs a step, each moved twice: ~27 GB of index-op traffic), by its bytes the bulk
 of why its device-beam step measured 47 ms against the host-chosen beams' 22 ms
-(benchmarks/RESULTS.md, wave 5); most pairs are padding. Here a program copies
-``ROWS`` pairs x ``BLOCK_W`` columns with one index load per pair, and a padding pair's
-masked load and store touch no memory: the cost follows the slots really copied.
+(benchmarks/RESULTS.md, wave 5); most pairs are padding. Here a program takes ``ROWS``
+pairs, returns at once when none of them moves, and otherwise copies the moving ones'
+whole rows in ``BLOCK_W``-column steps; a padding pair's masked load and store touch no
+memory. The first version ran a program per 8 pairs x 256 columns: 25,400 programs a layer
+at 320 rows, almost all of them finding only padding, 0.52 ms a large-v3 beam step on the
+H200 (wave 26) whatever was copied; programs of 64 pairs that stop early are 20x fewer.
 
 A bit copy: the caller passes integer views of the buffers (any float dtype, float8
 included). Pairs must not overlap (no ``dst`` is another pair's ``src``; the programs run in
@@ -26,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+ROWS = 64  # pairs a program (a beam reorder's row has page_size - 1 pairs)
+BLOCK_W = 128  # columns a copy step: [64, 128] elements over 8 warps
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -37,15 +42,19 @@ def _copy_kv_rows_kernel(
     WIDTH: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS]
-    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)  # [BLOCK_W]
     row_ok = rows < n_rows
     src = tl.load(Src + rows, mask=row_ok, other=0).to(tl.int64)
     dst = tl.load(Dst + rows, mask=row_ok, other=0).to(tl.int64)
-    mask = (row_ok & (src != dst))[:, None] & (cols[None, :] < WIDTH)  # [ROWS, BLOCK_W]
-    s = src[:, None] * WIDTH + cols[None, :]
-    d = dst[:, None] * WIDTH + cols[None, :]
-    tl.store(K + d, tl.load(K + s, mask=mask), mask=mask)
-    tl.store(V + d, tl.load(V + s, mask=mask), mask=mask)
+    moves = row_ok & (src != dst)  # [ROWS]
+    if tl.max(moves.to(tl.int32), 0) == 0:  # only padding (most programs of a beam step)
+        return
+    for w0 in range(0, WIDTH, BLOCK_W):
+        cols = w0 + tl.arange(0, BLOCK_W)  # [BLOCK_W]
+        mask = moves[:, None] & (cols[None, :] < WIDTH)  # [ROWS, BLOCK_W]
+        s = src[:, None] * WIDTH + cols[None, :]
+        d = dst[:, None] * WIDTH + cols[None, :]
+        tl.store(K + d, tl.load(K + s, mask=mask), mask=mask)
+        tl.store(V + d, tl.load(V + s, mask=mask), mask=mask)
 
 
 def _bits(buf: torch.Tensor) -> torch.Tensor:
@@ -54,21 +63,23 @@ def _bits(buf: torch.Tensor) -> torch.Tensor:
     return buf.view(_BITS[buf.element_size()]).view(buf.shape[0], -1)
 
 
-def copy_kv_rows(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor,
-                 dst: torch.Tensor) -> None:
+def copy_kv_rows(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, *,
+                 rows: int | None = None, block_w: int | None = None) -> None:
     """``k[dst[i]] = k[src[i]]``, ``v[dst[i]] = v[src[i]]`` (bit-exact; pairs with
     ``src == dst`` are skipped). k, v: ``[slots, H, D]`` contiguous, one dtype; src, dst:
     ``[N]`` int64 on their device (the caller checks bounds and that no ``dst`` is a
-    ``src``). One launch for K and V."""
+    ``src``). One launch for K and V. ``rows`` / ``block_w`` override the launch shape
+    (:data:`ROWS`, :data:`BLOCK_W`; powers of two) for benchmarks."""
     n = src.shape[0]
     if n == 0:
         return
     kb, vb = _bits(k), _bits(v)
     width = kb.shape[1]
     if os.environ.get("TRITON_INTERPRET") == "1":  # few large programs: cheap to interpret
-        rows, block_w = 512, triton.next_power_of_2(width)
+        rows, block_w, warps = 512, triton.next_power_of_2(width), 4
     else:
-        rows, block_w = 8, min(256, triton.next_power_of_2(width))
-    grid = (triton.cdiv(n, rows), triton.cdiv(width, block_w))
-    _copy_kv_rows_kernel[grid](kb, vb, src.contiguous(), dst.contiguous(), n, WIDTH=width,
-                               ROWS=rows, BLOCK_W=block_w)
+        rows = rows or ROWS
+        block_w, warps = min(block_w or BLOCK_W, triton.next_power_of_2(width)), 8
+    _copy_kv_rows_kernel[(triton.cdiv(n, rows),)](
+        kb, vb, src.contiguous(), dst.contiguous(), n, WIDTH=width, ROWS=rows,
+        BLOCK_W=block_w, num_warps=warps)
