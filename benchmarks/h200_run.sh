@@ -15,7 +15,7 @@
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
-#   w27-tests (~3 min: grouped self-attention tested and timed alone), w27-ab (~5 min, W27_CONFIG=flat:128|aligned:128), w27-profile (~4 min)
+#   w27-tests (~3 min: grouped self-attention tested and timed alone), w27-bench (~1.5 min), w27-ab (~5 min, W27_CONFIG=flat:128|aligned:128), w27-profile (~4 min)
 #   w26-choice (~8 min: the Triton beam choice tested, alone, and in the engine vs the tensor ops), w26-ab (~8 min),
 #   w26-self (~4 min), w26-tail (~6 min), w26-paged (~7 min), w26-final (~2 min: GPU tests of the wave's changes)
 #   w25-host (~3 min: cProfile of beam and greedy steps), w25-ab (~10 min), w25-prefill (~4 min), w25-logits (~3 min), w25-vocab (~6 min)
@@ -143,6 +143,10 @@ for part in "$@"; do
     w27-tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_grouped_self_attention.py \
              tests/kernels/test_kv_copy.py tests/engine/test_gpu_beam.py tests/engine/test_triton_engine.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/w27_tests.log" | tail -4
+           (cd benchmarks && timeout 150 python3 grouped_self_gpu.py --len 50 100 --shares 1 0.5 0 --block-s 4 8 16 2>&1 \
+             | tee "$OUT/w27_grouped_self.log") ;;
+    # wave 27: the grouped self-attention kernel alone, replayed from CUDA graphs (~1.5 min)
+    w27-bench) timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_grouped_self_attention.py 2>&1 | tail -1
            (cd benchmarks && timeout 150 python3 grouped_self_gpu.py --len 50 100 --shares 1 0.5 0 --block-s 4 8 16 2>&1 \
              | tee "$OUT/w27_grouped_self.log") ;;
     # wave 27: engine A/B at 64 x beam 5 on one config ($W27_CONFIG): this tree, --per-row-self, the tree before (~5 min)

@@ -66,7 +66,8 @@ def _shared_keys(Hist, HistLens, stride_hist, hist_cols, prow, valid, kv, r,
     p0 = tl.sum(tl.where(lead, prow, 0), 0)
     same = tl.max((valid & (kv - n != base0)).to(tl.int32), 0) == 0
     lcp = n0
-    for c0 in range(0, n0, BLOCK_T):
+    alone = tl.sum(valid.to(tl.int32), 0) == 1  # a greedy row: nothing to compare
+    for c0 in range(0, tl.where(alone, 0, n0), BLOCK_T):
         c = c0 + tl.arange(0, BLOCK_T)  # [T] history columns
         inside = c < n0
         lt = tl.load(Hist + p0 * stride_hist + c, mask=inside, other=0)  # [T]
@@ -89,6 +90,17 @@ def _key_slots(Keys, stride_keys, key_row, start, j, inside, PAGE: tl.constexpr)
         return tl.load(Keys + key_row * stride_keys + start + j, mask=inside, other=0).to(tl.int64)
     page = tl.load(Keys + key_row * stride_keys + start + j // PAGE, mask=inside, other=0)
     return page.to(tl.int64) * PAGE + j % PAGE
+
+
+@triton.jit
+def _block_slots(Keys, stride_keys, key_row, start, n, offs, inside, PAGE: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """Slots of key block ``n`` (keys ``n * BLOCK_N + offs``) of one row: by page, a block
+    inside one page (the region starts on a page boundary) is one page lookup."""
+    if PAGE > 0 and PAGE % BLOCK_N == 0:
+        page = tl.load(Keys + key_row * stride_keys + start + (n * BLOCK_N) // PAGE)
+        return page.to(tl.int64) * PAGE + (n * BLOCK_N) % PAGE + offs
+    return _key_slots(Keys, stride_keys, key_row, start, n * BLOCK_N + offs, inside, PAGE)
 
 
 @triton.jit(do_not_specialize=["hist_cols"])
@@ -136,7 +148,8 @@ def _grouped_self_kernel(
     for n in range(0, tl.cdiv(shared, BLOCK_N)):
         j = n * BLOCK_N + offs  # [N]
         kmask = j < shared
-        slot = _key_slots(Keys, stride_keys, lead_row, lead_start, j, kmask, PAGE)  # [N]
+        slot = _block_slots(Keys, stride_keys, lead_row, lead_start, n, offs, kmask, PAGE,
+                            BLOCK_N)  # [N]
         kT = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],
                      mask=kmask[None, :] & dmask[:, None], other=0.0)  # [D, N]
         v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :],
