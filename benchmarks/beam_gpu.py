@@ -89,7 +89,9 @@ def make_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, 
                   cuda_graph_max_bs=conc * beam, max_total_tokens=conc * per_req + 4096,
                   max_new_tokens=n_max, debug_checks=False,
                   grouped_cross_attention=grouped_cross, beam_on_device=beam_on_device,
-                  beam_choice=beam_choice, grouped_self_attention=grouped_self)
+                  beam_choice=beam_choice,
+                  # only when off: a tree from before the option (A/B runs) builds too
+                  **({} if grouped_self else {"grouped_self_attention": False}))
 
 
 def run_ours(engine, feats, n_new: int, beam: int) -> tuple[float, int]:

@@ -97,8 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beam", nargs="+", type=int, default=[5, 1], help="1: greedy rows")
     ap.add_argument("--len", nargs="+", type=int, default=[50, 100], help="sampled tokens")
     ap.add_argument("--shares", nargs="+", type=float, default=[1.0, 0.5, 0.0])
-    ap.add_argument("--block-s", nargs="+", type=int, default=[gsa.BLOCK_S],
-                    help="own keys per step of the grouped kernel (a sweep)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
     dev = torch.device("cpu" if args.dry_run else "cuda")
@@ -110,14 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     bench = (lambda fn: graph_ms(fn, dev, rep=100))  # replayed as the engine does: device time
     print(f"# {device_label(dev)}: {args.groups} groups, {shape[0]} heads x {shape[1]}, pages "
           f"of {shape[2]}, prompt {PROMPT} keys, copy {gbs:.0f} GB/s")
-    print("| beam | len | share | block_s | per-row MB / floor us | grouped MB / floor us | "
+    print("| beam | len | share | per-row MB / floor us | grouped MB / floor us | "
           "flat us | grouped by token us | paged us | grouped by page us | max diff |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    default_block_s = gsa.BLOCK_S
-    try:
-        run(args, dev, shape, dtype, bench, gbs)
-    finally:
-        gsa.BLOCK_S = default_block_s
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    run(args, dev, shape, dtype, bench, gbs)
     return 0
 
 
@@ -127,19 +121,17 @@ def run(args, dev: torch.device, shape: tuple, dtype, bench, gbs: float) -> None
             for share in (args.shares if beam > 1 else [1.0]):
                 t = problem(args.groups, beam, length, share, shape, dtype, dev.type)
                 fns = calls(t, shape[2], shape[1] ** -0.5)
-                for block_s in args.block_s:
-                    gsa.BLOCK_S = block_s
-                    diff = max((fns["grouped by token"]().float() - fns["flat"]().float())
-                               .abs().max().item(),
-                               (fns["grouped by page"]().float() - fns["paged"]().float())
-                               .abs().max().item())
-                    assert diff < (1e-4 if args.dry_run else 2e-2), diff
-                    us = {n: 1000 * bench(f) for n, f in fns.items()}
-                    (a, b) = t["bytes"]
-                    print(f"| {beam} | {length} | {share:g} | {block_s} | {a / 1e6:.1f} / "
-                          f"{a / gbs / 1e3:.1f} | {b / 1e6:.1f} / {b / gbs / 1e3:.1f} | "
-                          + " | ".join(f"{us[n]:.1f}" for n in fns) + f" | {diff:.1e} |",
-                          flush=True)
+                diff = max((fns["grouped by token"]().float() - fns["flat"]().float())
+                           .abs().max().item(),
+                           (fns["grouped by page"]().float() - fns["paged"]().float())
+                           .abs().max().item())
+                assert diff < (1e-4 if args.dry_run else 2e-2), diff
+                us = {n: 1000 * bench(f) for n, f in fns.items()}
+                (a, b) = t["bytes"]
+                print(f"| {beam} | {length} | {share:g} | {a / 1e6:.1f} / "
+                      f"{a / gbs / 1e3:.1f} | {b / 1e6:.1f} / {b / gbs / 1e3:.1f} | "
+                      + " | ".join(f"{us[n]:.1f}" for n in fns) + f" | {diff:.1e} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

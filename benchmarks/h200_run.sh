@@ -143,11 +143,11 @@ for part in "$@"; do
     w27-tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_grouped_self_attention.py \
              tests/kernels/test_kv_copy.py tests/engine/test_gpu_beam.py tests/engine/test_triton_engine.py -rs 2>&1 \
              | grep -v "Loading weights" | tee "$OUT/w27_tests.log" | tail -4
-           (cd benchmarks && timeout 150 python3 grouped_self_gpu.py --len 50 100 --shares 1 0.5 0 --block-s 4 8 16 2>&1 \
+           (cd benchmarks && timeout 150 python3 grouped_self_gpu.py --len 50 100 --shares 1 0.5 0 2>&1 \
              | tee "$OUT/w27_grouped_self.log") ;;
     # wave 27: the grouped self-attention kernel alone, replayed from CUDA graphs (~1.5 min)
     w27-bench) timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_grouped_self_attention.py 2>&1 | tail -1
-           (cd benchmarks && timeout 150 python3 grouped_self_gpu.py --len 50 100 --shares 1 0.5 0 --block-s 4 8 16 2>&1 \
+           (cd benchmarks && timeout 150 python3 grouped_self_gpu.py --len 50 100 --shares 1 0.5 0 2>&1 \
              | tee "$OUT/w27_grouped_self.log") ;;
     # wave 27: engine A/B at 64 x beam 5 on one config ($W27_CONFIG): this tree, --per-row-self, the tree before (~5 min)
     w27-ab) for run in "after -" "per-row --per-row-self" "before -" "after -" "per-row --per-row-self" "before -"; do

@@ -31,8 +31,10 @@ Keys of the decoder region (``region_start`` per batch row):
 Group structure as in the grouped cross-attention kernel (``group_rows [G, W]``, ``-1``
 padding, every batch row in exactly one group). Decode only: one query per batch row, causal
 (a row sees all of its ``kv_len`` keys, the one written this step included). No GQA (query
-heads == kv heads: Whisper's decoder). One program per (kv head, group); the own-key part
-reads ``[W, BLOCK_S, D]`` tiles, one row of keys per member. No host syncs.
+heads == kv heads: Whisper's decoder). One program per (kv head, group). The members' own
+keys are laid end to end in one list read in the same ``[BLOCK_N]`` tiles as the shared
+prefix, each member seeing only its own range of the list (tensor-core dots, no tile wasted
+on the members' different lengths). No host syncs.
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ from edserve.kernels.common import (
 )
 
 BLOCK_N = 64  # shared keys per loop step (and the least by page)
-BLOCK_S = 8  # own keys per loop step (a [W, BLOCK_S, D] tile)
 BLOCK_T = 64  # history columns compared per step
 
 
@@ -59,14 +60,15 @@ BLOCK_T = 64  # history columns compared per step
 def _shared_keys(Hist, HistLens, stride_hist, hist_cols, prow, valid, kv, r,
                  BLOCK_T: tl.constexpr):
     """Keys every valid member shares with member 0 (the lead); see the module doc."""
-    n = tl.load(HistLens + prow, mask=valid, other=0).to(tl.int32)  # [M] sampled tokens
+    alone = tl.sum(valid.to(tl.int32), 0) == 1  # a greedy row: shares its whole region
+    need = (valid.to(tl.int32) * (1 - alone.to(tl.int32))) != 0  # (the interpreter's bool &)
+    n = tl.load(HistLens + prow, mask=need, other=0).to(tl.int32)  # [M] sampled tokens
     lead = r == 0
     n0 = tl.sum(tl.where(lead, n, 0), 0)
     base0 = tl.sum(tl.where(lead, kv, 0), 0) - n0
     p0 = tl.sum(tl.where(lead, prow, 0), 0)
     same = tl.max((valid & (kv - n != base0)).to(tl.int32), 0) == 0
     lcp = n0
-    alone = tl.sum(valid.to(tl.int32), 0) == 1  # a greedy row: nothing to compare
     for c0 in range(0, tl.where(alone, 0, n0), BLOCK_T):
         c = c0 + tl.arange(0, BLOCK_T)  # [T] history columns
         inside = c < n0
@@ -77,7 +79,7 @@ def _shared_keys(Hist, HistLens, stride_hist, hist_cols, prow, valid, kv, r,
             (mt != lt[None, :]) | (c[None, :] >= n[:, None]))
         first = tl.min(tl.min(tl.where(differ, c[None, :], n0), 1), 0)
         lcp = tl.minimum(lcp, first)
-    ok = same & (n0 < hist_cols) & (base0 >= 0)
+    ok = (same & (n0 < hist_cols) & (base0 >= 0)) | alone
     shared = tl.where(ok, base0 + lcp, 0)
     return tl.minimum(shared, tl.min(tl.where(valid, kv, 2147483647), 0))
 
@@ -108,8 +110,8 @@ def _grouped_self_kernel(
     Q, K, V, Out, GroupRows, KvLens, RegionStart, Keys, PoolRows, Hist, HistLens,
     stride_gr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot,
     stride_oh, stride_keys, stride_hist, hist_cols, qk_scale,
-    WIDTH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_T: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+    WIDTH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """PAGE == 0: ``Keys`` is req_to_token, a row's table row ``PoolRows[b]``; PAGE > 0: the
@@ -157,29 +159,28 @@ def _grouped_self_kernel(
         m, lsum, acc = _softmax_step(q, kT, v, j, first, lim, m, lsum, acc, qk_scale,
                                      PRECISION, UPCAST)
 
-    # Each member's own keys [shared, kv_len): [M, S, D] tiles, a row of keys per member.
-    q3 = q.to(tl.float32)[:, None, :]  # [M, 1, D]
-    kv_max = tl.max(tl.where(valid, kv, 0), 0)
-    s_offs = tl.arange(0, BLOCK_S)
-    for s0 in range(shared, kv_max, BLOCK_S):
-        j = s0 + s_offs  # [S]
-        kmask = valid[:, None] & (j[None, :] < kv[:, None])  # [M, S]
-        slot = _key_slots(Keys, stride_keys, key_row[:, None], start[:, None], j[None, :],
-                          kmask, PAGE)  # [M, S]
-        mask3 = kmask[:, :, None] & dmask[None, None, :]
-        k3 = tl.load(k_base + slot[:, :, None] * stride_kt + d[None, None, :], mask=mask3,
-                     other=0.0)  # [M, S, D]
-        s = tl.sum(q3 * k3.to(tl.float32), 2) * qk_scale  # [M, S] log2 units
-        s = tl.where(kmask, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        p = tl.exp2(s - m_safe[:, None])  # [M, S]
-        lsum = lsum * alpha + tl.sum(p, 1)
-        v3 = tl.load(v_base + slot[:, :, None] * stride_vt + d[None, None, :], mask=mask3,
-                     other=0.0)  # [M, S, D]
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v3.to(tl.float32), 1)
-        m = m_new
+    # Each member's own keys [shared, kv_len), laid end to end (member 0's, then member 1's,
+    # ...): pair p of the list is key shared + p - off[m] of the member m whose range
+    # [off[m], off[m] + own[m]) holds it, so the same tiles serve with per-member ranges.
+    own = tl.where(valid, tl.maximum(kv - shared, 0), 0)  # [M]
+    end = tl.cumsum(own, 0)  # [M] end of each member's range
+    off = end - own
+    first = off
+    lim = end - 1
+    for n in range(0, tl.cdiv(tl.sum(own, 0), BLOCK_N)):
+        p = n * BLOCK_N + offs  # [N] pairs
+        which = (p[None, :] >= off[:, None]) & (p[None, :] < end[:, None])  # [M, N] one-hot
+        inside = tl.max(which.to(tl.int32), 0) > 0  # [N]
+        p_row = tl.sum(tl.where(which, key_row[:, None], 0), 0)  # [N] its member's table row
+        p_start = tl.sum(tl.where(which, start[:, None], 0), 0)
+        p_key = shared + p - tl.sum(tl.where(which, off[:, None], 0), 0)  # [N] key index
+        slot = _key_slots(Keys, stride_keys, p_row, p_start, p_key, inside, PAGE)  # [N]
+        kT = tl.load(k_base + slot[None, :] * stride_kt + d[:, None],
+                     mask=inside[None, :] & dmask[:, None], other=0.0)  # [D, N]
+        v = tl.load(v_base + slot[:, None] * stride_vt + d[None, :],
+                    mask=inside[:, None] & dmask[None, :], other=0.0)  # [N, D]
+        m, lsum, acc = _softmax_step(q, kT, v, p, first, lim, m, lsum, acc, qk_scale,
+                                     PRECISION, UPCAST)
 
     _store_rows(Out, Out, Out, acc, m, lsum, tok, tok * 0 + kvh, valid, d, 0, 0, 0,
                 stride_ot, stride_oh, HEAD_DIM, False)
@@ -246,6 +247,6 @@ def grouped_self_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         history_lens, group_rows.stride(0), q.stride(0), q.stride(1), k_cache.stride(0),
         k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
         keys.stride(0), history.stride(0), history.shape[1], float(scale) * LOG2E,
-        WIDTH=width, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_S=BLOCK_S, BLOCK_T=BLOCK_T,
+        WIDTH=width, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_T=BLOCK_T,
         HEAD_DIM=D, BLOCK_D=block_d, PAGE=page_size, **cfg)
     return out
