@@ -20,7 +20,6 @@ Per config (strategy:page_size) and concurrency (requests; beam rows = concurren
 
   python benchmarks/beam_gpu.py --concurrency 16 64 --configs flat:128 aligned:128
   python benchmarks/beam_gpu.py ... --per-row-cross   # A/B: no grouped cross-attention
-  python benchmarks/beam_gpu.py ... --per-row-self    # A/B: no grouped self-attention
   python benchmarks/beam_gpu.py ... --beam-on-device  # A/B: beams chosen on the device
   python benchmarks/beam_gpu.py ... --profile 15  # + the top kernels of a decode step
   python benchmarks/beam_gpu.py --dry-run      # toy model on CPU: the script runs
@@ -73,7 +72,7 @@ def make_requests(engine, feats, n_new: int, beam: int, eos: bool = False
 
 def make_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, ps: str,
                  dev: str, grouped_cross: bool = True, beam_on_device: bool = False,
-                 beam_choice: str = "auto", grouped_self: bool = True):
+                 beam_choice: str = "auto"):
     from edserve.engine.groups import reserved_slots
     from edserve.models.weights import Checkpoint
     from edserve.runtime import build_engine
@@ -89,9 +88,7 @@ def make_engine(hf, arch: str, conc: int, beam: int, n_new: int, strategy: str, 
                   cuda_graph_max_bs=conc * beam, max_total_tokens=conc * per_req + 4096,
                   max_new_tokens=n_max, debug_checks=False,
                   grouped_cross_attention=grouped_cross, beam_on_device=beam_on_device,
-                  beam_choice=beam_choice,
-                  # only when off: a tree from before the option (A/B runs) builds too
-                  **({} if grouped_self else {"grouped_self_attention": False}))
+                  beam_choice=beam_choice)
 
 
 def run_ours(engine, feats, n_new: int, beam: int) -> tuple[float, int]:
@@ -212,8 +209,7 @@ def measure(args, hf, procs, arch, conc, spec, dev, dtype, with_hf: bool) -> lis
         torch.cuda.empty_cache()
     engine = make_engine(hf, arch, conc, beam, n_new, strategy, ps, dev,
                           grouped_cross=not args.per_row_cross,
-                          beam_on_device=args.beam_on_device, beam_choice=args.beam_choice,
-                          grouped_self=not args.per_row_self)
+                          beam_on_device=args.beam_on_device, beam_choice=args.beam_choice)
     m = engine.model
     dbytes = torch.empty((), dtype=engine.dtype).element_size()
     slot_bytes = 2 * m.num_kv_layers * m.num_kv_heads * m.head_dim * dbytes
@@ -272,8 +268,7 @@ def measure(args, hf, procs, arch, conc, spec, dev, dtype, with_hf: bool) -> lis
             f"{k}: {MODE.get(f'tokens {b}', float('nan')):.1f}" for k, b in modes.items()))
     print(f"# {arch} {spec} conc {conc}: overlap={engine.overlap} "
           f"graphs={engine.runner.graph_runner is not None} "
-          f"grouped_cross={engine.pools.backend.grouped_cross} "
-          f"grouped_self={engine.pools.backend.grouped_self} slot {slot_bytes} B; "
+          f"grouped_cross={engine.pools.backend.grouped_cross} slot {slot_bytes} B; "
           f"{beam} independent greedy copies would hold {beam * greedy_kv:.1f} MB/req measured "
           f"({beam} x {greedy_kv:.1f}), {theory:.1f} MB/req as {beam} x (1500 + "
           f"{len(PROMPT) + n_new}) slots; runs: " + "; ".join(
@@ -296,9 +291,6 @@ def main() -> None:
     ap.add_argument("--per-row-cross", action="store_true",
                     help="read a beam group's encoder K/V once per row (no grouped "
                          "cross-attention kernel), for A/B against the default")
-    ap.add_argument("--per-row-self", action="store_true",
-                    help="read every beam row's decoder keys separately (no grouped "
-                         "self-attention kernel), for A/B against the default")
     ap.add_argument("--beam-on-device", action="store_true",
                     help="beams chosen on the device (fixed rows; the host reads done flags)")
     ap.add_argument("--beam-choice", default="auto", choices=("auto", "triton", "ops"),

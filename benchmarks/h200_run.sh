@@ -15,7 +15,7 @@
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
-#   w27-tests (~3 min: grouped self-attention tested and timed alone), w27-bench (~1.5 min), w27-ab (~5 min, W27_CONFIG=flat:128|aligned:128), w27-profile (~4 min)
+#   w27-copy (~6 min: the pair copy's early exit, beam A/B against _ab/before)
 #   w26-choice (~8 min: the Triton beam choice tested, alone, and in the engine vs the tensor ops), w26-ab (~8 min),
 #   w26-self (~4 min), w26-tail (~6 min), w26-paged (~7 min), w26-final (~2 min: GPU tests of the wave's changes)
 #   w25-host (~3 min: cProfile of beam and greedy steps), w25-ab (~10 min), w25-prefill (~4 min), w25-logits (~3 min), w25-vocab (~6 min)
@@ -139,31 +139,19 @@ for part in "$@"; do
              (cd benchmarks && PYTHONPATH=$pp timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
                --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee -a "$OUT/w25_real_$tree.log" | tail -2)
            done ;;
-    # wave 27: grouped self-attention + the pair copy's early exit: GPU tests, the kernel alone (~3 min)
-    w27-tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_grouped_self_attention.py \
-             tests/kernels/test_kv_copy.py tests/engine/test_gpu_beam.py tests/engine/test_triton_engine.py -rs 2>&1 \
-             | grep -v "Loading weights" | tee "$OUT/w27_tests.log" | tail -4
-           (cd benchmarks && timeout 150 python3 grouped_self_gpu.py --len 50 100 --shares 1 0.5 0 2>&1 \
-             | tee "$OUT/w27_grouped_self.log") ;;
-    # wave 27: the grouped self-attention kernel alone, replayed from CUDA graphs (~1.5 min)
-    w27-bench) timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_grouped_self_attention.py 2>&1 | tail -1
-           (cd benchmarks && timeout 150 python3 grouped_self_gpu.py --len 50 100 --shares 1 0.5 0 2>&1 \
-             | tee "$OUT/w27_grouped_self.log") ;;
-    # wave 27: engine A/B at 64 x beam 5 on one config ($W27_CONFIG): this tree, --per-row-self, the tree before (~5 min)
-    w27-ab) for run in "after -" "per-row --per-row-self" "before -" "after -" "per-row --per-row-self" "before -"; do
-             set -- $run; flag=$2; [ "$flag" = "-" ] && flag=""
+    # wave 27: the pair copy's early exit: its GPU tests, beam 5 A/B against _ab/before (flat and aligned), aligned's kernels (~6 min)
+    w27-copy) timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kv_copy.py tests/engine/test_beam_rows.py \
+             -k "cuda or kernel" -rs 2>&1 | tail -1
+           for run in "after flat:128" "before flat:128" "after aligned:128" "before aligned:128"; do
+             set -- $run
              pp=$PYTHONPATH; [ "$1" = before ] && pp=$PWD/_ab/before:/tmp/site
-             echo "--- $1 ${W27_CONFIG:-flat:128}"
-             (cd benchmarks && PYTHONPATH=$pp timeout 100 python3 -W ignore beam_gpu.py --concurrency 64 --configs ${W27_CONFIG:-flat:128} \
-               --beam 5 --beam-on-device --no-hf $flag 2>&1 | grep -v "custom logits" | tee -a "$OUT/w27_ab_$1.log" \
-               | grep -E "^(flat|aligned|# large)" | cut -c1-330)
-           done ;;
-    # wave 27: the beam step's kernels (this tree), and beam 5 on the transcription path (~4 min)
-    w27-profile) (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs ${W27_CONFIG:-flat:128} --beam 5 \
-             --beam-on-device --no-hf --profile 30 2>&1 | grep -v "custom logits" | tee "$OUT/w27_beam_kernels.log" | grep -c .)
-           (cd benchmarks && timeout 120 python3 -W ignore beam_gpu.py --concurrency 64 --configs flat:128 --beam 5 \
-               --beam-on-device --eos-timestamps 2>&1 | grep -v "custom logits" | tee -a "$OUT/w27_eos.log" \
-               | grep -E "^(flat|# large)" | cut -c1-330) ;;
+             echo "--- $1 $2"
+             (cd benchmarks && PYTHONPATH=$pp timeout 100 python3 -W ignore beam_gpu.py --concurrency 64 --configs $2 \
+               --beam 5 --beam-on-device --no-hf 2>&1 | grep -v "custom logits" | tee -a "$OUT/w27_copy_$1.log" \
+               | grep -E "^(flat|aligned)" | cut -c1-330)
+           done
+           (cd benchmarks && timeout 150 python3 -W ignore beam_gpu.py --concurrency 64 --configs aligned:128 --beam 5 \
+             --beam-on-device --no-hf --profile 30 2>&1 | grep -v "custom logits" | tee "$OUT/w27_copy_kernels.log" | grep -c .) ;;
     # wave 26: the beam choice as one Triton launch: tests, the choice alone, engine A/B (~8 min)
     w26-choice) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_beam_choice.py tests/engine/test_beam_device.py \
              tests/engine/test_beam_run_graph.py tests/engine/test_gpu_beam.py -rs 2>&1 | grep -v "Loading weights" \

@@ -23,17 +23,6 @@ def median_ms(fn: Callable[[], object], dev: torch.device, rep: int = 50) -> flo
     return (time.perf_counter() - t0) * 1e3
 
 
-def graph_ms(fn: Callable[[], object], dev: torch.device, rep: int = 50) -> float:
-    """Median milliseconds per call replayed from a CUDA graph (``do_bench_cudagraph``): the
-    device time of small kernels whose eager launches would be bound by the host (the engine
-    replays its decode steps as graphs); :func:`median_ms` elsewhere (dry runs)."""
-    if dev.type == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
-    return median_ms(fn, dev, rep)
-
-
 def copy_gbs(dev: torch.device, bench: Callable[[Callable[[], object]], float],
              dry_run: bool) -> float:
     """Device-to-device copy rate of a 1 GiB buffer (1 MiB in a dry run), GB/s counting

@@ -258,12 +258,6 @@ class EngineConfig:
         "grouped Triton kernel, CUDA graphs included; flat and aligned); "
         "--no-grouped-cross-attention reads it once per row (for measurement).",
     )
-    grouped_self_attention: bool = _f(
-        True,
-        "With grouped cross-attention: decode steps also read the decoder keys a beam group's "
-        "rows share (their common token prefix) once per group; "
-        "--no-grouped-self-attention reads every row's keys separately (for measurement).",
-    )
     beam_on_device: bool | None = _f(
         None,
         "Beam search on fixed rows with the beams chosen on the device (the host reads only "

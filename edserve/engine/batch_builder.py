@@ -16,7 +16,6 @@ import torch
 from edserve.config import MAX_GROUP_ROWS
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
-from edserve.engine.token_history import TokenHistory
 from edserve.layers.attention.encdec import EncoderDecoderBackend
 from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 from edserve.mem_cache import (
@@ -36,9 +35,6 @@ class Pools:
     kv_pool: KVPool
     backend: EncoderDecoderBackend
     device: torch.device
-    # Sampled tokens per req_to_token row (set by the composition root before any graph is
-    # captured; the grouped self-attention finds a row group's shared prefix in it).
-    history: TokenHistory | None = None
 
 
 def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[int],
@@ -83,7 +79,6 @@ def _make_batch(pools: Pools, mode: ForwardMode, reqs: list[Req], q_lens: list[i
         batch.cross_kv_ranges = to_device(ranges, torch.int32, pools.device).view(-1, 2)
     elif grouped:
         batch.cross_groups = on_dev[5 * B:].view(B, MAX_GROUP_ROWS)
-        batch.token_history = pools.history and pools.history.tables()
     elif mode == ForwardMode.DECODE:
         batch.cross_runs = _cross_runs(reqs)
     return batch

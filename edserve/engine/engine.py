@@ -56,9 +56,8 @@ class Engine:
             beam_choice=None if self.config.beam_choice == "auto" else self.config.beam_choice,
             admission=AdmissionPolicy(self.config.admission_wait_ms / 1000,
                                       self.config.admission_batch))
-        history = self.pools.history or TokenHistory(self.pools.req_to_token_pool.size,
-                                                     self.max_decoder_len, self.device)
-        self.pools.history = history
+        history = TokenHistory(self.pools.req_to_token_pool.size, self.max_decoder_len,
+                               self.device)
         self.runner = ModelRunner(self.model, self.device, history, parts.graphs)
         self.scheduler = Scheduler(self.pools, limits)
         self.overlap = self.config.overlap_schedule == "on" or (

@@ -72,8 +72,6 @@ class GraphInputs:
             attn_backend=pools.backend, page_size=pools.kv_pool.page_size,
             cross_kv_ranges=None if self.cross_ranges is None else self.cross_ranges[:bs],
             cross_groups=None if self.cross_groups is None else self.cross_groups[:bs],
-            token_history=None if self.cross_groups is None or pools.history is None
-            else pools.history.tables(),
             static_shapes=True)
 
     def accepts(self, batch: ForwardBatch) -> bool:

@@ -94,10 +94,6 @@ class TokenHistory:
         first = torch.where(differ, col, self.max_tokens).amin(1)
         return torch.minimum(first, upto.clamp(min=0))
 
-    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(tokens, lengths): the whole tables, for kernels that index them by row."""
-        return self.tokens, self.lengths
-
     def view(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(history [B, max_tokens], lengths [B]) of ``rows``."""
         return self.tokens[rows], self.lengths[rows]

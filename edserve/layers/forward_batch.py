@@ -69,10 +69,6 @@ class ForwardBatch:
     # the batch rows of group g (they share the encoder region of the first), -1 padding;
     # unused groups are all -1, a row without a group is a group of one. None: per-row reads.
     cross_groups: torch.Tensor | None = None
-    # With ``cross_groups``: every req_to_token row's sampled tokens ([rows, T] int64) and their
-    # counts ([rows] int64), from which the grouped self-attention finds how many decoder keys
-    # a group's rows share (``TokenHistory.tables()``; the same tensors every step).
-    token_history: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -106,5 +102,4 @@ class ForwardBatch:
             encoder_offsets=self.encoder_offsets.index_select(0, idx),
             seq_lens_cpu=[0] * len(starts),
             encoder_lens_cpu=[self.encoder_lens_cpu[i] for i in starts],
-            q_starts_cpu=starts, attn_metadata=None, cross_runs=None, cross_groups=None,
-            token_history=None)
+            q_starts_cpu=starts, attn_metadata=None, cross_runs=None, cross_groups=None)

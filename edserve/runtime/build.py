@@ -16,7 +16,6 @@ from edserve.engine.cpu_compile import CompiledDecodeRunner
 from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.engine import Engine
 from edserve.engine.parts import EngineParts
-from edserve.engine.token_history import TokenHistory
 from edserve.layers.attention import create_backend
 from edserve.layers.linear_gelu import resolve_linear_gelu, set_linear_gelu
 from edserve.models.catalog import model_cache_dir
@@ -86,13 +85,9 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
             else 0
     max_decoder_len = min(model.max_decoder_len, config.context_length or DEFAULT_MAX_CONTEXT)
     backend = create_backend(config.encoder_kv, s.page_size, s.ops,
-                             grouped_cross=config.grouped_cross_attention,
-                             grouped_self=config.grouped_self_attention)
+                             grouped_cross=config.grouped_cross_attention)
     max_row = backend.encoder_region(model.max_encoder_len) + max_decoder_len
     sizing = build_pools(config, s, model, backend, max_row)
-    # before any graph is captured: the grouped self-attention reads it
-    sizing.pools.history = TokenHistory(sizing.pools.req_to_token_pool.size, max_decoder_len,
-                                        s.device)
     running = sizing.max_running_requests
     graphs = None
     if use_cuda_graph(config, s):

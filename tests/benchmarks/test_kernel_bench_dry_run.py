@@ -34,16 +34,6 @@ def test_self_attn_decode_dry_run(capsys):
     assert "| 3 |" in capsys.readouterr().out
 
 
-def test_grouped_self_dry_run(capsys):
-    """The grouped self-attention by token and by page is checked against the per-row flat
-    and paged kernels, for beam groups sharing all, half and none of their tokens."""
-    import grouped_self_gpu
-
-    assert grouped_self_gpu.main(["--dry-run"]) == 0
-    out = capsys.readouterr().out
-    assert "| 5 | 6 | 0.5 |" in out and "| 1 | 6 | 1 |" in out
-
-
 def test_decode_gemm_dry_run(capsys):
     import decode_gemm_gpu
 

@@ -206,21 +206,3 @@ def test_grouped_cross_attention_graphs_match_eager(folder, mels, strategy, page
     assert not per_row.runner.graph_runner.inputs.grouped
     _assert_same_beams(outs, eager_outs, "graphs vs eager")
     _assert_same_beams(outs, per_row_outs, "grouped vs per-row reads")
-
-
-@pytest.mark.parametrize("strategy,page_size", CONFIGS)
-@pytest.mark.parametrize("device_beams", [True, False])
-def test_grouped_self_attention_graphs_match_per_row(folder, mels, strategy, page_size,
-                                                     device_beams):
-    """Decode replayed from CUDA graphs with the grouped self-attention kernel (a beam group's
-    shared decoder prefix read once, found from the token histories on the device) gives the
-    beams of per-row self-attention reads, with device and host beams."""
-    def run(**kw):
-        engine = _engine(folder, DEVICE, strategy, page_size, beam_on_device=device_beams, **kw)
-        return engine, _run_checked(engine, _beam_batch(engine.tokenizer, mels, DEVICE))
-
-    grouped, outs = run()
-    assert grouped.pools.backend.grouped_self and grouped.runner.graph_runner is not None
-    per_row, per_row_outs = run(grouped_self_attention=False)
-    assert not per_row.pools.backend.grouped_self
-    _assert_same_beams(outs, per_row_outs, "grouped vs per-row self-attention")

@@ -1,7 +1,6 @@
 """The engine through the Triton attention kernels (CPU interpreter in CI, real GPU elsewhere)
 gives the same tokens and close logits as the torch reference ops, and its grouped
-cross-attention (row groups read their encoder K/V once) and grouped self-attention (and the
-decoder keys they share) the same beams as per-row reads."""
+cross-attention (row groups read their encoder K/V once) the same beams as per-row reads."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from edserve.config import MAX_GROUP_ROWS
 from edserve.engine.logits_filter import LogitsRecorder
 from edserve.engine.request import GenerateRequest, SamplingParams
 from edserve.kernels import grouped_cross_attention as gca
-from edserve.kernels import grouped_self_attention as gsa
 from edserve.runtime import build_engine
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
@@ -88,51 +86,6 @@ def test_grouped_cross_attention_matches_per_row_reads(short_whisper, strategy, 
 
     tokens, logprobs = run(True)
     assert calls and all(shape[1] == MAX_GROUP_ROWS for shape in calls)
-    calls.clear()
-    ref_tokens, ref_logprobs = run(False)
-    assert not calls
-    assert tokens == ref_tokens
-    for a, b in zip(logprobs, ref_logprobs, strict=True):
-        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=TOL, atol=TOL)
-
-
-@pytest.mark.parametrize("strategy,page_size,device_beams", [
-    ("aligned", "16", False), ("flat", "16", False), ("flat", "1", True), ("aligned", "64", True)])
-def test_grouped_self_attention_matches_per_row_reads(short_whisper, strategy, page_size,
-                                                      device_beams, monkeypatch):
-    """Beams (their rows share a token prefix), a best_of group and a greedy row: reading each
-    group's shared decoder keys once gives the tokens and log-probabilities of per-row reads,
-    and the pools stay intact; with the host's beams (rows forked and copied on write) and
-    with device beams (fixed rows reordered after every step)."""
-    calls = []
-    kernel = gsa.grouped_self_attention
-    monkeypatch.setattr(gsa, "grouped_self_attention",
-                        lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
-    gen = torch.Generator().manual_seed(11)
-    mels = [(torch.randn(80, 112, generator=gen) * 0.5).to(DEVICE) for _ in range(2)]
-
-    def run(grouped: bool):
-        engine = build_engine(model=str(short_whisper), attention_backend="triton",
-                              encoder_kv=strategy, page_size=page_size, max_running_requests=10,
-                              device=DEVICE, dtype="float32", grouped_self_attention=grouped,
-                              debug_checks=True, beam_on_device=device_beams,
-                              overlap_schedule="on" if device_beams else "off")
-        assert (engine.scheduler.beams is not None) is device_beams
-        assert engine.pools.backend.grouped_self is grouped
-        reqs = [GenerateRequest([50257, 50362], mels[0], SamplingParams(
-                    beam_size=4, max_new_tokens=8)),
-                GenerateRequest([50257, 50362], mels[1], SamplingParams(max_new_tokens=8)),
-                GenerateRequest([50257, 50362], mels[1], SamplingParams(
-                    beam_size=3, max_new_tokens=6, length_penalty=1.0)),
-                GenerateRequest([50257, 50362], mels[0], SamplingParams(
-                    temperature=0.8, best_of=2, seed=5, max_new_tokens=8))]
-        outs = engine.generate(reqs)
-        assert all(o.error is None for o in outs)
-        engine.check_integrity()
-        return [o.token_ids for o in outs], [o.logprobs for o in outs]
-
-    tokens, logprobs = run(True)
-    assert calls
     calls.clear()
     ref_tokens, ref_logprobs = run(False)
     assert not calls

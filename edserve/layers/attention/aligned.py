@@ -55,12 +55,6 @@ class AlignedBackend(EncoderDecoderBackend):
         """By page: the encoder region starts at page 0 of the batch's page table."""
         return {"page_table": self_plan.page_table, "page_size": self.page_size}
 
-    def grouped_self_keys(self, batch: ForwardBatch, self_plan: PagedPlan
-                          ) -> tuple[torch.Tensor, dict]:
-        """By page: the decoder region starts at page ``kv_start_page`` of the table."""
-        return self_plan.kv_start_page, {"page_table": self_plan.page_table,
-                                         "page_size": self.page_size}
-
     def _offsets_cpu(self, batch: ForwardBatch) -> list[int]:
         return [self.encoder_region(n) for n in batch.encoder_lens_cpu]
 

@@ -10,9 +10,7 @@ group's shared encoder region is found by the grouped cross-attention kernel
 Rows sharing an encoder region (a beam / best_of group) read it once per step: through the
 grouped kernel when the op set has one and the batch carries its group structure
 (``ForwardBatch.cross_groups``; eager and CUDA-graph decode alike), else, on the eager path,
-through :meth:`ForwardBatch.cross_view` (one entry per run of rows). With the token histories
-too (``ForwardBatch.token_history``), the rows of a group also read the decoder keys they
-share once (:mod:`edserve.kernels.grouped_self_attention`, :meth:`grouped_self_keys`).
+through :meth:`ForwardBatch.cross_view` (one entry per run of rows).
 """
 
 from __future__ import annotations
@@ -47,38 +45,25 @@ class GroupedCross:
 
 
 @dataclass
-class GroupedSelf:
-    """Read plan of the grouped self-attention kernel (decode): its positional arguments
-    after the caches, then the strategy's key addressing (``keys``)."""
-
-    args: tuple[torch.Tensor, ...]  # group_rows, kv_lens, region_start, pool_rows, history, lens
-    keys: dict[str, Any]  # req_to_token, or page_table + page_size
-
-
-@dataclass
 class EncDecMetadata:
     guard: GuardMetadata
     cross: Any  # strategy-specific read plan for the encoder region
     self_: Any  # strategy-specific read plan for the decoder region
     cross_batch: ForwardBatch | None = None  # ForwardBatch.cross_view(), when rows share
     grouped: GroupedCross | None = None  # set: cross-attention runs the grouped kernel
-    grouped_self: GroupedSelf | None = None  # set: self-attention runs the grouped kernel
 
 
 class EncoderDecoderBackend(AttentionBackend):
     name = "encdec"
     supports_grouped_cross = False  # the strategy implements grouped_keys
 
-    def __init__(self, page_size: int, ops: AttentionOps, grouped_cross: bool = True,
-                 grouped_self: bool = True) -> None:
+    def __init__(self, page_size: int, ops: AttentionOps, grouped_cross: bool = True) -> None:
         self.page_size = page_size
         self.ops = ops
         # Decode batches carry their row groups (cross_groups) and read each shared encoder
         # region once with the grouped kernel; False: the per-row read (for A/B measurement).
         self.grouped_cross = grouped_cross and self.supports_grouped_cross \
             and ops.grouped_cross is not None
-        # ... and, given the token histories, each group's shared decoder prefix once.
-        self.grouped_self = grouped_self and self.grouped_cross and ops.grouped_self is not None
 
     def encoder_region(self, encoder_len: int) -> int:
         return encoder_len
@@ -105,13 +90,7 @@ class EncoderDecoderBackend(AttentionBackend):
             cross, _ = self.build_metadata(view, skip_cross=False)
         plan = GroupedCross(batch.cross_groups, batch.encoder_lens,
                             self.grouped_keys(batch, self_)) if grouped else None
-        self_plan = None
-        if batch.cross_groups is not None and self.grouped_self \
-                and batch.token_history is not None:
-            start, keys = self.grouped_self_keys(batch, self_)
-            self_plan = GroupedSelf((batch.cross_groups, batch.seq_lens, start,
-                                     batch.req_pool_indices, *batch.token_history), keys)
-        batch.attn_metadata = EncDecMetadata(guard, cross, self_, view, plan, self_plan)
+        batch.attn_metadata = EncDecMetadata(guard, cross, self_, view, plan)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 layer: Attention, batch: ForwardBatch) -> torch.Tensor:
@@ -134,9 +113,6 @@ class EncoderDecoderBackend(AttentionBackend):
             return out
         pool.set_kv(layer.layer_id, batch.out_cache_loc, k, v)
         k_cache, v_cache = pool.get_kv(layer.layer_id)
-        gs = meta.grouped_self
-        if gs is not None and q.shape[1] == k_cache.shape[1]:  # the kernel takes no GQA
-            return self.ops.grouped_self(q, k_cache, v_cache, *gs.args, layer.scaling, **gs.keys)
         return self.attend(q, k_cache, v_cache, layer, batch, meta.self_, cross=False)
 
     def write_cross(self, layer: Attention, k: torch.Tensor | None, v: torch.Tensor | None,
@@ -154,13 +130,6 @@ class EncoderDecoderBackend(AttentionBackend):
         """Where the grouped kernel finds a row's encoder keys (its addressing keywords);
         strategies with ``supports_grouped_cross`` implement it."""
         raise NotImplementedError(f"the {self.name!r} strategy has no grouped cross-attention")
-
-    def grouped_self_keys(self, batch: ForwardBatch, self_plan: Any
-                          ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Where the grouped self-attention kernel finds a row's decoder keys: (the region's
-        first column or page ``[B]``, the addressing keywords). Strategies with
-        ``supports_grouped_cross`` implement it."""
-        raise NotImplementedError(f"the {self.name!r} strategy has no grouped self-attention")
 
     @abstractmethod
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

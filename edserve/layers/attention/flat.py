@@ -48,11 +48,6 @@ class FlatBackend(EncoderDecoderBackend):
                                              num_pages)
         return {"page_table": table, "page_size": ps}
 
-    def grouped_self_keys(self, batch: ForwardBatch, self_plan: FlatPlan
-                          ) -> tuple[torch.Tensor, dict]:
-        """By token: the decoder region starts mid-page (at ``encoder_offsets``)."""
-        return self_plan.kv_start, {"req_to_token": batch.req_to_token}
-
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                layer: Attention, batch: ForwardBatch, plan: FlatPlan, cross: bool):
         kw = self._range_kwargs(batch, cross)

@@ -3,8 +3,7 @@
 An op set provides ``paged``, ``flat`` and ``varlen`` with the signatures documented in
 :mod:`edserve.layers.attention.torch_ops`, plus the page sizes its paged kernel supports, and
 optionally ``grouped_cross`` (decode cross-attention reading a row group's encoder K/V once,
-:mod:`edserve.kernels.grouped_cross_attention`) and ``grouped_self`` (decode self-attention
-reading a row group's shared decoder keys once, :mod:`edserve.kernels.grouped_self_attention`).
+:mod:`edserve.kernels.grouped_cross_attention`).
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ class AttentionOps:
     paged_page_sizes: tuple[int, ...] | None  # None: any page size
     supports_kv_ranges: bool  # per-query key ranges (Mllama cross-attention masks)
     grouped_cross: Callable | None = None  # None: rows sharing an encoder read it per run
-    grouped_self: Callable | None = None  # None: rows read their decoder keys one by one
 
 
 def _torch_ops() -> AttentionOps:
@@ -35,12 +33,11 @@ def _torch_ops() -> AttentionOps:
 def _triton_ops() -> AttentionOps:
     from edserve.kernels import flat_attention, paged_attention
     from edserve.kernels.grouped_cross_attention import grouped_cross_attention
-    from edserve.kernels.grouped_self_attention import grouped_self_attention
     from edserve.layers.attention.varlen import varlen_attention
 
     return AttentionOps("triton", paged_attention.paged_attention, flat_attention.flat_attention,
                         varlen_attention, tuple(paged_attention.SUPPORTED_PAGE_SIZES), True,
-                        grouped_cross_attention, grouped_self_attention)
+                        grouped_cross_attention)
 
 
 OPS_REGISTRY: dict[str, Callable[[], AttentionOps]] = {"torch": _torch_ops, "triton": _triton_ops}

@@ -51,11 +51,9 @@ def resolve_page_size(requested: str | int, strategy: str, ops: str,
 
 
 def create_backend(name: str, page_size: int, ops: str = "torch",
-                   grouped_cross: bool = True, grouped_self: bool = True
-                   ) -> EncoderDecoderBackend:
+                   grouped_cross: bool = True) -> EncoderDecoderBackend:
     """``grouped_cross``: decode reads a row group's encoder region once with the grouped
-    kernel where the strategy and op set have one (see ``EncoderDecoderBackend``);
-    ``grouped_self``: and the decoder keys its rows share (needs ``grouped_cross``)."""
+    kernel where the strategy and op set have one (see ``EncoderDecoderBackend``)."""
     if name not in BACKENDS:
         raise ValueError(f"unknown encoder-KV strategy {name!r}; choose from {sorted(BACKENDS)}")
-    return BACKENDS[name](page_size, get_ops(ops), grouped_cross, grouped_self)
+    return BACKENDS[name](page_size, get_ops(ops), grouped_cross)
