@@ -41,7 +41,7 @@ from edserve.engine.beam_rows import DeviceBeams, is_device_row
 from edserve.engine.finisher import Finisher
 from edserve.engine.group_ops import (
     groups_side_by_side,
-    hold_encoder,
+    hold_encoders,
     release_encoder,
 )
 from edserve.engine.group_update import RowGroupSteps
@@ -195,10 +195,11 @@ class Scheduler(RowGroupSteps):
         for r in reqs:
             r.steps = 1
             r.admitted_at = now
-            if r.group is not None and r.request.encoder_kv is None:
-                r.group.hold = hold_encoder(self.pools, r)  # for the group's lifetime
-            if is_device_row(r):  # its followers: rows of their own, from the next step
-                self.running.extend(self.beams.admit(r.group))
+        leaders = [r for r in reqs if r.group is not None and r.request.encoder_kv is None]
+        for r, hold in zip(leaders, hold_encoders(self.pools, leaders), strict=True):
+            r.group.hold = hold  # the group's encoder region, for the group's lifetime
+        if self.beams is not None:  # device groups' followers: own rows, from the next step
+            self.running.extend(self.beams.admit([r.group for r in reqs if is_device_row(r)]))
         dev = self.pools.device
         prompt = to_device([t for r in reqs for t in r.prompt_ids], torch.int64, dev)
         rows = decoding + reqs

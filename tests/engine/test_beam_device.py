@@ -151,7 +151,7 @@ def test_bad_settings_are_refused_and_slots_are_reused():
     lps = torch.tensor([[[-0.1, -0.2, -0.3, -0.4]] * 3] * 2)
     dev.step(toks, lps, torch.tensor([False, True]))
     assert dev.done.tolist() == [True, True] and len(dev.finished([1])[0]) == 3
-    dev.release(1)
+    dev.release([1])
     dev.admit(1, 3, None, frozenset({9}))  # a new group starts clean in the same slot
     assert dev.finished([1])[0] == [] and dev.live[1].tolist() == [True, False, False]
     dev.step(toks, lps, torch.tensor([False, False]))
