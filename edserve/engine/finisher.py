@@ -14,7 +14,12 @@ import logging
 from collections.abc import Callable
 
 from edserve.engine.batch_builder import Pools, release
-from edserve.engine.group_ops import hold_encoder, release_encoder, release_row_keeping_region
+from edserve.engine.group_ops import (
+    hold_encoder,
+    release_encoder,
+    release_encoders,
+    release_row_keeping_region,
+)
 from edserve.engine.outputs import TokenDelta
 from edserve.engine.req import Req
 from edserve.engine.request import EncoderKV, FinishedKV, FinishReason
@@ -28,10 +33,20 @@ class Finisher:
         self.pools = pools
         self.held: dict[int, EncoderKV] = {}  # keep_encoder handles not yet released
 
+    def finish_groups(self, groups: list[RowGroup], reason: FinishReason) -> None:
+        """:meth:`finish_group` for several device beam groups ending in one step, their
+        encoder holds released together (one allocator call: they are the regions' last
+        holders, so nothing is read)."""
+        last: list[EncoderKV] = []
+        for group in groups:
+            self.finish_group(group, reason, release_to=last)
+        release_encoders(self.pools, last, last_holder=True)
+
     def finish_group(self, group: RowGroup, reason: FinishReason,
-                      error: str | None = None) -> None:
+                     error: str | None = None, release_to: list | None = None) -> None:
         """Report a group's result through its leader (its rows are already dropped). The
-        group's encoder hold serves the KV hook, then goes to the caller or is released."""
+        group's encoder hold serves the KV hook, then goes to the caller or is released
+        (``release_to``: appended there for the caller to release, a device group's only)."""
         leader, hold = group.leader, group.hold
         group.hold = None
         if reason == FinishReason.STOP:
@@ -46,7 +61,8 @@ class Finisher:
                     list(leader.prompt_ids), list(leader.output_ids)))
         # a device beam group's rows have dropped their holds (DeviceBeams.release): its
         # hold is the region's last holder, so releasing it reads nothing from the device
-        self._keep_or_release(leader, hold, reason, last_holder=group.on_device)
+        self._keep_or_release(leader, hold, reason, last_holder=group.on_device,
+                              release_to=release_to if group.on_device else None)
         self._report(leader, reason, error, [])
         # unlink group -> leader: leader <-> group was a cycle that held the request (its hooks
         # and what they hold: the model, for a readout) until the cycle collector ran
@@ -86,13 +102,15 @@ class Finisher:
         return reason, error
 
     def _keep_or_release(self, req: Req, hold: EncoderKV | None, reason: FinishReason,
-                         last_holder: bool = False) -> None:
+                         last_holder: bool = False, release_to: list | None = None) -> None:
         """A finished request's encoder hold: the caller's (``keep_encoder``) or released
-        (``last_holder``: see :func:`release_encoder`)."""
+        (``last_holder``: see :func:`release_encoder`; ``release_to``: left to the caller)."""
         if hold is None:
             return
         if req.request.keep_encoder and reason in (FinishReason.STOP, FinishReason.LENGTH):
             self.held[hold.id] = req.kept_encoder = hold
+        elif release_to is not None:
+            release_to.append(hold)
         else:
             release_encoder(self.pools, hold, last_holder)
 

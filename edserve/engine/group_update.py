@@ -93,19 +93,18 @@ class RowGroupSteps:
         if not ended:
             return
         self.beams.close(ended)
+        ids = {g.id for g in ended}
+        rows = [r for r in self.running if r.group is not None and r.group.id in ids]
+        self.running[:] = [r for r in self.running if r.group is None or r.group.id not in ids]
+        for r in rows:
+            r.finish_reason = FinishReason.STOP
         alloc = self.pools.allocator
         alloc.free_group_begin()
-        try:
-            for group in ended:
-                rows = [r for r in self.running if r.group is group]
-                for r in rows:
-                    self.running.remove(r)
-                    r.finish_reason = FinishReason.STOP
-                self.beams.release(rows)
+        try:  # every ended group's rows in one release: one upload, one free per kind
+            self.beams.release(rows)
         finally:
             alloc.free_group_end()
-        for group in ended:
-            self._finish_group(group, FinishReason.STOP)
+        self.finisher.finish_groups(ended, FinishReason.STOP)
 
     def _finish_group(self, group: RowGroup, reason: FinishReason,
                       error: str | None = None) -> None:
