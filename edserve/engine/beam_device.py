@@ -96,9 +96,9 @@ class BeamBatch:
 
     def admit_many(self, slots: list[int], beams: list[int], patience: list[float | None],
                    stop_ids: list[frozenset[int]]) -> None:
-        """:meth:`admit` for several groups in one upload and one launch per state tensor (a
-        prefill step admits all its beam requests together: per group, the ~12 small device
-        writes and an upload cost ~0.5 ms of host time on the H200)."""
+        """:meth:`admit` for several groups in one upload and one write per state tensor (a
+        prefill step admits all its beam requests together; one at a time, each group cost
+        ~12 small device writes and an upload)."""
         max_cand = [round(b * (p or 1.0)) for b, p in zip(beams, patience, strict=True)]
         for b, p, m in zip(beams, patience, max_cand, strict=True):
             if not 1 <= b <= self.B or m < 1:

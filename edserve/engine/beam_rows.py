@@ -104,8 +104,9 @@ class DeviceBeams:
         """After the leaders' prefill batch is built: a group slot each, and the followers'
         rows (forked from their leader; returned in group order, to run from the next step
         on). All groups of the step together: one fork, one private-tail pass, one upload of
-        the own table and one state admission, whatever the number of groups (per group these
-        cost ~1 ms of host time on the H200 at 64 x beam 5: wave 27's timeline)."""
+        the own table and one state admission, whatever the number of groups (group by group,
+        a beam run's prefill phase took ~61 ms longer than greedy's at 64 groups on the H200:
+        benchmarks/RESULTS.md, wave 27)."""
         if not groups:
             return []
         for g in groups:
