@@ -270,3 +270,46 @@ def test_reorders_copy_only_the_columns_past_the_shared_tokens(random_whisper, m
     for a, b in zip(fewer, whole, strict=True):
         assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
     assert 0 < n_fewer < n_whole
+
+
+def test_groups_start_and_end_together_in_one_pass_each(random_whisper, monkeypatch):
+    """Three beam groups admitted by one prefill step go through one admission (one state
+    upload, one fork, one private-tail pass), groups that end in the same step are released
+    in one call, and their encoder holds are taken and dropped in one pass each; the beams
+    equal the host's and every page comes back."""
+    from edserve.engine import beam_rows, group_ops
+    from edserve.engine.beam_device import BeamBatch
+
+    calls = {"admit": [], "release": [], "forks": 0, "holds": [], "drops": []}
+    admit_many, release = BeamBatch.admit_many, BeamBatch.release
+    fork, holds, drops = beam_rows.fork_rows, group_ops.hold_encoders, group_ops.release_encoders
+    monkeypatch.setattr(BeamBatch, "admit_many", lambda self, s, *a: calls["admit"].append(
+        len(s)) or admit_many(self, s, *a))
+    monkeypatch.setattr(BeamBatch, "release", lambda self, s: calls["release"].append(
+        len(s)) or release(self, s))
+    monkeypatch.setattr(beam_rows, "fork_rows", lambda *a: calls.__setitem__(
+        "forks", calls["forks"] + 1) or fork(*a))
+    monkeypatch.setattr("edserve.engine.scheduler.hold_encoders", lambda p, r: calls[
+        "holds"].append(len(r)) or holds(p, r))
+    monkeypatch.setattr("edserve.engine.finisher.release_encoders", lambda p, h, **k: calls[
+        "drops"].append(len(h)) or drops(p, h, **k))
+
+    def reqs():
+        m = _mels(3, seed=9)
+        return [GenerateRequest(PROMPT, m[i], SamplingParams(beam_size=b, max_new_tokens=6,
+                                                             ignore_eos=True))
+                for i, b in enumerate([3, 2, 4])]
+
+    def engine(on):
+        return build_engine(model=str(random_whisper), page_size="16", encoder_kv="flat",
+                            max_running_requests=16, debug_checks=True, beam_on_device=on,
+                            overlap_schedule="on" if on else "off")
+
+    host = _run(engine(False), reqs())
+    calls.update(admit=[], release=[], forks=0, holds=[], drops=[])
+    device = _run(engine(True), reqs())
+    assert calls["admit"] == [3] and calls["forks"] == 1  # one prefill step, three groups
+    assert calls["release"] == [3] and calls["drops"] == [3]  # all end at step 6
+    assert calls["holds"] == [3]
+    for h, d in zip(host, device, strict=True):
+        assert d.error is None and d.token_ids == h.token_ids
