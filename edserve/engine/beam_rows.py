@@ -183,7 +183,9 @@ class DeviceBeams:
         all) and free their slots."""
         groups = [g for g in groups if g.slot is not None]
         if read and groups:
-            for g, fin in zip(groups, self.state.finished([g.slot for g in groups]),
+            # a finished sequence has at most one token per step its rows were scheduled for
+            upto = max(m.steps for g in groups for m in g.members)
+            for g, fin in zip(groups, self.state.finished([g.slot for g in groups], upto),
                               strict=True):
                 g.finished_rows = fin
         self.state.release([g.slot for g in groups])
