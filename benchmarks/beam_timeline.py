@@ -16,10 +16,9 @@ import statistics
 import sys
 import time
 
+import beam_gpu
 import torch
 import whisper_gpu as wg
-
-import beam_gpu
 
 
 def timeline(engine, feats, n_new: int, beam: int) -> list[tuple[float, str, int]]:
