@@ -71,22 +71,34 @@ class Finisher:
     def finish(self, req: Req, reason: FinishReason, error: str | None,
                last: list[int]) -> None:
         """End a single-row request: KV hook, encoder hold, free its row, final delta."""
-        kept = None
-        if req.req_pool_idx is not None:
-            if not req.check_rejected:  # a wrong guess has no output to read the KV for
-                reason, error = self._run_hook(req, reason, error,
-                                               lambda: self._finished_kv(req))
-            keep = req.request.keep_encoder or req.check_rejected  # the retry reuses it
-            if keep and req.request.encoder_kv is None \
-                    and req.group is None and reason in (FinishReason.STOP, FinishReason.LENGTH):
-                # the row computed its region: the handle is its only other holder
-                kept = hold_encoder(self.pools, req, exclusive=True)
-        if kept is not None:
-            self.held[kept.id] = req.kept_encoder = kept
-            release_row_keeping_region(self.pools, req, kept)
-        else:
-            release(self.pools, [req])
-        self._report(req, reason, error, last)
+        self.finish_many([(req, reason, error, last)])
+
+    def finish_many(self, ending: list[tuple[Req, FinishReason, str | None, list[int]]]
+                    ) -> None:
+        """:meth:`finish` for the single-row requests ending in one step: every KV hook, then
+        the rows freed in one grouped release (a request at a time cost ~12 small device ops,
+        ~770 for 64 requests ending together), then every final delta, in order."""
+        done, free = [], []
+        for req, reason, error, last in ending:
+            kept = None
+            if req.req_pool_idx is not None:
+                if not req.check_rejected:  # a wrong guess has no output to read the KV for
+                    reason, error = self._run_hook(req, reason, error,
+                                                   lambda r=req: self._finished_kv(r))
+                keep = req.request.keep_encoder or req.check_rejected  # the retry reuses it
+                if keep and req.request.encoder_kv is None and req.group is None \
+                        and reason in (FinishReason.STOP, FinishReason.LENGTH):
+                    # the row computed its region: the handle is its only other holder
+                    kept = hold_encoder(self.pools, req, exclusive=True)
+            if kept is not None:
+                self.held[kept.id] = req.kept_encoder = kept
+                release_row_keeping_region(self.pools, req, kept)
+            else:
+                free.append(req)
+            done.append((req, reason, error, last))
+        release(self.pools, free)
+        for req, reason, error, last in done:
+            self._report(req, reason, error, last)
 
     def _run_hook(self, req: Req, reason: FinishReason, error: str | None,
                   kv: Callable[[], FinishedKV]) -> tuple[FinishReason, str | None]:

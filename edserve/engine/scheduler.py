@@ -258,6 +258,7 @@ class Scheduler(RowGroupSteps):
         if sched.beams is not None:
             self._update_device_groups(sched, output, no_speech)
         checks = output.fetch_checks()
+        ending: list[tuple[Req, FinishReason, str | None, list[int]]] = []  # finished together
         for i, (req, tok, lp, ns) in enumerate(zip(sched.reqs, tokens, logprobs, no_speech,
                                                    strict=True)):
             if req.finish_reason is not None or req.group is not None:
@@ -265,25 +266,25 @@ class Scheduler(RowGroupSteps):
             if sched.is_new(i):
                 req.no_speech_prob, req.prompt_check = ns, checks[i]
                 if req.check_rejected:  # a wrong guess: ends here (prompt_check.py)
-                    self._finish_running(req, FinishReason.STOP, [])
+                    ending.append((req, FinishReason.STOP, None, []))
                     continue
             sp = req.request.sampling
             if (tok == self.limits.eos_token_id and not sp.ignore_eos) \
                     or tok in sp.stop_token_ids:
                 req.stop_logprob = lp
-                self._finish_running(req, FinishReason.STOP, [])
+                ending.append((req, FinishReason.STOP, None, []))
                 continue
             req.output_ids.append(tok)
             req.logprobs.append(lp)
             self.num_generated_tokens += 1
             if self._length_reached(req, len(req.output_ids)):
-                self._finish_running(req, FinishReason.LENGTH, [tok])
+                ending.append((req, FinishReason.LENGTH, None, [tok]))
             elif req.stream and req.on_delta is not None:
                 req.on_delta(TokenDelta(req.rid, [tok]))
-
-    def _finish_running(self, req: Req, reason: FinishReason, last: list[int]) -> None:
-        self.running.remove(req)
-        self._finish(req, reason, None, last)
+        if ending:  # off the running list in one pass, their rows freed in one release
+            gone = {id(e[0]) for e in ending}
+            self.running[:] = [r for r in self.running if id(r) not in gone]
+            self.finisher.finish_many(ending)
 
     def _finish(self, req: Req, reason: FinishReason, error: str | None = None,
                 last: list[int] | None = None) -> None:
