@@ -15,7 +15,7 @@
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
-#   w27-copy (~6 min: the pair copy's early exit, beam A/B against _ab/before), w27-verify (~6 min: the batched beam admission, timeline + beam 5)
+#   w27-copy (~6 min: the pair copy's early exit, beam A/B against _ab/before), w27-verify (~8 min: the batched admission / release, timeline + beam 5 + the real path)
 #   w26-choice (~8 min: the Triton beam choice tested, alone, and in the engine vs the tensor ops), w26-ab (~8 min),
 #   w26-self (~4 min), w26-tail (~6 min), w26-paged (~7 min), w26-final (~2 min: GPU tests of the wave's changes)
 #   w25-host (~3 min: cProfile of beam and greedy steps), w25-ab (~10 min), w25-prefill (~4 min), w25-logits (~3 min), w25-vocab (~6 min)
@@ -148,7 +148,9 @@ for part in "$@"; do
              (cd benchmarks && timeout 100 python3 -W ignore beam_gpu.py --concurrency 64 --configs $cfg --beam 5 \
                --beam-on-device --no-hf 2>&1 | grep -v "custom logits" | tee -a "$OUT/w27_verify_beam.log" \
                | grep -E "^(flat|aligned)" | cut -c1-330)
-           done ;;
+           done
+           (cd benchmarks && timeout 120 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 --config flat:128 \
+             --overlap on 2>&1 | grep -v "custom logits" | tee "$OUT/w27_verify_real.log" | tail -3) ;;
     # wave 27: the pair copy's early exit: its GPU tests, beam 5 A/B against _ab/before (flat and aligned), aligned's kernels (~6 min)
     w27-copy) timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kv_copy.py tests/engine/test_beam_rows.py \
              -k "cuda or kernel" -rs 2>&1 | tail -1
