@@ -63,13 +63,12 @@ def _bits(buf: torch.Tensor) -> torch.Tensor:
     return buf.view(_BITS[buf.element_size()]).view(buf.shape[0], -1)
 
 
-def copy_kv_rows(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, *,
-                 rows: int | None = None, block_w: int | None = None) -> None:
+def copy_kv_rows(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor,
+                 dst: torch.Tensor) -> None:
     """``k[dst[i]] = k[src[i]]``, ``v[dst[i]] = v[src[i]]`` (bit-exact; pairs with
     ``src == dst`` are skipped). k, v: ``[slots, H, D]`` contiguous, one dtype; src, dst:
     ``[N]`` int64 on their device (the caller checks bounds and that no ``dst`` is a
-    ``src``). One launch for K and V. ``rows`` / ``block_w`` override the launch shape
-    (:data:`ROWS`, :data:`BLOCK_W`; powers of two) for benchmarks."""
+    ``src``). One launch for K and V."""
     n = src.shape[0]
     if n == 0:
         return
@@ -78,8 +77,7 @@ def copy_kv_rows(k: torch.Tensor, v: torch.Tensor, src: torch.Tensor, dst: torch
     if os.environ.get("TRITON_INTERPRET") == "1":  # few large programs: cheap to interpret
         rows, block_w, warps = 512, triton.next_power_of_2(width), 4
     else:
-        rows = rows or ROWS
-        block_w, warps = min(block_w or BLOCK_W, triton.next_power_of_2(width)), 8
+        rows, block_w, warps = ROWS, min(BLOCK_W, triton.next_power_of_2(width)), 8
     _copy_kv_rows_kernel[(triton.cdiv(n, rows),)](
         kb, vb, src.contiguous(), dst.contiguous(), n, WIDTH=width, ROWS=rows,
         BLOCK_W=block_w, num_warps=warps)
