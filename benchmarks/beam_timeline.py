@@ -6,12 +6,15 @@ the bottleneck). Prints the run's phases: up to the first decode step (prefill, 
 steady decode steps (median, p90), the last steps (groups ending), and the total.
 
   python benchmarks/beam_timeline.py --config flat:128
+  python benchmarks/beam_timeline.py --gaps 6      # also each run's first and last 6 steps
   python benchmarks/beam_timeline.py --dry-run     # toy model on CPU: the script runs
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -21,8 +24,10 @@ import torch
 import whisper_gpu as wg
 
 
-def timeline(engine, feats, n_new: int, beam: int) -> list[tuple[float, str, int]]:
-    """(seconds since submission, step kind, running rows) after each step of one run."""
+def timeline(engine, feats, n_new: int, beam: int, profile: bool = False
+             ) -> list[tuple[float, str, int]]:
+    """(seconds since submission, step kind, running rows) after each step of one run;
+    ``profile``: print a cProfile of its first step and of its last one."""
     dev = str(feats.device)
     wg.sync(dev)
     t0 = time.perf_counter()
@@ -31,8 +36,16 @@ def timeline(engine, feats, n_new: int, beam: int) -> list[tuple[float, str, int
     marks = []
     while engine.has_work():
         kind = "prefill" if engine.scheduler.waiting else "decode"
+        prof = cProfile.Profile() if profile else None
+        if prof is not None:
+            prof.enable()
         engine.step()
         marks.append((time.perf_counter() - t0, kind, len(engine.scheduler.running)))
+        if prof is not None:
+            prof.disable()
+            if len(marks) == 1 or not engine.has_work():
+                print(f"# cProfile of step {len(marks)}")
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     wg.sync(dev)
     marks.append((time.perf_counter() - t0, "synced", 0))
     return marks
@@ -50,12 +63,23 @@ def summary(name: str, marks: list[tuple[float, str, int]]) -> str:
             f"{1e3 * times[-1]:.1f} |")
 
 
+def ends(name: str, marks: list[tuple[float, str, int]], k: int) -> str:
+    """The first and last ``k`` steps of a run: step kind, running rows after it, ms taken."""
+    times = [0.0] + [t for t, _, _ in marks]
+    rows = [f"{kind}/{n}:{1e3 * (times[i + 1] - times[i]):.1f}"
+            for i, (_, kind, n) in enumerate(marks)]
+    return f"# {name} first: {' '.join(rows[:k])} | last: {' '.join(rows[-k:])}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="flat:128", help="strategy:page_size")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--beam", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=100)
+    ap.add_argument("--gaps", type=int, default=0, help="print each run's first/last N steps")
+    ap.add_argument("--profile", action="store_true",
+                    help="a cProfile of each mode's first and last step (one more run each)")
     ap.add_argument("--dry-run", action="store_true", help="toy model on CPU")
     args = ap.parse_args(argv)
     dev = "cpu" if args.dry_run else "cuda"
@@ -80,7 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, b in modes.items():
         for _ in range(2):
-            print(summary(name, timeline(engine, feats, args.new_tokens, b)), flush=True)
+            marks = timeline(engine, feats, args.new_tokens, b)
+            print(summary(name, marks), flush=True)
+            if args.gaps:
+                print(ends(name, marks, args.gaps), flush=True)
+    if args.profile:
+        for name, b in modes.items():
+            print(f"# {name}: profiled run")
+            timeline(engine, feats, args.new_tokens, b, profile=True)
     engine.check_integrity()
     return 0
 

@@ -6,7 +6,8 @@ slot of the group's ``k``-th beam in the host version's member order (which brea
 step's result is a parent slot per slot plus its new token, which the engine applies to rows,
 page tables and token histories as gathers; a beam's first continuation stays in its slot and
 only the others move (a moved row copies its partial last page). Nothing here reads a value on
-the host except :meth:`BeamBatch.finished`, called once for the groups done at a step.
+the host except :meth:`BeamBatch.best` (:meth:`BeamBatch.finished`), called once for the groups
+done at a step.
 
 Semantics are openai-whisper's, exactly as ``BeamGroup.update`` implements them (its tests are
 the oracle; ``tests/engine/test_beam_device.py`` replays random steps through both):
@@ -39,11 +40,12 @@ finished buffer's capacity ``max(beam, round(beam * patience))`` over the groups
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from edserve.engine.beam_choices import BEAM_CHOICES, BeamChoice, check_choice
 from edserve.engine.host_copy import to_device
-from edserve.engine.row_group import Finished
+from edserve.engine.row_group import Finished, rank_score
 
 
 class BeamBatch:
@@ -164,18 +166,51 @@ class BeamBatch:
         of groups already done are ignored."""
         return BEAM_CHOICES[self.choice](self, cand_tokens, cand_logprobs, at_limit)
 
+    def _packed(self, slots: list[int], upto: int | None) -> tuple[torch.Tensor, int]:
+        """[n, 1 + 3F + 2FL] float64 on the device: per group of ``slots`` its buffer's
+        entries, lengths, sums, stop log-probs, tokens, log-probs (the integers travel as
+        float64, exact below 2**53); and L, the token columns kept."""
+        idx = to_device(slots, torch.int64, self.device)
+        n = len(slots)
+        L = self.L if upto is None else max(1, min(upto, self.L))
+        return torch.cat([self.fin_n[idx][:, None].double(), self.fin_len[idx].double(),
+                          self.fin_sum[idx], self.fin_stop[idx],
+                          self.fin_tokens[idx][:, :, :L].reshape(n, -1).double(),
+                          self.fin_logprobs[idx][:, :, :L].reshape(n, -1)], 1), L
+
+    def best(self, slots: list[int], length_penalties: list[float | None],
+             upto: int | None = None) -> list[Finished | None]:
+        """Each group's highest-ranked finished sequence (:func:`~edserve.engine.row_group.
+        best`'s choice: ``rank_score``, first on ties; None for an empty buffer), in one
+        host read; only the chosen sequences become Python lists (``upto``: as in
+        :meth:`finished`)."""
+        packed, L = self._packed(slots, upto)
+        host = packed.numpy(force=True)  # [n, 1 + 3F + 2FL] float64: the one host read
+        F = self.F
+        head = host[:, :1 + 3 * F].tolist()
+        toks = host[:, 1 + 3 * F:1 + 3 * F + F * L]
+        lps = host[:, 1 + 3 * F + F * L:]
+        out: list[Finished | None] = []
+        for i, (row, lp) in enumerate(zip(head, length_penalties, strict=True)):
+            n = int(row[0])
+            if n == 0:
+                out.append(None)
+                continue
+            lens, sums, stops = row[1:1 + n], row[1 + F:1 + F + n], row[1 + 2 * F:1 + 2 * F + n]
+            scores = [rank_score(int(k), s, lp) for k, s in zip(lens, sums, strict=True)]
+            f = scores.index(max(scores))
+            a, b = f * L, f * L + int(lens[f])
+            out.append(Finished(toks[i, a:b].astype(np.int64).tolist(), lps[i, a:b].tolist(),
+                                sums[f], None if stops[f] != stops[f] else stops[f]))
+        return out
+
     def finished(self, slots: list[int], upto: int | None = None) -> list[list[Finished]]:
         """The finished sequences of the groups in ``slots``, in the host's order (one read
         of the host for all: the integers travel as float64, exact below 2**53). ``upto``:
         no sequence is longer (the host's step count), so only that many token columns are
         read (at 64 groups x 5 x 448 columns the whole buffer is ~2.3 MB of float64)."""
-        idx = to_device(slots, torch.int64, self.device)
-        n = len(slots)
-        L = self.L if upto is None else max(1, min(upto, self.L))
-        flat = torch.cat([self.fin_n[idx][:, None].double(), self.fin_len[idx].double(),
-                          self.fin_sum[idx], self.fin_stop[idx],
-                          self.fin_tokens[idx][:, :, :L].reshape(n, -1).double(),
-                          self.fin_logprobs[idx][:, :, :L].reshape(n, -1)], 1).tolist()
+        packed, L = self._packed(slots, upto)
+        flat = packed.tolist()
         F = self.F
         out = []
         for row in flat:  # [1 + 3F + 2FL]: n, lengths, sums, stop lps, tokens, log-probs

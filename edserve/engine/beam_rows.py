@@ -32,7 +32,7 @@ from edserve.engine.beam_run_graph import BeamRunGraphs
 from edserve.engine.beam_search import BeamGroup
 from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
-from edserve.engine.row_group import Finished, best
+from edserve.engine.row_group import Finished
 from edserve.engine.token_history import TokenHistory
 from edserve.mem_cache import fork_rows, private_tails, reorder_rows
 
@@ -49,13 +49,15 @@ class DeviceBeamGroup(BeamGroup):
         self.patience = patience
         self.slot: int | None = None  # its group slot in DeviceBeams.state (None once over)
         self.member_pos: dict[int, int] | None = None  # id(row) -> its slot in members
-        self.finished_rows: list[Finished] | None = None
+        self.chosen: Finished | None = None  # its best finished sequence, once read
 
     def update(self, results, at_limit, ops) -> bool:
         raise RuntimeError("a device beam group is updated on the device (DeviceBeams.run)")
 
     def result(self) -> Finished:
-        return best(self.finished_rows or [], self.length_penalty)
+        if self.chosen is None:
+            raise RuntimeError(f"beam group {self.id} has no finished sequence")
+        return self.chosen
 
 
 def is_device_row(req: Req) -> bool:
@@ -179,15 +181,16 @@ class DeviceBeams:
             r.kv_len = 0
 
     def close(self, groups: list[DeviceBeamGroup], read: bool = True) -> None:
-        """The groups are over: read their finished sequences (``read``: one host read for
-        all) and free their slots."""
+        """The groups are over: read their best finished sequences (``read``: one host read
+        for all) and free their slots."""
         groups = [g for g in groups if g.slot is not None]
         if read and groups:
             # a finished sequence has at most one token per step its rows were scheduled for
             upto = max(m.steps for g in groups for m in g.members)
-            for g, fin in zip(groups, self.state.finished([g.slot for g in groups], upto),
-                              strict=True):
-                g.finished_rows = fin
+            chosen = self.state.best([g.slot for g in groups],
+                                     [g.length_penalty for g in groups], upto)
+            for g, fin in zip(groups, chosen, strict=True):
+                g.chosen = fin
         self.state.release([g.slot for g in groups])
         for g in groups:
             self._free.append(g.slot)

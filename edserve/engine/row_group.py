@@ -86,12 +86,16 @@ class Candidates:
     draws: int = 0  # this many independent samples at the row's temperature (best_of)
 
 
-def length_penalty_score(f: Finished, length_penalty: float | None) -> float:
+def rank_score(length: int, sum_logprob: float, length_penalty: float | None) -> float:
     """openai-whisper's MaximumLikelihoodRanker: sum log-prob / penalty, where the penalty is
     the length (``None``) or ``((5 + length) / 6) ** length_penalty`` (Google NMT)."""
-    n = len(f.tokens)
-    penalty = n if length_penalty is None else ((5 + n) / 6) ** length_penalty
-    return f.sum_logprob / penalty if penalty else f.sum_logprob
+    penalty = length if length_penalty is None else ((5 + length) / 6) ** length_penalty
+    return sum_logprob / penalty if penalty else sum_logprob
+
+
+def length_penalty_score(f: Finished, length_penalty: float | None) -> float:
+    """:func:`rank_score` of a finished sequence."""
+    return rank_score(len(f.tokens), f.sum_logprob, length_penalty)
 
 
 def best(finished: list[Finished], length_penalty: float | None) -> Finished:

@@ -91,6 +91,9 @@ def _replay(seed: int, G: int, device: str = "cpu", stepper: str = "eager",
                 assert fin == h.finished, f"group {g}"
                 for penalty in (None, 0.0, 0.6, 1.0):
                     assert best(fin, penalty) == best(h.finished, penalty)
+                    # the engine's read: only the chosen one, whole and partial columns
+                    assert dev.best([g], [penalty])[0] == best(h.finished, penalty)
+                    assert dev.best([g], [penalty], upto=step)[0] == best(h.finished, penalty)
                 continue
             n = int(dev.length[g])
             ranks = dev.rank_slot[g, :len(h.members)].tolist()  # member order
@@ -154,6 +157,7 @@ def test_bad_settings_are_refused_and_slots_are_reused():
     dev.release([1])
     dev.admit(1, 3, None, frozenset({9}))  # a new group starts clean in the same slot
     assert dev.finished([1])[0] == [] and dev.live[1].tolist() == [True, False, False]
+    assert dev.best([1], [None]) == [None]  # an empty buffer: nothing chosen
     dev.step(toks, lps, torch.tensor([False, False]))
     assert dev.tokens[1, :, 0].tolist() == [0, 1, 2] and not dev.done[1]
 

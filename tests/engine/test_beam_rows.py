@@ -157,7 +157,7 @@ def _drain(engine) -> None:
 
 
 # A step where device beam groups end reads the host twice: the step's results copy (done
-# flags included) and the ended groups' finished sequences (BeamBatch.finished, one read for
+# flags included) and the ended groups' best finished sequences (BeamBatch.best, one read for
 # all); their rows and encoder holds free without a read (DeviceBeams.release,
 # release_encoder(last_holder=True)).
 END_STEP_READS = 2
