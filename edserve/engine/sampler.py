@@ -150,7 +150,9 @@ def sample(logits: torch.Tensor, plan: SamplingPlan, history: TokenHistory,
                 logits.index_copy_(0, g.rows, sub)
                 if greedy is not None:
                     greedy.index_copy_(0, g.rows, sub_greedy)
-    tokens = torch.argmax(logits, dim=-1)  # [B] greedy unless a request samples
+    fused = _fused_stats(logits, plan.candidates)  # CUDA beam rows: one read of the logits
+    # [B] greedy unless a request samples
+    tokens = torch.argmax(logits, dim=-1) if fused is None else fused[0]
     if plan.sampled is not None:
         drawn = _draw(logits.index_select(0, plan.sampled), plan.temperature, plan.top_p,
                       plan.generators)
@@ -159,26 +161,55 @@ def sample(logits: torch.Tensor, plan: SamplingPlan, history: TokenHistory,
                                 tokens.index_select(0, plan.sampled), drawn)
         tokens.index_copy_(0, plan.sampled, drawn)
     # log p(token) = logit - logsumexp(logits): no [B, V] log-softmax is materialised.
-    lse = torch.logsumexp(logits, dim=-1)  # [B]
+    lse = torch.logsumexp(logits, dim=-1) if fused is None else fused[1]  # [B]
     logprobs = logits.gather(1, tokens[:, None])[:, 0] - lse
     history.append(rows, tokens)
     cands = None if plan.candidates is None \
-        else _candidates(logits, lse, plan.candidates, tokens, greedy)
+        else _candidates(logits, lse, plan.candidates, tokens, greedy,
+                         None if fused is None else fused[2:])
     return tokens, logprobs, cands
 
 
+def _fused_stats(logits: torch.Tensor, plan: CandidatePlan | None
+                 ) -> tuple[torch.Tensor, ...] | None:
+    """On CUDA, for a batch with top-k rows: (argmax [B], logsumexp [B], top-k log-probs
+    [G, k], ids [G, k]) from one read of the logits (:mod:`edserve.kernels.logit_stats`);
+    None: torch's ops instead (CPU, no top-k rows)."""
+    if plan is None or plan.topk_rows is None or not _on_triton(logits):
+        return None
+    from edserve.kernels import logit_stats  # here: CPU runs never import triton
+
+    if plan.topk > logit_stats.MAX_K:
+        return None
+    # each batch row's place among the top-k rows (-1: none), from topk_rows on the device
+    # (a sampling graph's static copy: rows move between replays)
+    G, dev = plan.topk_rows.shape[0], logits.device
+    slot = torch.full((logits.shape[0],), -1, dtype=torch.int32, device=dev)
+    slot.index_copy_(0, plan.topk_rows, torch.arange(G, dtype=torch.int32, device=dev))
+    return logit_stats.logit_stats(logits, slot, G, plan.topk)
+
+
+def _on_triton(logits: torch.Tensor) -> bool:
+    return logits.is_cuda and logits.stride(1) == 1
+
+
 def _candidates(logits: torch.Tensor, lse: torch.Tensor, plan: CandidatePlan,
-                tokens: torch.Tensor, greedy: torch.Tensor | None
+                tokens: torch.Tensor, greedy: torch.Tensor | None,
+                topk: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat ([C] tokens, [C] log-probs): top-k rows first (k each), then the draws. A row a
     filter made greedy (language detection) offers only its argmax: its other top-k entries
-    get log-prob -inf, and its draws are the argmax."""
+    get log-prob -inf, and its draws are the argmax. ``topk``: the top-k rows' log-probs and
+    ids already taken (:func:`_fused_stats`)."""
     toks, lps = [], []
     if plan.topk_rows is not None:
-        # top-k of the logits, then minus the row's logsumexp: the same order and values as
-        # the top-k of log-probs, without a [G, V] subtraction
-        vals, idx = _topk_rows(logits, plan.topk_rows, plan.topk)
-        vals = vals - lse.index_select(0, plan.topk_rows)[:, None]  # [G, k], best first
+        if topk is not None:
+            vals, idx = topk
+        else:
+            # top-k of the logits, then minus the row's logsumexp: the same order and values
+            # as the top-k of log-probs, without a [G, V] subtraction
+            vals, idx = _topk_rows(logits, plan.topk_rows, plan.topk)
+            vals = vals - lse.index_select(0, plan.topk_rows)[:, None]  # [G, k], best first
         if greedy is not None:
             only_first = greedy.index_select(0, plan.topk_rows)[:, None] \
                 & (torch.arange(plan.topk, device=vals.device) > 0)  # [G, k]

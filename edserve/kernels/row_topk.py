@@ -36,6 +36,30 @@ SHAPE_FEW = (16384, 16)
 
 
 @triton.jit
+def topk_push(x, col, n_cols, tv, ti, slot, live, K: tl.constexpr, KP: tl.constexpr):
+    """Let a block's values ``x`` ([BLOCK], at columns ``col``; columns ``>= n_cols`` are
+    padding) into a running top-k (``tv``/``ti`` [KP] values and token ids, ``-1``: empty;
+    ``live``: the first K of ``slot``): K rounds take the block's largest remaining value and
+    let it replace an empty slot, else the running minimum if it is larger."""
+    for _ in tl.static_range(K):
+        m = tl.max(x, 0)
+        p = tl.min(tl.where(x == m, col, 2147483647), 0)  # first column holding m
+        cur = tl.min(tv, 0)
+        # the slot to replace: an empty one first, else the smallest value (the larger
+        # token id among equal values, so smaller ids survive)
+        key = tl.where(ti < 0, 2147483647, tl.where(tv == cur, ti, -1))
+        at = tl.max(tl.where(live, key, -1), 0)
+        pos = tl.min(tl.where(live & (key == at), slot, KP), 0)
+        take = (p < n_cols) & ((m > cur) | (at == 2147483647))
+        hit = (slot == pos) & take
+        tv = tl.where(hit, m, tv)
+        ti = tl.where(hit, p, ti)
+        x = tl.where(col == p, float("-inf"), x)
+        col = tl.where(col == p, 2147483647, col)  # a taken column is never again
+    return tv, ti
+
+
+@triton.jit
 def _row_topk_kernel(Logits, Rows, Vals, Idx, stride_l, n_cols, K: tl.constexpr,
                      KP: tl.constexpr, BLOCK: tl.constexpr):
     g = tl.program_id(0).to(tl.int64)
@@ -52,21 +76,7 @@ def _row_topk_kernel(Logits, Rows, Vals, Idx, stride_l, n_cols, K: tl.constexpr,
         thr = tl.min(tv, 0)
         empty = tl.max((ti < 0).to(tl.int32), 0) > 0
         if (tl.max(x, 0) > thr) | empty:
-            for _ in tl.static_range(K):
-                m = tl.max(x, 0)
-                p = tl.min(tl.where(x == m, col, 2147483647), 0)  # first column holding m
-                cur = tl.min(tv, 0)
-                # the slot to replace: an empty one first, else the smallest value (the
-                # larger token id among equal values, so smaller ids survive)
-                key = tl.where(ti < 0, 2147483647, tl.where(tv == cur, ti, -1))
-                at = tl.max(tl.where(live, key, -1), 0)
-                pos = tl.min(tl.where(live & (key == at), slot, KP), 0)
-                take = (p < n_cols) & ((m > cur) | (at == 2147483647))
-                hit = (slot == pos) & take
-                tv = tl.where(hit, m, tv)
-                ti = tl.where(hit, p, ti)
-                x = tl.where(col == p, float("-inf"), x)
-                col = tl.where(col == p, 2147483647, col)  # a taken column is never again
+            tv, ti = topk_push(x, col, n_cols, tv, ti, slot, live, K, KP)
     for r in tl.static_range(K):  # largest first; ties: smaller token id first
         m = tl.max(tl.where(live, tv, float("-inf")), 0)
         t = tl.min(tl.where(live & (tv == m), ti, 2147483647), 0)

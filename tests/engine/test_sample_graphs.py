@@ -106,3 +106,27 @@ def test_past_its_graph_budget_a_new_key_is_sampled_eagerly():
     assert graphs.graphs == {} and graphs.replays == 0
     sampled = _plan([FilterGroup(CHAIN, None, ("a", "b"))], sampled=torch.tensor([0]))
     assert graphs.sample(sampled, logits, prow, 2, hist) is None  # not capturable at all
+
+
+def test_the_fused_logits_kernel_gives_the_torch_sampler_results(monkeypatch):
+    """The CUDA path for top-k rows (one Triton read of the logits: argmax, logsumexp, top-k;
+    the Triton interpreter here) against torch's ops: the same tokens and candidate ids,
+    log-probabilities within float32 rounding, padded rows and moving beam rows included."""
+    import edserve.engine.sampler as sampler
+
+    gen = torch.Generator().manual_seed(5)
+    prow = torch.tensor([3, 5, 7, 0, 0, 0])  # three real rows padded to six
+    for topk_rows in ([0, 2], [1, 2], [2, 0, 1]):
+        plan = _plan([FilterGroup(CHAIN, None, ("a", "b", "c"))])
+        plan.candidates = _cands(torch.tensor(topk_rows), 3)
+        logits = torch.randn(6, V, generator=gen) * 3
+        got = {}
+        for fused in (False, True):
+            monkeypatch.setattr(sampler, "_on_triton", lambda t, fused=fused: fused)
+            got[fused] = sample(logits.clone(), plan, TokenHistory(8, 6, torch.device("cpu")),
+                                prow)
+        (t0, lp0, (ct0, cl0)), (t1, lp1, (ct1, cl1)) = got[False], got[True]
+        assert torch.equal(t0, t1) and torch.equal(ct0, ct1)
+        torch.testing.assert_close(lp1, lp0, rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(cl1, cl0, rtol=1e-6, atol=1e-5)
+        assert ct1.numel() == len(topk_rows) * 3
