@@ -29,7 +29,7 @@ import triton.language as tl
 
 from edserve.kernels.row_topk import MAX_K, topk_push
 
-INT_MAX = 2147483647
+INT_MAX = tl.constexpr(2147483647)
 # (chunks per row, logits per block, warps) by rows: enough programs for the H200's 132 SMs
 # (benchmarks/row_topk_gpu.py --stats measures them)
 MANY_ROWS = 128

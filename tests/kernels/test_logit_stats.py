@@ -92,3 +92,37 @@ def test_bad_arguments_raise():
         logit_stats(x, None, 2, 2)
     arg, lse, vals, idx = logit_stats(x[:0])
     assert arg.shape == (0,) and vals.shape == (0, 0)
+
+
+_COMPILE = """
+import sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from edserve.kernels import logit_stats as m
+k = int(sys.argv[1])
+ptr = {"Slot": "*i32", "PM": "*fp32", "PS": "*fp32", "PA": "*i32", "PV": "*fp32", "PI": "*i32"}
+c = "constexpr"
+chunk = ASTSource(m._chunk_kernel, {"Logits": "*fp32", **ptr, "stride_l": "i32",
+                  "n_cols": "i32", "chunk": "i32", "SPLIT": c, "K": c, "KP": c, "BLOCK": c},
+                  constexprs={"SPLIT": 4, "K": k, "KP": 8, "BLOCK": 2048})
+merge = ASTSource(m._merge_kernel, {**ptr, "Argmax": "*i64", "Lse": "*fp32", "Vals": "*fp32",
+                  "Idx": "*i64", "SPLIT": c, "SP": c, "K": c, "KP": c},
+                  constexprs={"SPLIT": 4, "SP": 4, "K": k, "KP": 8})
+for src in (chunk, merge):
+    assert compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+"""
+
+
+@pytest.mark.parametrize("k", [0, 6])
+def test_kernels_compile_for_the_h200(k):
+    """The interpreter accepts what the compiler refuses (a non-constexpr global, say): both
+    launches compile to an sm_90 cubin, no GPU needed (a subprocess: the test session runs
+    the interpreter)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE, str(k)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
