@@ -114,17 +114,17 @@ def test_the_fused_logits_kernel_gives_the_torch_sampler_results(monkeypatch):
     log-probabilities within float32 rounding, padded rows and moving beam rows included."""
     import edserve.engine.sampler as sampler
 
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: interpreter
     gen = torch.Generator().manual_seed(5)
-    prow = torch.tensor([3, 5, 7, 0, 0, 0])  # three real rows padded to six
+    prow = torch.tensor([3, 5, 7, 0, 0, 0], device=dev)  # three real rows padded to six
     for topk_rows in ([0, 2], [1, 2], [2, 0, 1]):
         plan = _plan([FilterGroup(CHAIN, None, ("a", "b", "c"))])
-        plan.candidates = _cands(torch.tensor(topk_rows), 3)
-        logits = torch.randn(6, V, generator=gen) * 3
+        plan.candidates = _cands(torch.tensor(topk_rows, device=dev), 3)
+        logits = (torch.randn(6, V, generator=gen) * 3).to(dev)
         got = {}
         for fused in (False, True):
             monkeypatch.setattr(sampler, "_on_triton", lambda t, fused=fused: fused)
-            got[fused] = sample(logits.clone(), plan, TokenHistory(8, 6, torch.device("cpu")),
-                                prow)
+            got[fused] = sample(logits.clone(), plan, TokenHistory(8, 6, dev), prow)
         (t0, lp0, (ct0, cl0)), (t1, lp1, (ct1, cl1)) = got[False], got[True]
         assert torch.equal(t0, t1) and torch.equal(ct0, ct1)
         torch.testing.assert_close(lp1, lp0, rtol=1e-6, atol=1e-5)
