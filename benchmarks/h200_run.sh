@@ -15,6 +15,7 @@
 #   w21-final (~9 min: top-k launch shapes, beam A/B, real path flat and aligned, arrivals)
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
+#   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
 #   w28-stats (~8 min: the fused logits kernel's GPU tests and sweep, beam 5 A/B against _ab/before, the timeline)
 #   w27-copy (~6 min: the pair copy's early exit, beam A/B against _ab/before), w27-verify (~8 min: the batched admission / release, timeline + beam 5 + the real path)
 #   w26-choice (~8 min: the Triton beam choice tested, alone, and in the engine vs the tensor ops), w26-ab (~8 min),
@@ -143,6 +144,15 @@ for part in "$@"; do
     # wave 27's batched beam admission / release, verified: GPU beam tests, the run's timeline, beam 5 on flat and aligned (~6 min)
     # wave 28: the sampler's fused logits read (argmax, logsumexp, top-k): GPU tests, shapes,
     # beam 5 vs greedy with and without it (_ab/before = the tree before, alternating), timeline
+    w28-final) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_logit_stats.py \
+             tests/kernels/test_row_topk.py tests/engine/test_gpu_beam.py tests/engine/test_gpu_sample_graphs.py \
+             tests/engine/test_sample_graphs.py tests/engine/test_beam_device.py tests/engine/test_gpu_syncs.py \
+             tests/engine/test_gpu.py -rs 2>&1 | grep -v "Loading weights" | tee "$OUT/w28_final_tests.log" | tail -3
+           for cfg in "flat:128" "aligned:128" "flat:128 --eos-timestamps"; do
+             (cd benchmarks && timeout 100 python3 -W ignore beam_gpu.py --concurrency 64 --configs $cfg --beam 5 \
+               --beam-on-device --no-hf 2>&1 | grep -v "custom logits" | tee -a "$OUT/w28_final_beam.log" \
+               | grep -E "^(flat|aligned)" | cut -c1-200 | sort -u)
+           done ;;
     w28-stats) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_logit_stats.py \
              tests/kernels/test_row_topk.py tests/engine/test_gpu_beam.py tests/engine/test_gpu_sample_graphs.py \
              tests/engine/test_sample_graphs.py -rs 2>&1 | grep -v "Loading weights" | tee "$OUT/w28_tests.log" | tail -2
