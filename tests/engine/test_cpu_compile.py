@@ -69,6 +69,26 @@ def test_traced_greedy_text_equals_eager(engines, audios):
         compiled.runner.graph_runner = saved
 
 
+def test_traced_graphs_of_two_shapes_called_in_turn(engines, audios):
+    """Two compiled keys (one greedy row, two greedy rows) called in turn: once a key is
+    compiled dynamo checks only the guards that tell its graphs apart (``replay``'s stance),
+    so every call must still land on its own graph: the text equals the eager path's."""
+    compiled, eager = engines
+    saved = compiled.runner.graph_runner
+    runner = compiled.runner.graph_runner = CompiledDecodeRunner(
+        compiled.model, compiled.pools, saved.max_bs, compiled.model.max_encoder_len,
+        compiled.max_decoder_len, 0, None, backend="eager")
+    opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
+                             beam_size=1, max_new_tokens=24)
+    try:
+        for clips in (audios[:2], audios[:1], audios[1:3], audios[2:3]):
+            got = [r.text for r in transcribe(compiled, clips, options=opts)]
+            assert got == [r.text for r in transcribe(eager, clips, options=opts)]
+        assert runner.compiled == {(1, 1), (2, 1)}
+    finally:
+        compiled.runner.graph_runner = saved
+
+
 def _batch(rows: int, runs=None, mode=ForwardMode.DECODE, ranges=None):
     return SimpleNamespace(mode=mode, batch_size=rows, cross_runs=runs, cross_kv_ranges=ranges)
 
