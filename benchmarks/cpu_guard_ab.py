@@ -38,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
         return skipping(self, batch, input_ids)
 
     cpu_compile.CompiledDecodeRunner.replay = replay
+    try:
+        return _run(args, state)
+    finally:
+        cpu_compile.CompiledDecodeRunner.replay = skipping
+
+
+def _run(args, state: dict) -> int:
     audio = cs._jfk()
     fn, clock = cs.build(args.mode, args.beam, True, args.threads)
     fn(audio)
