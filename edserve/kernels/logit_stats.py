@@ -1,10 +1,11 @@
 """One read of the logits for the sampler: every row's argmax and logsumexp, and the top-k
 log-probabilities of the rows that ask (beam candidates), in two Triton launches.
 
-A beam step at 64 requests x beam 5 holds ``[320, 51866]`` fp32 logits (66 MB). torch reads
-them four times (argmax, logsumexp's max, exp and sum passes) before the top-k kernel reads them
-again (~0.19 ms of a ~8 ms large-v3 step on the H200). Here each row is cut into ``SPLIT``
-column chunks (flash-decoding's split, for parallelism: one program per (row, chunk)):
+A beam step at 64 requests x beam 5 holds ``[320, 51866]`` fp32 logits (66 MB). torch read
+them four times (argmax, logsumexp's max, exp and sum passes) before the top-k kernel read them
+again: 0.24 ms of a ~8 ms large-v3 step on the H200, 0.08 ms here (benchmarks/row_topk_gpu.py).
+Each row is cut into ``SPLIT`` column chunks (flash-decoding's split, for parallelism: one
+program per (row, chunk)):
 
 * the chunk's max, its first column, its sum of ``exp(x - max)`` and, for a top-k row, its
   running top-k (:func:`~edserve.kernels.row_topk.topk_push`: a block whose max does not beat
