@@ -199,6 +199,9 @@ class BeamBatch:
             lens, sums, stops = row[1:1 + n], row[1 + F:1 + F + n], row[1 + 2 * F:1 + 2 * F + n]
             scores = [rank_score(int(k), s, lp) for k, s in zip(lens, sums, strict=True)]
             f = scores.index(max(scores))
+            if lens[f] > L:  # the caller's ``upto`` undercounted: never read a neighbour's row
+                raise RuntimeError(f"a finished sequence of {int(lens[f])} tokens, read with "
+                                   f"only {L} columns (upto={upto})")
             a, b = f * L, f * L + int(lens[f])
             out.append(Finished(toks[i, a:b].astype(np.int64).tolist(), lps[i, a:b].tolist(),
                                 sums[f], None if stops[f] != stops[f] else stops[f]))

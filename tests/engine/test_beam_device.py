@@ -94,6 +94,10 @@ def _replay(seed: int, G: int, device: str = "cpu", stepper: str = "eager",
                     # the engine's read: only the chosen one, whole and partial columns
                     assert dev.best([g], [penalty])[0] == best(h.finished, penalty)
                     assert dev.best([g], [penalty], upto=step)[0] == best(h.finished, penalty)
+                n = len(best(h.finished, None).tokens)
+                if n > 1:  # too few columns for the chosen one: an error, not wrong tokens
+                    with pytest.raises(RuntimeError, match="columns"):
+                        dev.best([g], [None], upto=n - 1)
                 continue
             n = int(dev.length[g])
             ranks = dev.rank_slot[g, :len(h.members)].tolist()  # member order
