@@ -190,6 +190,7 @@ def _fused_stats(logits: torch.Tensor, plan: CandidatePlan | None
 
 
 def _on_triton(logits: torch.Tensor) -> bool:
+    """Whether the Triton logits kernels take ``logits`` (CUDA, contiguous rows)."""
     return logits.is_cuda and logits.stride(1) == 1
 
 
@@ -231,7 +232,7 @@ def _topk_rows(logits: torch.Tensor, rows: torch.Tensor, k: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.topk(logits[rows], k)``: on CUDA one Triton pass over each row
     (:mod:`edserve.kernels.row_topk`, no row copy, no radix select), else torch."""
-    if logits.is_cuda and logits.stride(1) == 1:
+    if _on_triton(logits):
         from edserve.kernels import row_topk  # here: CPU runs never import triton
 
         if k <= row_topk.MAX_K:
