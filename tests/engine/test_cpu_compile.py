@@ -46,6 +46,7 @@ def _same_text(compiled, eager, audios, beam_size: int) -> None:
         assert got == want and want
     assert runner.steps - before >= len(audios) * 10  # the decode steps ran compiled
     assert runner.compiled == {(1, beam_size)}
+    assert (1, beam_size, True) in runner.variants  # one clip: its encoder K/V read in place
 
 
 def test_compiled_beam_text_equals_eager(engines, audios):
@@ -85,6 +86,7 @@ def test_traced_graphs_of_two_shapes_called_in_turn(engines, audios):
             got = [r.text for r in transcribe(compiled, clips, options=opts)]
             assert got == [r.text for r in transcribe(eager, clips, options=opts)]
         assert runner.compiled == {(1, 1), (2, 1)}
+        assert runner.variants == {(1, 1, True), (2, 1, False)}
     finally:
         compiled.runner.graph_runner = saved
 
@@ -141,3 +143,49 @@ def test_traced_aligned_layout_text_equals_eager(random_whisper, audios):
         want = transcribe(eager, audios[:1], options=opts)[0].text
         assert transcribe(traced, audios[:1], options=opts)[0].text == want and want
     assert traced.runner.graph_runner.compiled == {(1, 1), (1, 2)}
+
+
+def test_cross_anchor_only_for_one_contiguous_full_region(engines):
+    """The encoder region is read in place only for one group whose region fills the encoder
+    columns with one run of slots; anything else (two groups, a shorter region, slots out of
+    order, the switch off) gathers."""
+    runner = engines[0].runner.graph_runner
+    E = runner.encoder_cols
+    table = torch.zeros(2, E + 8, dtype=torch.int32)
+    table[0, :E] = torch.arange(7, 7 + E)
+    table[1, :E] = torch.arange(7, 7 + E).flip(0)
+
+    def batch(row, enc_len=E):
+        return SimpleNamespace(req_pool_indices=torch.tensor([row]), req_to_token=table,
+                               encoder_lens_cpu=[enc_len])
+
+    anchor = runner._cross_anchor(batch(0), 1, 2)
+    assert anchor.shape == (7 + 2, 0) and anchor.numel() == 0
+    assert runner._cross_anchor(batch(0), 2, 1) is None  # two groups
+    assert runner._cross_anchor(batch(0, E - 1), 1, 1) is None  # a shorter region
+    assert runner._cross_anchor(batch(1), 1, 1) is None  # not one run of slots
+    runner.cross_view = False
+    try:
+        assert runner._cross_anchor(batch(0), 1, 1) is None
+    finally:
+        runner.cross_view = True
+
+
+def test_traced_one_clip_text_equal_with_and_without_the_in_place_read(engines, audios):
+    """One clip read through the gathering graph and through the in-place one: both equal the
+    eager text (the two variants of key (1, 1) compiled side by side)."""
+    compiled, eager = engines
+    saved = compiled.runner.graph_runner
+    runner = compiled.runner.graph_runner = CompiledDecodeRunner(
+        compiled.model, compiled.pools, saved.max_bs, compiled.model.max_encoder_len,
+        compiled.max_decoder_len, 0, None, backend="eager")
+    opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
+                             beam_size=1, max_new_tokens=24)
+    try:
+        for view in (False, True, False):
+            runner.cross_view = view
+            got = transcribe(compiled, audios[:1], options=opts)[0].text
+            assert got == transcribe(eager, audios[:1], options=opts)[0].text
+        assert runner.variants == {(1, 1, False), (1, 1, True)}
+    finally:
+        compiled.runner.graph_runner = saved

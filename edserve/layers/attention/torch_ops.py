@@ -49,7 +49,7 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     max_k = key_index.shape[1]
     if B == 1 and kv_ranges is None and q.device.type == "cpu" and (not causal or T == 1):
         if "one_range" not in memo:
-            memo["one_range"] = _one_range(key_index[0, :int(kv_lens[0])])
+            memo["one_range"] = one_range(key_index[0, :int(kv_lens[0])])
         if memo["one_range"] is not None:
             return _attend_range(q, k_cache, v_cache, *memo["one_range"], scale)
     if max_q == 1 and T == B and kv_ranges is None:  # decode: one query per request
@@ -119,7 +119,7 @@ def _attend_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     return ctx.to(q.dtype)  # [B, Hq, D]
 
 
-def _one_range(slots: torch.Tensor) -> tuple[int, int] | None:
+def one_range(slots: torch.Tensor) -> tuple[int, int] | None:
     """``(first slot, count)`` when the key slots ``[S]`` are one contiguous range, else None
     (host reads: asked once per batch through the memo)."""
     S = slots.shape[0]
@@ -134,7 +134,7 @@ def _one_range(slots: torch.Tensor) -> tuple[int, int] | None:
 def _attend_range(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, first: int,
                   S: int, scale: float) -> torch.Tensor:
     """CPU fast path of one request whose queries all see all its keys, slots ``first ..
-    first + S - 1`` (:func:`_one_range`): attend over a view of the caches (no gather, no
+    first + S - 1`` (:func:`one_range`): attend over a view of the caches (no gather, no
     mask). A one-clip CLI job hits it every decode step (a 1500-key encoder region is 2 x 2.3
     MB of tiny.en K/V per layer that the gather copied)."""
     if S == 0:

@@ -28,14 +28,14 @@ def test_contiguous_range_equals_gather_and_float64(T, Hq, Hkv):
     cu_q = torch.tensor([0, T], dtype=torch.int32)
     args = (q, kc, vc, table, torch.zeros(1, dtype=torch.int32), torch.tensor([first]),
             torch.tensor([S], dtype=torch.int32), cu_q, T, False, 0.25)
-    assert torch_ops._one_range(torch.arange(first, first + S)) == (first, S)  # fast path
+    assert torch_ops.one_range(torch.arange(first, first + S)) == (first, S)  # fast path
     fast = torch_ops.flat_attention(*args)
     # the same keys at scattered slots: the gathering path
     perm = torch.randperm(slots)
     kc2, vc2 = torch.empty_like(kc), torch.empty_like(vc)
     kc2[perm], vc2[perm] = kc, vc
     table2 = perm[None].to(torch.int32)  # column j -> where slot j went
-    assert torch_ops._one_range(perm[first:first + S]) is None
+    assert torch_ops.one_range(perm[first:first + S]) is None
     slow = torch_ops.flat_attention(q, kc2, vc2, table2, *args[4:])
     want = _reference(q, kc[first:first + S], vc[first:first + S], 0.25)
     torch.testing.assert_close(fast.double(), want, rtol=1e-5, atol=1e-5)

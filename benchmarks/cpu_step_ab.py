@@ -1,0 +1,108 @@
+"""A change to the compiled CPU decode step, on and off, alternating in one process: the embedded
+tiny.en on jfk, ms per decode step (medians over ``--rounds``) and whether the text is equal.
+
+Changes (``--change``):
+
+* ``guards``: once a key is compiled, ``CompiledDecodeRunner.replay`` checks only the guards that
+  tell its cached graphs apart (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``);
+  ``off`` checks every guard (the step before that change).
+* ``cross-view``: one clip's encoder region read as a view of the KV pool (``_cross_anchor``);
+  ``off`` gathers its 1500 K and V rows every layer and step (the step before that change).
+
+  python benchmarks/cpu_step_ab.py [--change cross-view] [--mode int8] [--beam 1] [--rounds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+from collections.abc import Callable, Iterator
+
+import cpu_step as cs
+
+
+@contextlib.contextmanager
+def _guards(state: dict) -> Iterator[None]:
+    from edserve.engine import cpu_compile
+
+    skipping = cpu_compile.CompiledDecodeRunner.replay
+
+    def replay(self, batch, input_ids):
+        if not state["on"]:  # every guard: the compiled key's first-call path
+            g, w = self.key(batch)
+            variant = (g, w, self._cross_anchor(batch, g, w) is not None)
+            self.variants.discard(variant)
+            try:
+                return skipping(self, batch, input_ids)
+            finally:
+                self.variants.add(variant)
+        return skipping(self, batch, input_ids)
+
+    cpu_compile.CompiledDecodeRunner.replay = replay
+    try:
+        yield
+    finally:
+        cpu_compile.CompiledDecodeRunner.replay = skipping
+
+
+@contextlib.contextmanager
+def _cross_view(state: dict) -> Iterator[None]:
+    from edserve.engine import cpu_compile
+
+    anchor = cpu_compile.CompiledDecodeRunner._cross_anchor
+
+    def cross_anchor(self, batch, g, w):
+        return anchor(self, batch, g, w) if state["on"] else None
+
+    cpu_compile.CompiledDecodeRunner._cross_anchor = cross_anchor
+    try:
+        yield
+    finally:
+        cpu_compile.CompiledDecodeRunner._cross_anchor = anchor
+
+
+CHANGES: dict[str, Callable[[dict], contextlib.AbstractContextManager]] = {
+    "guards": _guards, "cross-view": _cross_view}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--change", default="cross-view", choices=sorted(CHANGES))
+    ap.add_argument("--mode", default="int8", choices=sorted(cs.MODES))
+    ap.add_argument("--beam", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    state = {"on": True}
+    with CHANGES[args.change](state):
+        return _run(args, state)
+
+
+def _run(args, state: dict) -> int:
+    audio = cs._jfk()
+    fn, clock = cs.build(args.mode, args.beam, True, args.threads)
+    for on in (True, False):  # both variants compiled and warm before timing
+        state["on"] = on
+        fn(audio)
+        fn(audio)
+    ms: dict[str, list[float]] = {"off": [], "on": []}
+    texts: dict[str, set[str]] = {"off": set(), "on": set()}
+    for _ in range(args.rounds):
+        for name in ms:
+            state["on"] = name == "on"
+            clock.reset()
+            texts[name].add(fn(audio))
+            ms[name].append(1e3 * clock.mean_decode_s())
+    print(f"# {cs.cpu_description()}; {args.change}; {args.mode}, beam {args.beam}, jfk, "
+          f"{args.rounds} rounds")
+    for name, v in ms.items():
+        print(f"{name}: median {statistics.median(v):.2f} ms/step; "
+              + " ".join(f"{x:.2f}" for x in v))
+    print("text equal:", texts["off"] == texts["on"] and len(texts["on"]) == 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
