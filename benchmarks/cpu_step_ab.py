@@ -6,10 +6,11 @@ Changes (``--change``):
 * ``guards``: once a key is compiled, ``CompiledDecodeRunner.replay`` checks only the guards that
   tell its cached graphs apart (``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``);
   ``off`` checks every guard (the step before that change).
-* ``cross-view``: one clip's encoder region read as a view of the KV pool (``_cross_anchor``);
+* ``cross-view``: each clip's encoder region read as a view of the KV pool (``_cross_anchors``);
   ``off`` gathers its 1500 K and V rows every layer and step (the step before that change).
 
   python benchmarks/cpu_step_ab.py [--change cross-view] [--mode int8] [--beam 1] [--rounds 10]
+  python benchmarks/cpu_step_ab.py --clips 4     # four clips transcribed together
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _guards(state: dict) -> Iterator[None]:
     def replay(self, batch, input_ids):
         if not state["on"]:  # every guard: the compiled key's first-call path
             g, w = self.key(batch)
-            variant = (g, w, self._cross_anchor(batch, g, w) is not None)
+            variant = (g, w, self._cross_anchors(batch, g, w) is not None)
             self.variants.discard(variant)
             try:
                 return skipping(self, batch, input_ids)
@@ -51,20 +52,35 @@ def _guards(state: dict) -> Iterator[None]:
 def _cross_view(state: dict) -> Iterator[None]:
     from edserve.engine import cpu_compile
 
-    anchor = cpu_compile.CompiledDecodeRunner._cross_anchor
+    anchors = cpu_compile.CompiledDecodeRunner._cross_anchors
 
-    def cross_anchor(self, batch, g, w):
-        return anchor(self, batch, g, w) if state["on"] else None
+    def cross_anchors(self, batch, g, w):
+        return anchors(self, batch, g, w) if state["on"] else None
 
-    cpu_compile.CompiledDecodeRunner._cross_anchor = cross_anchor
+    cpu_compile.CompiledDecodeRunner._cross_anchors = cross_anchors
     try:
         yield
     finally:
-        cpu_compile.CompiledDecodeRunner._cross_anchor = anchor
+        cpu_compile.CompiledDecodeRunner._cross_anchors = anchors
 
 
 CHANGES: dict[str, Callable[[dict], contextlib.AbstractContextManager]] = {
     "guards": _guards, "cross-view": _cross_view}
+
+
+def build(mode: str, beam: int, threads: int, clips: int):
+    """``fn(audios) -> texts`` on a compiling engine with ``clips x beam`` rows; its clock."""
+    from edserve.runtime import build_engine
+    from edserve.whisper.options import TranscribeOptions
+    from edserve.whisper.transcribe import transcribe
+
+    dtype, quantization = cs.MODES[mode]
+    engine = build_engine(device="cpu", threads=threads, max_running_requests=clips * beam,
+                          dtype=dtype, quantization=quantization, cpu_compile="on")
+    opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
+                             beam_size=beam)
+    clock = cs.StepClock(engine)
+    return (lambda audios: tuple(r.text for r in transcribe(engine, audios, options=opts))), clock
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beam", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clips", type=int, default=1,
+                    help="clips transcribed together (1: jfk; N: the first N of cpu_whisper's)")
     args = ap.parse_args(argv)
     state = {"on": True}
     with CHANGES[args.change](state):
@@ -81,21 +99,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, state: dict) -> int:
-    audio = cs._jfk()
-    fn, clock = cs.build(args.mode, args.beam, True, args.threads)
+    if args.clips == 1:
+        audio = [cs._jfk()]
+    else:
+        from cpu_whisper import clips
+
+        from edserve.audio.decode import load_audio
+
+        audio = [load_audio(p) for p in clips()[:args.clips]]
+    fn, clock = build(args.mode, args.beam, args.threads, len(audio))
     for on in (True, False):  # both variants compiled and warm before timing
         state["on"] = on
         fn(audio)
         fn(audio)
     ms: dict[str, list[float]] = {"off": [], "on": []}
-    texts: dict[str, set[str]] = {"off": set(), "on": set()}
+    texts: dict[str, set[tuple[str, ...]]] = {"off": set(), "on": set()}
     for _ in range(args.rounds):
         for name in ms:
             state["on"] = name == "on"
             clock.reset()
             texts[name].add(fn(audio))
             ms[name].append(1e3 * clock.mean_decode_s())
-    print(f"# {cs.cpu_description()}; {args.change}; {args.mode}, beam {args.beam}, jfk, "
+    print(f"# {cs.cpu_description()}; {args.change}; {args.mode}, beam {args.beam}, "
+          f"{'jfk' if args.clips == 1 else f'{args.clips} clips together'}, "
           f"{args.rounds} rounds")
     for name, v in ms.items():
         print(f"{name}: median {statistics.median(v):.2f} ms/step; "

@@ -27,12 +27,14 @@ import torch
 from edserve.engine.batch_builder import Pools
 from edserve.engine.graph_inputs import GraphInputs
 from edserve.layers.attention.static_decode import StaticDecodeBackend, static_decode_metadata
-from edserve.layers.attention.torch_ops import one_range
 from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 
 logger = logging.getLogger("edserve")
 
 SELF_COLS_ALIGN = 16  # decoder key count rounded up to this (fewer distinct shapes)
+# Most groups whose encoder regions a graph reads in place (one SDPA call per group and layer);
+# a batch of more groups gathers them (one call per layer).
+CROSS_VIEW_MAX_GROUPS = 16
 
 
 def group_buckets(max_bs: int) -> list[int]:
@@ -69,6 +71,7 @@ class CompiledDecodeRunner:
         self.inputs = GraphInputs(max_bs, pools.device, ranged=False)
         self.backend = StaticDecodeBackend()
         self.cols = torch.arange(max_decoder_len + SELF_COLS_ALIGN, device=pools.device)
+        self.encoder_col_ids = torch.arange(max_encoder_len, device=pools.device)
         self.buckets = group_buckets(max_bs)
         self.eager_steps: dict[tuple[int, int], int] = {}  # steps run eagerly per key
         self.compiled: set[tuple[int, int]] = set()
@@ -104,17 +107,17 @@ class CompiledDecodeRunner:
         return n > self.compile_after
 
     def _forward(self, g: int, w: int, self_cols: torch.Tensor,
-                 cross_anchor: torch.Tensor | None) -> torch.Tensor:
+                 cross_anchors: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
         """The compiled work: metadata, decoder forward and logits of ``g * w`` rows;
-        ``cross_anchor`` ``[first + 2, 0]``: the encoder region's first slot as a dynamic size
-        (see :meth:`_cross_anchor`), or None."""
+        ``cross_anchors``: each group's encoder region's first slot as a dynamic size (see
+        :meth:`_cross_anchors`), or None."""
         bs = g * w
         inp = self.inputs
         batch = inp.batch(self.pools, bs)
         batch.attn_backend = self.backend
-        first = None if cross_anchor is None else cross_anchor.shape[0] - 2
+        firsts = None if cross_anchors is None else [a.shape[0] - 2 for a in cross_anchors]
         batch.attn_metadata = static_decode_metadata(batch, self_cols, self.encoder_cols, w,
-                                                     first)
+                                                     firsts)
         hidden = self.model(inp.input_ids[:bs], inp.positions[:bs], batch, None)  # [bs, d]
         return self.model.compute_logits(hidden)  # [bs, V]
 
@@ -122,21 +125,27 @@ class CompiledDecodeRunner:
         """Compiled steps sample eagerly (the :class:`DecodeGraphRunner` interface: None)."""
         return None
 
-    def _cross_anchor(self, batch: ForwardBatch, g: int, w: int) -> torch.Tensor | None:
-        """When the batch is one group (``g == 1``) whose encoder region fills the
-        ``encoder_cols`` columns with one run of slots, a tensor of shape ``[first + 2, 0]``
-        (no storage) whose marked-dynamic size carries the first slot into the graph without a
-        recompile per value (+2: dynamo specialises sizes 0 and 1); else None. The eager path's
-        one-request view (:func:`~edserve.layers.attention.torch_ops.one_range`)."""
-        if not self.cross_view or g != 1 or batch.encoder_lens_cpu[0] != self.encoder_cols:
+    def _cross_anchors(self, batch: ForwardBatch, g: int, w: int
+                       ) -> tuple[torch.Tensor, ...] | None:
+        """When every group's encoder region fills the ``encoder_cols`` columns with one run of
+        slots (and there are at most :data:`CROSS_VIEW_MAX_GROUPS` groups), one tensor per group
+        of the bucket, of shape ``[first + 2, 0]`` (no storage): its marked-dynamic size carries
+        the group's first slot into the graph without a recompile per value (+2: dynamo
+        specialises sizes 0 and 1); padding groups repeat the first group's. Else None (the
+        graph gathers). Host reads: the groups' first slots, one flag."""
+        n = batch.batch_size // w  # real groups
+        if not self.cross_view or g > CROSS_VIEW_MAX_GROUPS or any(
+                batch.encoder_lens_cpu[i * w] != self.encoder_cols for i in range(n)):
             return None
-        row = int(batch.req_pool_indices[0])
-        span = one_range(batch.req_to_token[row, :self.encoder_cols])
-        if span is None:
+        E = self.encoder_cols
+        table = batch.req_to_token[batch.req_pool_indices[::w], :E].long()  # [n, E]
+        if not bool((table - table[:, :1] == self.encoder_col_ids).all()):
             return None
-        anchor = torch.empty(span[0] + 2, 0)
-        torch._dynamo.mark_dynamic(anchor, 0)
-        return anchor
+        firsts = table[:, 0].tolist()
+        anchors = tuple(torch.empty(f + 2, 0) for f in firsts + firsts[:1] * (g - n))
+        for a in anchors:
+            torch._dynamo.mark_dynamic(a, 0)
+        return anchors
 
     def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, V]`` of a decode batch that :meth:`can_run` accepted."""
@@ -153,17 +162,17 @@ class CompiledDecodeRunner:
                 torch._dynamo.config.cache_size_limit, 4 * len(self.buckets))
             self._fn = torch.compile(self._forward, backend=self.compiler, dynamic=False)
         torch._dynamo.mark_dynamic(self_cols, 0)
-        anchor = self._cross_anchor(batch, g, w)
-        variant = (g, w, anchor is not None)
+        anchors = self._cross_anchors(batch, g, w)
+        variant = (g, w, anchors is not None)
         first = variant not in self.variants
         t0 = time.perf_counter()
         if first:
-            logits = self._fn(g, w, self_cols, anchor)
+            logits = self._fn(g, w, self_cols, anchors)
         else:
             # a compiled variant: dynamo checks only the guards that tell its cached graphs
             # apart, not every guard on the model's modules (~0.1 ms a step, 2-core Xeon)
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                logits = self._fn(g, w, self_cols, anchor)
+                logits = self._fn(g, w, self_cols, anchors)
         self.steps += 1
         if first:
             self.compiled.add((g, w))

@@ -29,10 +29,10 @@ class StaticDecodeMetadata:
     cross_index: torch.Tensor  # [G, E] int64 KV slots of each group's encoder region
     cross_lens: torch.Tensor  # [G] encoder keys of each group (0: none)
     width: int  # W rows per group (B = G * W)
-    # One group whose E encoder keys are the contiguous slots [cross_first, cross_first + E):
-    # cross attention reads a view of the caches (no gather); a symbolic int under dynamo.
+    # Group g's E encoder keys are the contiguous slots [cross_firsts[g], cross_firsts[g] + E):
+    # cross attention reads views of the caches (no gather); symbolic ints under dynamo.
     # None: read through cross_index.
-    cross_first: int | None = None
+    cross_firsts: list[int] | None = None
 
 
 def group_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -53,14 +53,19 @@ def group_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def range_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    first: int, count: int, scale: float) -> torch.Tensor:
-    """q ``[1, W, H, D]`` (one group) attends over all keys of the cache slots ``[first,
-    first + count)``, read as a view; returns ``[1, W, H, D]`` in q's dtype. Gathering a
-    1500-key tiny.en encoder region cost ~0.2 ms a layer and step on a 2-core CPU."""
-    k = k_cache[first:first + count].transpose(0, 1)[None]  # [1, H, E, D] (a view)
-    v = v_cache[first:first + count].transpose(0, 1)[None]
-    out = F.scaled_dot_product_attention(q.transpose(1, 2).to(k.dtype), k, v, scale=scale)
-    return out.transpose(1, 2).to(q.dtype)  # [1, W, H, D]
+                    firsts: list[int], count: int, scale: float) -> torch.Tensor:
+    """q ``[G, W, H, D]``: group g attends over all keys of the cache slots ``[firsts[g],
+    firsts[g] + count)``, read as views (one SDPA call per group); returns ``[G, W, H, D]`` in
+    q's dtype. Gathering a 1500-key tiny.en encoder region cost ~0.2 ms a layer and step
+    on a 2-core CPU."""
+    outs = []
+    for g, first in enumerate(firsts):
+        k = k_cache[first:first + count].transpose(0, 1)[None]  # [1, H, E, D] (a view)
+        v = v_cache[first:first + count].transpose(0, 1)[None]
+        qg = q[g:g + 1].transpose(1, 2).to(k.dtype)  # [1, H, W, D]
+        outs.append(F.scaled_dot_product_attention(qg, k, v, scale=scale))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [G, H, W, D]
+    return out.transpose(1, 2).to(q.dtype)  # [G, W, H, D]
 
 
 class StaticDecodeBackend(AttentionBackend):
@@ -83,8 +88,8 @@ class StaticDecodeBackend(AttentionBackend):
         B, H, D = q.shape
         if layer.is_cross:
             qg = q.view(B // meta.width, meta.width, H, D)
-            if meta.cross_first is not None:
-                out = range_attention(qg, k_cache, v_cache, meta.cross_first,
+            if meta.cross_firsts is not None:
+                out = range_attention(qg, k_cache, v_cache, meta.cross_firsts,
                                       meta.cross_index.shape[1], layer.scaling)
                 return out.reshape(B, H, D)
             out = group_attention(qg, k_cache, v_cache, meta.cross_index, meta.cross_lens,
@@ -98,10 +103,11 @@ class StaticDecodeBackend(AttentionBackend):
 
 
 def static_decode_metadata(batch: ForwardBatch, self_cols: torch.Tensor, cross_len: int,
-                           width: int, cross_first: int | None = None) -> StaticDecodeMetadata:
+                           width: int, cross_firsts: list[int] | None = None
+                           ) -> StaticDecodeMetadata:
     """Index tensors of a fixed-shape decode batch (tensor ops only, no host values):
     ``self_cols`` ``[K]`` = ``arange(K)``; ``cross_len`` = E, the encoder region's columns;
-    ``cross_first``: see :class:`StaticDecodeMetadata` (the caller vouches for the range)."""
+    ``cross_firsts``: see :class:`StaticDecodeMetadata` (the caller vouches for the ranges)."""
     r2t = batch.req_to_token  # [rows, cols] int32
     cols = r2t.shape[1]
     rows = batch.req_pool_indices  # [B]
@@ -110,4 +116,4 @@ def static_decode_metadata(batch: ForwardBatch, self_cols: torch.Tensor, cross_l
     self_index = table.gather(1, self_col).long()  # [B, K]
     leaders = table[::width, :cross_len].long()  # [G, E]
     return StaticDecodeMetadata(self_index, batch.seq_lens, leaders,
-                                batch.encoder_lens[::width], width, cross_first)
+                                batch.encoder_lens[::width], width, cross_firsts)
