@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -160,7 +161,13 @@ class CompiledDecodeRunner:
             # process-wide setting (a per-call config.patch cost ~0.2-0.8 ms of host time).
             torch._dynamo.config.cache_size_limit = max(
                 torch._dynamo.config.cache_size_limit, 4 * len(self.buckets))
-            self._fn = torch.compile(self._forward, backend=self.compiler, dynamic=False)
+            # A code object of this runner's own: dynamo keeps graphs per code object, and
+            # under the unsafe stance below it picks among them by the guards that tell them
+            # apart, which need not say which runner (model, pools) compiled them.
+            own = types.FunctionType(CompiledDecodeRunner._forward.__code__.replace(),
+                                     CompiledDecodeRunner._forward.__globals__, "_forward")
+            self._fn = torch.compile(types.MethodType(own, self), backend=self.compiler,
+                                     dynamic=False)
         torch._dynamo.mark_dynamic(self_cols, 0)
         anchors = self._cross_anchors(batch, g, w)
         variant = (g, w, anchors is not None)
