@@ -77,7 +77,7 @@ class CompiledDecodeRunner:
         self.eager_steps: dict[tuple[int, int], int] = {}  # steps run eagerly per key
         self.compiled: set[tuple[int, int]] = set()
         self.variants: set[tuple[int, int, bool]] = set()  # (G, W, cross read in place)
-        self.cross_view = True  # one group's contiguous encoder region read as a view
+        self.cross_view = True  # encoder regions read in place when they allow it
         self.steps = 0  # decode steps run compiled
         if cache_dir is not None:  # inductor reads it when it first compiles
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
