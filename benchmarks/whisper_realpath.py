@@ -226,6 +226,8 @@ def main() -> None:
     ap.add_argument("--host-profile", action="store_true", help="cProfile decode steps only")
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
                     help="only: the N kernels with the most device time per steady decode step")
+    ap.add_argument("--no-hf", action="store_true",
+                    help="skip HF's runs and encoder (an A/B of two edserve trees)")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     dev = "cpu" if args.dry_run else "cuda"
@@ -254,19 +256,21 @@ def main() -> None:
         return
     procs = hf_processors(hf, tok, dev)
     floor = conc * 30 / wg.floor_seconds(args.arch, conc, n_new, bw, flops)
-    run_hf(hf, procs, tok, feats, 3)  # warm-ups at the timed shapes
+    if not args.no_hf:
+        run_hf(hf, procs, tok, feats, 3)  # warm-ups at the timed shapes
     run_ours(engine, feats, 3)
     t_hf, t_ours = [], []
     for _ in range(args.repeats):  # alternate: HF's speed swings between runs
-        t_hf.append(run_hf(hf, procs, tok, feats, n_new))
+        if not args.no_hf:
+            t_hf.append(run_hf(hf, procs, tok, feats, n_new))
         t_ours.append(run_ours(engine, feats, n_new))
-    hf_rate = conc * 30 / statistics.median(t_hf)
+    hf_rate = conc * 30 / statistics.median(t_hf) if t_hf else float("nan")
     ours_rate = conc * 30 / statistics.median(t_ours)
     clips = [np.random.default_rng(i).standard_normal(16000 * 30).astype(np.float32) * 0.1
              for i in range(conc)]
     run_driver(engine, clips[:2], 3)
     t_drv, n_tok = run_driver(engine, clips, n_new)
-    enc_hf = hf_encoder_s(hf, feats) / conc
+    enc_hf = float("nan") if args.no_hf else hf_encoder_s(hf, feats) / conc
     pre = prefill_s(engine, feats) / conc
     s_plain, s_filt = step_ms(engine, feats, False), step_ms(engine, feats, True)
     syncs, busy = syncs_per_step(engine, feats), gpu_busy(engine, feats)

@@ -110,6 +110,21 @@ class ApplyTimestampRules(LogitsFilter):
         return cls(tokenizer.eot, tokenizer.no_timestamps, tokenizer.timestamp_begin, index)
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
+        """On CUDA one Triton program a row (:mod:`edserve.kernels.timestamp_rules`: ~20
+        small kernels fewer a step), else :meth:`apply_ops`; the same result."""
+        if logits.is_cuda and logits.dtype == torch.float32 and logits.stride(1) == 1 \
+                and ctx.history.dtype == ctx.lengths.dtype == torch.int64 \
+                and ctx.history.stride(1) == 1:
+            from edserve.kernels.timestamp_rules import apply_timestamp_rules  # CUDA only
+
+            apply_timestamp_rules(logits, ctx.history, ctx.lengths, self.eot,
+                                  self.no_timestamps, self.ts_begin, self.max_initial_index)
+            return
+        self.apply_ops(logits, ctx)
+
+    def apply_ops(self, logits: torch.Tensor, ctx: FilterContext) -> None:
+        """The rules as tensor ops (any device; the reference of the CUDA kernel,
+        :mod:`edserve.kernels.timestamp_rules`)."""
         # Each row's allowed tokens are [a, b) U [c, V) minus <|notimestamps|>, with [R] bounds
         # from the row's history; one mask pass over [R, V] applies every rule at once.
         tb, n, V = self.ts_begin, ctx.lengths, logits.shape[-1]
