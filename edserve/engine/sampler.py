@@ -150,7 +150,7 @@ def sample(logits: torch.Tensor, plan: SamplingPlan, history: TokenHistory,
                 logits.index_copy_(0, g.rows, sub)
                 if greedy is not None:
                     greedy.index_copy_(0, g.rows, sub_greedy)
-    fused = _fused_stats(logits, plan.candidates)  # CUDA beam rows: one read of the logits
+    fused = _fused_stats(logits, plan.candidates)  # CUDA: one read of the logits
     # [B] greedy unless a request samples
     tokens = torch.argmax(logits, dim=-1) if fused is None else fused[0]
     if plan.sampled is not None:
@@ -166,19 +166,23 @@ def sample(logits: torch.Tensor, plan: SamplingPlan, history: TokenHistory,
     history.append(rows, tokens)
     cands = None if plan.candidates is None \
         else _candidates(logits, lse, plan.candidates, tokens, greedy,
-                         None if fused is None else fused[2:])
+                         None if fused is None else fused[2])
     return tokens, logprobs, cands
 
 
 def _fused_stats(logits: torch.Tensor, plan: CandidatePlan | None
-                 ) -> tuple[torch.Tensor, ...] | None:
-    """On CUDA, for a batch with top-k rows: (argmax [B], logsumexp [B], top-k log-probs
-    [G, k], ids [G, k]) from one read of the logits (:mod:`edserve.kernels.logit_stats`);
-    None: torch's ops instead (CPU, no top-k rows)."""
-    if plan is None or plan.topk_rows is None or not _on_triton(logits):
+                 ) -> tuple[torch.Tensor, torch.Tensor,
+                            tuple[torch.Tensor, torch.Tensor] | None] | None:
+    """On CUDA: (argmax [B], logsumexp [B], the top-k rows' (log-probs [G, k], ids [G, k]) or
+    None without top-k rows) from one read of the logits (:mod:`edserve.kernels.logit_stats`);
+    None: torch's ops instead (CPU)."""
+    if not _on_triton(logits):
         return None
     from edserve.kernels import logit_stats  # here: CPU runs never import triton
 
+    if plan is None or plan.topk_rows is None:  # greedy / sampled rows: argmax and lse only
+        argmax, lse, _, _ = logit_stats.logit_stats(logits)
+        return argmax, lse, None
     if plan.topk > logit_stats.MAX_K:
         return None
     # each batch row's place among the top-k rows (-1: none), from topk_rows on the device
@@ -186,7 +190,8 @@ def _fused_stats(logits: torch.Tensor, plan: CandidatePlan | None
     G, dev = plan.topk_rows.shape[0], logits.device
     slot = torch.full((logits.shape[0],), -1, dtype=torch.int32, device=dev)
     slot.index_copy_(0, plan.topk_rows, torch.arange(G, dtype=torch.int32, device=dev))
-    return logit_stats.logit_stats(logits, slot, G, plan.topk)
+    argmax, lse, vals, ids = logit_stats.logit_stats(logits, slot, G, plan.topk)
+    return argmax, lse, (vals, ids)
 
 
 def _on_triton(logits: torch.Tensor) -> bool:

@@ -130,3 +130,30 @@ def test_the_fused_logits_kernel_gives_the_torch_sampler_results(monkeypatch):
         torch.testing.assert_close(lp1, lp0, rtol=1e-6, atol=1e-5)
         torch.testing.assert_close(cl1, cl0, rtol=1e-6, atol=1e-5)
         assert ct1.numel() == len(topk_rows) * 3
+
+
+def test_the_fused_logits_kernel_gives_the_torch_greedy_results(monkeypatch):
+    """Greedy rows (no top-k, no candidates) on the CUDA path read the logits once too
+    (argmax and logsumexp from the kernel; the interpreter here): the same tokens, log-probs
+    within float32 rounding, ties to the first index as torch's argmax, filters applied first."""
+    import edserve.engine.sampler as sampler
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: interpreter
+    gen = torch.Generator().manual_seed(6)
+    prow = torch.tensor([3, 5, 7, 0], device=dev)
+    plan = _plan([FilterGroup(CHAIN, None, ("a", "b", "c", "d"))])
+    assert plan.candidates is None
+    logits = (torch.randn(4, V, generator=gen) * 3).to(dev)
+    logits[1, TS + 3] = logits[1, TS + 6] = logits[1].max() + 1  # a tie: the first wins
+    # (the first position allows timestamps TS .. TS + 10 only)
+    got, calls = {}, []
+    stats = __import__("edserve.kernels.logit_stats", fromlist=["x"]).logit_stats
+    monkeypatch.setattr("edserve.kernels.logit_stats.logit_stats",
+                        lambda *a, **k: calls.append(a) or stats(*a, **k))
+    for fused in (False, True):
+        monkeypatch.setattr(sampler, "_on_triton", lambda t, fused=fused: fused)
+        got[fused] = sample(logits.clone(), plan, TokenHistory(8, 6, dev), prow)
+    (t0, lp0, c0), (t1, lp1, c1) = got[False], got[True]
+    assert len(calls) == 1 and c0 is None and c1 is None
+    assert torch.equal(t0, t1) and int(t1[1]) == TS + 3
+    torch.testing.assert_close(lp1, lp0, rtol=1e-6, atol=1e-5)
