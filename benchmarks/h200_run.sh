@@ -16,6 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
+#   w29-stats (~8 min: greedy batches through the one-read logits kernel: GPU tests, real path after / before (_ab/before) / before0 (_ab/before0))
 #   w29-ts (~8 min: the timestamp-rules kernel's GPU tests, the real path A/B against _ab/before, large-v3 64 and tiny.en 256)
 #   w28-stats (~8 min: the fused logits kernel's GPU tests and sweep, beam 5 A/B against _ab/before, the timeline)
 #   w27-copy (~6 min: the pair copy's early exit, beam A/B against _ab/before), w27-verify (~8 min: the batched admission / release, timeline + beam 5 + the real path)
@@ -153,6 +154,18 @@ for part in "$@"; do
              (cd benchmarks && timeout 100 python3 -W ignore beam_gpu.py --concurrency 64 --configs $cfg --beam 5 \
                --beam-on-device --no-hf 2>&1 | grep -v "custom logits" | tee -a "$OUT/w28_final_beam.log" \
                | grep -E "^(flat|aligned)" | cut -c1-200 | sort -u)
+           done ;;
+    w29-stats) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_sample_graphs.py \
+             tests/engine/test_gpu_sample_graphs.py tests/engine/test_gpu_syncs.py tests/kernels/test_logit_stats.py \
+             -rs 2>&1 | grep -v "Loading weights" | tee "$OUT/w29_stats_tests.log" | tail -3
+           for run in "after large-v3 64" "before large-v3 64" "before0 large-v3 64" "after large-v3 64" \
+                      "before large-v3 64" "before0 large-v3 64" "after tiny.en 256" "before tiny.en 256"; do
+             set -- $run
+             pp=$PWD:/tmp/site; [ "$1" != after ] && pp=$PWD/_ab/$1:/tmp/site
+             echo "--- $1 $2 $3"
+             (cd benchmarks && PYTHONPATH=$pp timeout 100 python3 -W ignore whisper_realpath.py --arch $2 \
+               --concurrency $3 --config flat:128 --overlap on --no-hf 2>&1 | grep -v "custom logits" \
+               | tee -a "$OUT/w29_stats_real_$1.log" | tail -1)
            done ;;
     w29-ts) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_timestamp_rules.py \
              tests/engine/test_sample_graphs.py tests/engine/test_gpu_sample_graphs.py tests/engine/test_gpu_syncs.py \
