@@ -124,11 +124,11 @@ class BeamBatch:
         self.stop[idx] = vals[3 * n:].view(n, S)
         first = torch.arange(self.B, device=self.device) == 0  # [B] the prefilled row only
         self.live[idx] = first
-        self.sums[idx] = 0.0
-        self.length[idx] = 0
+        self.sums.index_fill_(0, idx, 0.0)  # index_fill_: no host value copied (see release)
+        self.length.index_fill_(0, idx, 0)
         self.rank_slot[idx] = torch.arange(self.B, device=self.device)
-        self.fin_n[idx] = 0
-        self.done[idx] = False
+        self.fin_n.index_fill_(0, idx, 0)
+        self.done.index_fill_(0, idx, False)
 
     def _widen(self, F: int) -> None:
         """Room for ``F`` finished sequences per group (host-known shapes: no sync)."""
@@ -148,8 +148,10 @@ class BeamBatch:
         """The groups in ``slots`` are over (finished and read, or aborted)."""
         if slots:
             idx = to_device(slots, torch.int64, self.device)
-            self.done[idx] = True
-            self.live[idx] = False
+            # index_fill_, not ``t[idx] = True``: a Python value there goes to the device as a
+            # host tensor, a synchronising copy (two syncs a step where groups end, on CUDA)
+            self.done.index_fill_(0, idx, True)
+            self.live.index_fill_(0, idx, False)
 
     def shape_key(self) -> tuple[str, int, int, int]:
         """Everything the launches of :meth:`step` depend on besides the batch's capacity (a
