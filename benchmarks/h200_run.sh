@@ -16,6 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
+#   w29-final (~6 min: the real path with HF on the final tree, then after / before0 twice)
 #   w29-stats (~8 min: greedy batches through the one-read logits kernel: GPU tests, real path after / before (_ab/before) / before0 (_ab/before0))
 #   w29-ts (~8 min: the timestamp-rules kernel's GPU tests, the real path A/B against _ab/before, large-v3 64 and tiny.en 256)
 #   w28-stats (~8 min: the fused logits kernel's GPU tests and sweep, beam 5 A/B against _ab/before, the timeline)
@@ -154,6 +155,15 @@ for part in "$@"; do
              (cd benchmarks && timeout 100 python3 -W ignore beam_gpu.py --concurrency 64 --configs $cfg --beam 5 \
                --beam-on-device --no-hf 2>&1 | grep -v "custom logits" | tee -a "$OUT/w28_final_beam.log" \
                | grep -E "^(flat|aligned)" | cut -c1-200 | sort -u)
+           done ;;
+    w29-final) (cd benchmarks && timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
+               --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee "$OUT/w29_final_real.log" | tail -3)
+           for run in "after" "before0" "after" "before0"; do
+             pp=$PWD:/tmp/site; [ "$run" != after ] && pp=$PWD/_ab/$run:/tmp/site
+             echo "--- $run"
+             (cd benchmarks && PYTHONPATH=$pp timeout 100 python3 -W ignore whisper_realpath.py --arch large-v3 \
+               --concurrency 64 --config flat:128 --overlap on --no-hf 2>&1 | grep -v "custom logits" \
+               | tee -a "$OUT/w29_final_ab_$run.log" | tail -1)
            done ;;
     w29-stats) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_sample_graphs.py \
              tests/engine/test_gpu_sample_graphs.py tests/engine/test_gpu_syncs.py tests/kernels/test_logit_stats.py \
