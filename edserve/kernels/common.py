@@ -213,6 +213,17 @@ def check_qkv(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return T, Hq, Hkv, D
 
 
+def check_logit_rows(logits: torch.Tensor) -> tuple[int, int]:
+    """``(rows, V)`` of a ``[rows, V]`` float32 logits tensor with contiguous rows on a device
+    the Triton logits kernels run on (CUDA, or the interpreter); else ``ValueError``."""
+    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 on CPU)")
+    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be [rows, V] float32, contiguous rows; got "
+                         f"{tuple(logits.shape)} {logits.dtype}")
+    return logits.shape[0], logits.shape[1]
+
+
 def check_index(name: str, t: torch.Tensor) -> None:
     if t.dtype not in _INDEX_DTYPES:
         raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")

@@ -22,12 +22,11 @@ NaN logits are not supported. No host syncs: safe under CUDA graph capture.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from edserve.kernels.common import check_logit_rows
 from edserve.kernels.row_topk import MAX_K, topk_push
 
 INT_MAX = tl.constexpr(2147483647)
@@ -125,12 +124,7 @@ def logit_stats(logits: torch.Tensor, slot: torch.Tensor | None = None, topk_row
     ``slot``: ``[B]`` int32/int64, the top-k output row of each batch row (``-1``: none), for
     ``topk_rows`` = G output rows (every slot in ``0..G-1`` used once); ``k = 0``: no top-k.
     ``shape``: (chunks per row, logits per block (a power of two), warps); None: by ``B``."""
-    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 on CPU)")
-    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be [B, V] float32, contiguous rows; got "
-                         f"{tuple(logits.shape)} {logits.dtype}")
-    B, V = logits.shape
+    B, V = check_logit_rows(logits)
     if k:
         if not 1 <= k <= min(MAX_K, V):
             raise ValueError(f"k must be in [1, min({MAX_K}, V={V})], got {k}")

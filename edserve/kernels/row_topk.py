@@ -19,11 +19,11 @@ sampler's filters never write them). No host syncs: safe under CUDA graph captur
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from edserve.kernels.common import check_logit_rows
 
 MAX_K = 64
 # Launch shape by the number of rows, measured on the H200 (benchmarks/row_topk_gpu.py, 51,866
@@ -90,11 +90,7 @@ def row_topk(logits: torch.Tensor, rows: torch.Tensor, k: int, *, block: int | N
     """``logits`` ``[B, V]`` float32, ``rows`` ``[G]`` int64 batch rows -> (values ``[G, k]``
     float32, token ids ``[G, k]`` int64), largest first: ``torch.topk(logits[rows], k)``.
     ``block`` (a power of two) and ``num_warps``: launch shape (None: by ``G``, measured)."""
-    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 on CPU)")
-    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be [B, V] float32, contiguous rows; got "
-                         f"{tuple(logits.shape)} {logits.dtype}")
+    check_logit_rows(logits)
     if rows.dim() != 1 or rows.dtype not in (torch.int32, torch.int64) \
             or rows.device != logits.device:
         raise ValueError("rows must be a 1-D int32/int64 tensor on the logits' device")

@@ -16,11 +16,11 @@ place; no host syncs (safe under CUDA graph capture). NaN logits are not support
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from edserve.kernels.common import check_logit_rows
 
 BLOCK_V = 2048  # logits per block
 NUM_WARPS = 4
@@ -83,12 +83,7 @@ def apply_timestamp_rules(logits: torch.Tensor, history: torch.Tensor, lengths: 
     """In place on ``logits`` ``[R, V]`` float32 (contiguous rows); ``history`` ``[R, C]``
     int64, the sampled tokens (the first ``lengths[r]`` valid); ``lengths`` ``[R]`` int64.
     ``max_initial_index``: the latest first timestamp, in timestamp steps (None: any)."""
-    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 on CPU)")
-    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be [R, V] float32, contiguous rows; got "
-                         f"{tuple(logits.shape)} {logits.dtype}")
-    R, V = logits.shape
+    R, V = check_logit_rows(logits)
     if history.dim() != 2 or history.shape[0] != R or history.dtype != torch.int64 \
             or history.stride(1) != 1 or lengths.shape != (R,) or lengths.dtype != torch.int64:
         raise ValueError(f"history must be [R={R}, C] int64 (contiguous rows) and lengths [R] "
