@@ -75,7 +75,6 @@ class CompiledDecodeRunner:
         self.encoder_col_ids = torch.arange(max_encoder_len, device=pools.device)
         self.buckets = group_buckets(max_bs)
         self.eager_steps: dict[tuple[int, int], int] = {}  # steps run eagerly per key
-        self.compiled: set[tuple[int, int]] = set()
         self.variants: set[tuple[int, int, bool]] = set()  # (G, W, cross read in place)
         self.cross_view = True  # encoder regions read in place when they allow it
         self.steps = 0  # decode steps run compiled
@@ -83,6 +82,11 @@ class CompiledDecodeRunner:
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
         self._fn = None  # torch.compile(...), made at the first compile (importing dynamo
         # costs start-up time that a run without a compiled step should not pay)
+
+    @property
+    def compiled(self) -> set[tuple[int, int]]:
+        """The ``(G, W)`` keys compiled (in either variant)."""
+        return {(g, w) for g, w, _ in self.variants}
 
     def key(self, batch: ForwardBatch) -> tuple[int, int] | None:
         """``(G, W)`` bucket of a decode batch, or None when it must run eagerly."""
@@ -182,7 +186,6 @@ class CompiledDecodeRunner:
                 logits = self._fn(g, w, self_cols, anchors)
         self.steps += 1
         if first:
-            self.compiled.add((g, w))
             self.variants.add(variant)
             logger.info("compiled the CPU decode step for %d group(s) of %d row(s)%s in %.1f s",
                         g, w, " (encoder K/V in place)" if variant[2] else "",

@@ -106,7 +106,7 @@ def test_batch_shapes_and_compile_threshold(engines):
     assert runner.key(_batch(2, ranges=torch.zeros(2, 2))) is None
     assert runner.key(_batch(3)) is None  # past max_running_requests
     lazy = CompiledDecodeRunner.__new__(CompiledDecodeRunner)
-    lazy.__dict__.update(runner.__dict__, compile_after=2, eager_steps={}, compiled=set())
+    lazy.__dict__.update(runner.__dict__, compile_after=2, eager_steps={}, variants=set())
     assert [lazy.can_run(_batch(1)) for _ in range(3)] == [False, False, True]
     assert lazy.can_run(_batch(2)) is False  # counted per shape
 
