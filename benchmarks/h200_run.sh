@@ -34,6 +34,20 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# realpath_ab NAME LIMIT "TREE ARCH CONC"...: whisper_realpath.py (flat/128, overlap on, no HF)
+# once per run, TREE "after" = this tree, else _ab/TREE (an untracked copy of another tree's
+# edserve/); prints each run's table row, logs to $OUT/NAME_TREE.log
+realpath_ab() {
+  local name=$1 limit=$2 pp; shift 2
+  for run in "$@"; do
+    set -- $run
+    pp=$PWD:/tmp/site; [ "$1" != after ] && pp=$PWD/_ab/$1:/tmp/site
+    echo "--- $run"
+    (cd benchmarks && PYTHONPATH=$pp timeout "$limit" python3 -W ignore whisper_realpath.py --arch "$2" \
+      --concurrency "$3" --config flat:128 --overlap on --no-hf 2>&1 | grep -v "custom logits" \
+      | tee -a "$OUT/${name}_$1.log" | tail -1)
+  done
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 for part in "$@"; do
@@ -158,37 +172,18 @@ for part in "$@"; do
            done ;;
     w29-final) (cd benchmarks && timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
                --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee "$OUT/w29_final_real.log" | tail -3)
-           for run in "after" "before0" "after" "before0"; do
-             pp=$PWD:/tmp/site; [ "$run" != after ] && pp=$PWD/_ab/$run:/tmp/site
-             echo "--- $run"
-             (cd benchmarks && PYTHONPATH=$pp timeout 100 python3 -W ignore whisper_realpath.py --arch large-v3 \
-               --concurrency 64 --config flat:128 --overlap on --no-hf 2>&1 | grep -v "custom logits" \
-               | tee -a "$OUT/w29_final_ab_$run.log" | tail -1)
-           done ;;
+           realpath_ab w29_final_ab 100 "after large-v3 64" "before0 large-v3 64" "after large-v3 64" \
+             "before0 large-v3 64" ;;
     w29-stats) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_sample_graphs.py \
              tests/engine/test_gpu_sample_graphs.py tests/engine/test_gpu_syncs.py tests/kernels/test_logit_stats.py \
              -rs 2>&1 | grep -v "Loading weights" | tee "$OUT/w29_stats_tests.log" | tail -3
-           for run in "after large-v3 64" "before large-v3 64" "before0 large-v3 64" "after large-v3 64" \
-                      "before large-v3 64" "before0 large-v3 64" "after tiny.en 256" "before tiny.en 256"; do
-             set -- $run
-             pp=$PWD:/tmp/site; [ "$1" != after ] && pp=$PWD/_ab/$1:/tmp/site
-             echo "--- $1 $2 $3"
-             (cd benchmarks && PYTHONPATH=$pp timeout 100 python3 -W ignore whisper_realpath.py --arch $2 \
-               --concurrency $3 --config flat:128 --overlap on --no-hf 2>&1 | grep -v "custom logits" \
-               | tee -a "$OUT/w29_stats_real_$1.log" | tail -1)
-           done ;;
+           realpath_ab w29_stats_real 100 "after large-v3 64" "before large-v3 64" "before0 large-v3 64" \
+             "after large-v3 64" "before large-v3 64" "before0 large-v3 64" "after tiny.en 256" "before tiny.en 256" ;;
     w29-ts) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_timestamp_rules.py \
              tests/engine/test_sample_graphs.py tests/engine/test_gpu_sample_graphs.py tests/engine/test_gpu_syncs.py \
              tests/engine/test_gpu_beam.py -rs 2>&1 | grep -v "Loading weights" | tee "$OUT/w29_tests.log" | tail -3
-           for run in "after large-v3 64" "before large-v3 64" "after large-v3 64" "before large-v3 64" \
-                      "after tiny.en 256" "before tiny.en 256"; do
-             set -- $run
-             pp=$PWD:/tmp/site; [ "$1" = before ] && pp=$PWD/_ab/before:/tmp/site
-             echo "--- $1 $2 $3"
-             (cd benchmarks && PYTHONPATH=$pp timeout 110 python3 -W ignore whisper_realpath.py --arch $2 \
-               --concurrency $3 --config flat:128 --overlap on --no-hf 2>&1 | grep -v "custom logits" \
-               | tee -a "$OUT/w29_real_$1.log" | tail -1)
-           done ;;
+           realpath_ab w29_real 110 "after large-v3 64" "before large-v3 64" "after large-v3 64" \
+             "before large-v3 64" "after tiny.en 256" "before tiny.en 256" ;;
     w28-stats) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_logit_stats.py \
              tests/kernels/test_row_topk.py tests/engine/test_gpu_beam.py tests/engine/test_gpu_sample_graphs.py \
              tests/engine/test_sample_graphs.py -rs 2>&1 | grep -v "Loading weights" | tee "$OUT/w28_tests.log" | tail -2
