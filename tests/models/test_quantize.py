@@ -90,8 +90,9 @@ def test_supported_combinations_pass():
 
 
 def test_int8_linear_fast_path_equals_the_torch_module():
-    """Int8Linear.eager calls the op overload with the cached packed weight: bit-identical to
-    torch.ao's DynamicQuantizedLinear.forward, also after a deep copy (its own weight)."""
+    """Int8Linear.eager calls the op (the dispatcher's boxed call) with the cached packed
+    weight: bit-identical to torch.ao's DynamicQuantizedLinear.forward, also after a deep copy
+    (its own weight)."""
     import copy
 
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
