@@ -252,6 +252,13 @@ class EngineConfig:
         "$EDSERVE_CPU_COMPILE, else auto.",
         choices=("auto", "on", "off"),
     )
+    cpu_compile_sampling: bool = _f(
+        True,
+        "With compiled CPU decode steps: compile each compiled step's sampling too (logits "
+        "filters that allow it, the greedy choice, log-probabilities, beam rows' top-k), once "
+        "per batch shape and filter chain, instead of ~40 eager ops per step. Steps that "
+        "sample with temperature stay eager.",
+    )
     grouped_cross_attention: bool = _f(
         True,
         "Decode steps read the encoder K/V a beam/best_of group shares once per group (one "

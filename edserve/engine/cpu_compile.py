@@ -26,7 +26,10 @@ from pathlib import Path
 import torch
 
 from edserve.engine.batch_builder import Pools
+from edserve.engine.cpu_sample import CompiledSampler
 from edserve.engine.graph_inputs import GraphInputs
+from edserve.engine.sampler import SamplingPlan
+from edserve.engine.token_history import TokenHistory
 from edserve.layers.attention.static_decode import StaticDecodeBackend, static_decode_metadata
 from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 
@@ -61,8 +64,9 @@ class CompiledDecodeRunner:
 
     def __init__(self, model: torch.nn.Module, pools: Pools, max_bs: int, max_encoder_len: int,
                  max_decoder_len: int, compile_after: int, cache_dir: Path | None,
-                 backend: str = "inductor") -> None:
-        """``backend``: torch.compile's (tests trace with ``"eager"``: dynamo, no codegen)."""
+                 backend: str = "inductor", sampling: bool = True) -> None:
+        """``backend``: torch.compile's (tests trace with ``"eager"``: dynamo, no codegen);
+        ``sampling``: compile the compiled steps' sampling too (:mod:`.cpu_sample`)."""
         if pools.backend.name not in ("flat", "aligned"):
             raise ValueError(f"--cpu-compile needs fixed shapes: use --encoder-kv flat or "
                              f"aligned, not {pools.backend.name}")
@@ -78,6 +82,8 @@ class CompiledDecodeRunner:
         self.variants: set[tuple[int, int, bool]] = set()  # (G, W, cross read in place)
         self.cross_view = True  # encoder regions read in place when they allow it
         self.steps = 0  # decode steps run compiled
+        self.sampler = CompiledSampler(backend) if sampling else None
+        self._padded: torch.Tensor | None = None  # [G * W, V] logits of the last replay
         if cache_dir is not None:  # inductor reads it when it first compiles
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
         self._fn = None  # torch.compile(...), made at the first compile (importing dynamo
@@ -126,9 +132,17 @@ class CompiledDecodeRunner:
         hidden = self.model(inp.input_ids[:bs], inp.positions[:bs], batch, None)  # [bs, d]
         return self.model.compute_logits(hidden)  # [bs, V]
 
-    def sample(self, plan: object, history: object, bs: int) -> None:
-        """Compiled steps sample eagerly (the :class:`DecodeGraphRunner` interface: None)."""
-        return None
+    def sample(self, plan: SamplingPlan, history: TokenHistory, bs: int
+               ) -> tuple[torch.Tensor, torch.Tensor, tuple | None] | None:
+        """The tokens and log-probabilities ([bs] each) of the :meth:`replay` of ``bs`` rows
+        just run, and beam rows' candidates, through a compiled sampling function; or None
+        (sampling not compiled, or ``plan`` not compilable: the caller samples the logits
+        :meth:`replay` returned). The :class:`DecodeGraphRunner` interface."""
+        if self.sampler is None or self._padded is None:
+            return None
+        padded, self._padded = self._padded, None
+        return self.sampler.sample(plan, padded, self.inputs.rows[:padded.shape[0]], bs,
+                                   history)
 
     def _cross_anchors(self, batch: ForwardBatch, g: int, w: int
                        ) -> tuple[torch.Tensor, ...] | None:
@@ -185,6 +199,7 @@ class CompiledDecodeRunner:
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
                 logits = self._fn(g, w, self_cols, anchors)
         self.steps += 1
+        self._padded = logits
         if first:
             self.variants.add(variant)
             logger.info("compiled the CPU decode step for %d group(s) of %d row(s)%s in %.1f s",

@@ -97,7 +97,8 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
                                    sampling=config.sampling_cuda_graph)
     elif (after := cpu_compile_after(config, s, getattr(model, "model_type", None))) is not None:
         graphs = CompiledDecodeRunner(model, sizing.pools, running, model.max_encoder_len,
-                                      max_decoder_len, after, model_cache_dir())
+                                      max_decoder_len, after, model_cache_dir(),
+                                      sampling=config.cpu_compile_sampling)
     return Engine(EngineParts(
         config=config.replace(max_running_requests=running, encoder_warmup_max_bs=warm,
                               beam_on_device=use_device_beams(config, s)),

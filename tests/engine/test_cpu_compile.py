@@ -39,12 +39,13 @@ def _same_text(compiled, eager, audios, beam_size: int) -> None:
     runner = compiled.runner.graph_runner
     opts = TranscribeOptions(language="en", temperatures=(0.0,), timestamps=False,
                              beam_size=beam_size, max_new_tokens=24)
-    before = runner.steps
+    before, sampled = runner.steps, runner.sampler.steps
     for audio in audios:  # one at a time: one batch shape
         want = transcribe(eager, [audio], options=opts)[0].text
         got = transcribe(compiled, [audio], options=opts)[0].text
         assert got == want and want
     assert runner.steps - before >= len(audios) * 10  # the decode steps ran compiled
+    assert runner.sampler.steps - sampled >= len(audios) * 8  # and so did their sampling
     assert runner.compiled == {(1, beam_size)}
     assert (1, beam_size, True) in runner.variants  # one clip: its encoder K/V read in place
 
@@ -126,6 +127,9 @@ def test_cpu_compile_setting(random_whisper):
         cpu_compile_after(ragged.replace(cpu_compile="on"), resolve_settings(ragged), "whisper")
     with pytest.raises(ValueError, match="cpu-compile"):
         EngineConfig(cpu_compile="yes")
+    plain = build_engine(model=str(random_whisper), device="cpu", max_running_requests=1,
+                         cpu_compile="on", cpu_compile_sampling=False).runner.graph_runner
+    assert plain.sampler is None and plain.sample(None, None, 1) is None  # samples eagerly
 
 
 def test_traced_aligned_layout_text_equals_eager(random_whisper, audios):
