@@ -254,10 +254,10 @@ class EngineConfig:
     )
     cpu_compile_sampling: bool = _f(
         True,
-        "With compiled CPU decode steps: compile each compiled step's sampling too (logits "
-        "filters that allow it, the greedy choice, log-probabilities, beam rows' top-k), once "
-        "per batch shape and filter chain, instead of ~40 eager ops per step. Steps that "
-        "sample with temperature stay eager.",
+        "With compiled CPU decode steps: sample inside the compiled graph too (logits filters "
+        "that allow it, the greedy choice, log-probabilities, beam rows' top-k; one graph per "
+        "batch shape and filter chain) instead of ~40 eager ops per step. Steps that sample "
+        "with temperature stay eager.",
     )
     grouped_cross_attention: bool = _f(
         True,

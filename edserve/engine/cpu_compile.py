@@ -1,8 +1,9 @@
-"""Compiled CPU decode steps (``--cpu-compile``): the decoder forward and the logits of a decode
-batch as one ``torch.compile`` graph (inductor's C++/OpenMP backend) per batch shape.
+"""Compiled CPU decode steps (``--cpu-compile``): the decoder forward, the logits and (for the
+plans :mod:`edserve.engine.cpu_sample` takes) the sampling of a decode batch as one
+``torch.compile`` graph (inductor's C++/OpenMP backend) per batch shape and sampling key.
 
 The CPU counterpart of :mod:`edserve.engine.cuda_graph`, with the same interface (``can_run``,
-``replay``): a decode batch is copied into the static buffers of
+``step``): a decode batch is copied into the static buffers of
 :class:`~edserve.engine.graph_inputs.GraphInputs` and padded to a shape bucket, ``G`` groups of
 ``W`` rows (``W`` = 1: greedy rows; ``W`` = beam width: beam groups, whose rows share an encoder
 region read once per group; see :mod:`edserve.layers.attention.static_decode`). The decoder
@@ -26,9 +27,9 @@ from pathlib import Path
 import torch
 
 from edserve.engine.batch_builder import Pools
-from edserve.engine.cpu_sample import CompiledSampler
+from edserve.engine.cpu_sample import SamplingKeys
 from edserve.engine.graph_inputs import GraphInputs
-from edserve.engine.sampler import SamplingPlan
+from edserve.engine.sampler import SamplingPlan, sample
 from edserve.engine.token_history import TokenHistory
 from edserve.layers.attention.static_decode import StaticDecodeBackend, static_decode_metadata
 from edserve.layers.forward_batch import ForwardBatch, ForwardMode
@@ -66,7 +67,7 @@ class CompiledDecodeRunner:
                  max_decoder_len: int, compile_after: int, cache_dir: Path | None,
                  backend: str = "inductor", sampling: bool = True) -> None:
         """``backend``: torch.compile's (tests trace with ``"eager"``: dynamo, no codegen);
-        ``sampling``: compile the compiled steps' sampling too (:mod:`.cpu_sample`)."""
+        ``sampling``: sample inside the compiled graphs too (:mod:`.cpu_sample`)."""
         if pools.backend.name not in ("flat", "aligned"):
             raise ValueError(f"--cpu-compile needs fixed shapes: use --encoder-kv flat or "
                              f"aligned, not {pools.backend.name}")
@@ -79,20 +80,26 @@ class CompiledDecodeRunner:
         self.encoder_col_ids = torch.arange(max_encoder_len, device=pools.device)
         self.buckets = group_buckets(max_bs)
         self.eager_steps: dict[tuple[int, int], int] = {}  # steps run eagerly per key
-        self.variants: set[tuple[int, int, bool]] = set()  # (G, W, cross read in place)
+        # (G, W, cross read in place, sampling key or None) of each graph compiled
+        self.graphs: set[tuple[int, int, bool, tuple | None]] = set()
         self.cross_view = True  # encoder regions read in place when they allow it
         self.steps = 0  # decode steps run compiled
-        self.sampler = CompiledSampler(backend) if sampling else None
-        self._padded: torch.Tensor | None = None  # [G * W, V] logits of the last replay
+        self.sampling = SamplingKeys() if sampling else None
+        self.sampled_steps = 0  # of which sampled inside the graph
         if cache_dir is not None:  # inductor reads it when it first compiles
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
         self._fn = None  # torch.compile(...), made at the first compile (importing dynamo
         # costs start-up time that a run without a compiled step should not pay)
 
     @property
+    def variants(self) -> set[tuple[int, int, bool]]:
+        """The ``(G, W, cross read in place)`` variants compiled (with or without sampling)."""
+        return {k[:3] for k in self.graphs}
+
+    @property
     def compiled(self) -> set[tuple[int, int]]:
         """The ``(G, W)`` keys compiled (in either variant)."""
-        return {(g, w) for g, w, _ in self.variants}
+        return {k[:2] for k in self.graphs}
 
     def key(self, batch: ForwardBatch) -> tuple[int, int] | None:
         """``(G, W)`` bucket of a decode batch, or None when it must run eagerly."""
@@ -118,10 +125,13 @@ class CompiledDecodeRunner:
         return n > self.compile_after
 
     def _forward(self, g: int, w: int, self_cols: torch.Tensor,
-                 cross_anchors: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+                 cross_anchors: tuple[torch.Tensor, ...] | None, plan: SamplingPlan | None,
+                 history: TokenHistory) -> torch.Tensor | tuple:
         """The compiled work: metadata, decoder forward and logits of ``g * w`` rows;
         ``cross_anchors``: each group's encoder region's first slot as a dynamic size (see
-        :meth:`_cross_anchors`), or None."""
+        :meth:`_cross_anchors`), or None. Returns the logits ``[g * w, V]``, or with a
+        ``plan`` what :func:`~edserve.engine.sampler.sample` returns for all ``g * w`` rows
+        (padding rows append to the token history's padding row 0)."""
         bs = g * w
         inp = self.inputs
         batch = inp.batch(self.pools, bs)
@@ -130,19 +140,8 @@ class CompiledDecodeRunner:
         batch.attn_metadata = static_decode_metadata(batch, self_cols, self.encoder_cols, w,
                                                      firsts)
         hidden = self.model(inp.input_ids[:bs], inp.positions[:bs], batch, None)  # [bs, d]
-        return self.model.compute_logits(hidden)  # [bs, V]
-
-    def sample(self, plan: SamplingPlan, history: TokenHistory, bs: int
-               ) -> tuple[torch.Tensor, torch.Tensor, tuple | None] | None:
-        """The tokens and log-probabilities ([bs] each) of the :meth:`replay` of ``bs`` rows
-        just run, and beam rows' candidates, through a compiled sampling function; or None
-        (sampling not compiled, or ``plan`` not compilable: the caller samples the logits
-        :meth:`replay` returned). The :class:`DecodeGraphRunner` interface."""
-        if self.sampler is None or self._padded is None:
-            return None
-        padded, self._padded = self._padded, None
-        return self.sampler.sample(plan, padded, self.inputs.rows[:padded.shape[0]], bs,
-                                   history)
+        logits = self.model.compute_logits(hidden)  # [bs, V]
+        return logits if plan is None else sample(logits, plan, history, inp.rows[:bs])
 
     def _cross_anchors(self, batch: ForwardBatch, g: int, w: int
                        ) -> tuple[torch.Tensor, ...] | None:
@@ -166,10 +165,15 @@ class CompiledDecodeRunner:
             torch._dynamo.mark_dynamic(a, 0)
         return anchors
 
-    def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits ``[B, V]`` of a decode batch that :meth:`can_run` accepted."""
+    def step(self, batch: ForwardBatch, input_ids: torch.Tensor, plan: SamplingPlan,
+             history: TokenHistory) -> tuple[torch.Tensor | None, tuple | None]:
+        """``(logits [B, V], None)`` of a decode batch that :meth:`can_run` accepted, for the
+        caller to sample; or ``(None, (tokens [B], log-probs [B], candidates))`` sampled in the
+        graph by ``plan`` (:mod:`.cpu_sample`), appended to ``history``."""
         g, w = self.key(batch)
         bs = batch.batch_size
+        picked = None if self.sampling is None else self.sampling.plan_for(plan, g * w)
+        skey, own = picked or (None, None)
         self.inputs.load(batch, input_ids, g * w)
         k = -(-max(batch.seq_lens_cpu) // SELF_COLS_ALIGN) * SELF_COLS_ALIGN
         self_cols = self.cols[:k]
@@ -182,27 +186,30 @@ class CompiledDecodeRunner:
             # A code object of this runner's own: dynamo keeps graphs per code object, and
             # under the unsafe stance below it picks among them by the guards that tell them
             # apart, which need not say which runner (model, pools) compiled them.
-            own = types.FunctionType(CompiledDecodeRunner._forward.__code__.replace(),
+            code = types.FunctionType(CompiledDecodeRunner._forward.__code__.replace(),
                                      CompiledDecodeRunner._forward.__globals__, "_forward")
-            self._fn = torch.compile(types.MethodType(own, self), backend=self.compiler,
+            self._fn = torch.compile(types.MethodType(code, self), backend=self.compiler,
                                      dynamic=False)
         torch._dynamo.mark_dynamic(self_cols, 0)
         anchors = self._cross_anchors(batch, g, w)
-        variant = (g, w, anchors is not None)
-        first = variant not in self.variants
+        variant = (g, w, anchors is not None, skey)
+        first = variant not in self.graphs
         t0 = time.perf_counter()
         if first:
-            logits = self._fn(g, w, self_cols, anchors)
+            out = self._fn(g, w, self_cols, anchors, own, history)
         else:
             # a compiled variant: dynamo checks only the guards that tell its cached graphs
             # apart, not every guard on the model's modules (~0.1 ms a step, 2-core Xeon)
             with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                logits = self._fn(g, w, self_cols, anchors)
+                out = self._fn(g, w, self_cols, anchors, own, history)
         self.steps += 1
-        self._padded = logits
         if first:
-            self.variants.add(variant)
-            logger.info("compiled the CPU decode step for %d group(s) of %d row(s)%s in %.1f s",
+            self.graphs.add(variant)
+            logger.info("compiled the CPU decode step for %d group(s) of %d row(s)%s%s in %.1f s",
                         g, w, " (encoder K/V in place)" if variant[2] else "",
-                        time.perf_counter() - t0)
-        return logits[:bs]
+                        "" if own is None else " with its sampling", time.perf_counter() - t0)
+        if own is None:
+            return out[:bs], None
+        self.sampled_steps += 1
+        tokens, logprobs, cands = out
+        return None, (tokens[:bs], logprobs[:bs], cands)

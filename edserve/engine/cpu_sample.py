@@ -1,93 +1,59 @@
-"""The sampling of a compiled CPU decode step, compiled too (``--cpu-compile``).
+"""Which sampling plans a compiled CPU decode step samples inside its own graph.
 
 The CPU counterpart of :mod:`edserve.engine.sample_graphs`: after the compiled decoder
-(:mod:`edserve.engine.cpu_compile`) a step still sampled eagerly: the logits filters, the greedy
+(:mod:`edserve.engine.cpu_compile`) a step sampled eagerly: the logits filters, the greedy
 choice, the log-probabilities, the token-history append and beam rows' top-k, ~40 small ops
-whose dispatch cost ~0.33 ms of a ~3 ms int8 tiny.en step on a 2-core Xeon (wave 30).
-:class:`CompiledSampler` runs that same :func:`~edserve.engine.sampler.sample` as one
-``torch.compile`` graph per (padded rows, filter chain, candidate shape), the keys and the
-capturable plans of the CUDA sampling graphs (:func:`~edserve.engine.sample_graphs.graph_key`).
-Anything else is sampled eagerly, with the same result.
+whose dispatch cost ~0.33 ms of a ~3 ms int8 tiny.en step on a 2-core Xeon (wave 30). A plan
+that the CUDA sampling graphs could capture (:func:`~edserve.engine.sample_graphs.graph_key`:
+greedy rows, one chain of capturable filters, beam rows' top-k at most) is now sampled by
+:func:`~edserve.engine.sampler.sample` inside the compiled decode graph, one graph per
+(bucket, sampling key); a second graph call per step (another dynamo frame) cost ~0.09 ms.
 
-The graph works on all padded rows of the compiled step's logits; padding rows point at
-``req_to_token`` row 0, whose history is the token history's padding row. The first step of a
-key is sampled eagerly (it also builds the filters' cached tensors, which the graph then reads),
-the next one compiles. Each key compiles its own copy of the sampling function's code (dynamo
-keeps compiled graphs per code object), so a known key runs its one graph without evaluating
-guards on the plan and history objects.
+:class:`SamplingKeys` keeps one plan per key for those graphs: the first step of a key is
+sampled eagerly (which builds the filters' cached tensors that the graph then reads), later
+steps get the kept plan, whose beam top-k rows are a static index this step's rows are copied
+into. Anything else is sampled eagerly, with the same result.
 """
 
 from __future__ import annotations
 
-import logging
-import types
 from dataclasses import replace
 
-import torch
-
 from edserve.engine.sample_graphs import MAX_GRAPHS, candidate_key, graph_key
-from edserve.engine.sampler import SamplingPlan, sample
-from edserve.engine.token_history import TokenHistory
-
-logger = logging.getLogger("edserve")
+from edserve.engine.sampler import SamplingPlan
 
 
-def _sample_rows(logits: torch.Tensor, rows: torch.Tensor, plan: SamplingPlan,
-                 history: TokenHistory):
-    """:func:`sample` with the per-step tensors first (the compiled function's body)."""
-    return sample(logits, plan, history, rows)
+class SamplingKeys:
+    """The sampling plans compiled decode graphs sample with, by key (at most ``max_keys``;
+    later keys sample eagerly)."""
 
-
-class CompiledSampler:
-    """Compiled sampling functions of one :class:`CompiledDecodeRunner`, made on a key's second
-    use (at most ``max_keys``; later keys sample eagerly)."""
-
-    def __init__(self, backend: str = "inductor", max_keys: int = MAX_GRAPHS) -> None:
-        """``backend``: torch.compile's (tests trace with ``"eager"``)."""
-        self.compiler, self.max_keys = backend, max_keys
+    def __init__(self, max_keys: int = MAX_GRAPHS) -> None:
+        self.max_keys = max_keys
         self.seen: set[tuple] = set()  # keys sampled eagerly once
-        # key -> (compiled function, its plan, the static top-k rows [R] or None)
-        self.fns: dict[tuple, tuple] = {}
-        self.steps = 0  # steps sampled by a compiled function
+        self.plans: dict[tuple, SamplingPlan] = {}  # key -> the plan its graphs read
 
-    def sample(self, plan: SamplingPlan, logits: torch.Tensor, rows: torch.Tensor, bs: int,
-               history: TokenHistory
-               ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] \
-            | None:
-        """Tokens and log-probabilities ([bs] each) of the first ``bs`` of the padded rows of
-        ``logits`` ``[padded, V]`` whose ``req_to_token`` rows are ``rows`` ``[padded]``,
-        appended to ``history``, and beam rows' candidates (as :func:`sample` returns them);
-        None when ``plan`` cannot be compiled (the caller samples eagerly)."""
+    def plan_for(self, plan: SamplingPlan, rows: int) -> tuple[tuple, SamplingPlan] | None:
+        """``(key, kept plan)`` for sampling ``plan`` over ``rows`` padded rows in a graph, this
+        step's beam rows copied into the kept plan's static index; None: sample eagerly (a plan
+        no graph takes, a key's first step, or past ``max_keys``)."""
         chain = graph_key(plan)
         if chain is None:
             return None
-        key = (logits.shape[0], chain, candidate_key(plan))
-        found = self.fns.get(key)
-        if found is None:
-            if key in self.seen and len(self.fns) < self.max_keys:
-                found = self.fns[key] = self._compile(plan)
-            else:
+        key = (rows, chain, candidate_key(plan))
+        kept = self.plans.get(key)
+        if kept is None:
+            if key not in self.seen or len(self.plans) >= self.max_keys:
                 self.seen.add(key)
-                return sample(logits[:bs], plan, history, rows[:bs])
-        fn, own_plan, topk_rows = found
-        if topk_rows is not None:  # this step's beam rows into the function's static index
-            topk_rows.copy_(plan.candidates.topk_rows)
-        if key in self.seen:  # its first call traces and compiles (guards evaluated)
-            self.seen.discard(key)
-            tokens, logprobs, cands = fn(logits, rows, own_plan, history)
-            logger.info("compiled the CPU sampling of %d row(s), %d filter(s)",
-                        logits.shape[0], len(chain))
-        else:
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                tokens, logprobs, cands = fn(logits, rows, own_plan, history)
-        self.steps += 1
-        return tokens[:bs], logprobs[:bs], cands
+                return None
+            kept = self.plans[key] = _own_copy(plan)
+        if kept.candidates is not None:  # the beam rows move between steps
+            kept.candidates.topk_rows.copy_(plan.candidates.topk_rows)
+        return key, kept
 
-    def _compile(self, plan: SamplingPlan) -> tuple:
-        topk_rows = None
-        if plan.candidates is not None:  # top-k rows only (candidate_key): a static index
-            topk_rows = plan.candidates.topk_rows.clone()
-            plan = replace(plan, candidates=replace(plan.candidates, topk_rows=topk_rows))
-        own = types.FunctionType(_sample_rows.__code__.replace(), _sample_rows.__globals__,
-                                 "_sample_rows")
-        return torch.compile(own, backend=self.compiler, dynamic=False), plan, topk_rows
+
+def _own_copy(plan: SamplingPlan) -> SamplingPlan:
+    """``plan`` with its top-k rows (if any) in a tensor of its own (the graph's static index)."""
+    if plan.candidates is None:
+        return plan
+    return replace(plan, candidates=replace(plan.candidates,
+                                            topk_rows=plan.candidates.topk_rows.clone()))

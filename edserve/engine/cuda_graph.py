@@ -113,6 +113,13 @@ class DecodeGraphRunner:
         self.inputs.load(batch, input_ids, padded)
         return replay_loaded(self.graphs, self.outputs, padded)[:bs]
 
+    def step(self, batch: ForwardBatch, input_ids: torch.Tensor, plan: SamplingPlan,
+             history: TokenHistory) -> tuple[torch.Tensor, tuple | None]:
+        """``(logits [B, V], picked)``: :meth:`replay`, then :meth:`sample` (None: the caller
+        samples the logits)."""
+        logits = self.replay(batch, input_ids)
+        return logits, self.sample(plan, history, batch.batch_size)
+
     def sample(self, plan: SamplingPlan, history: TokenHistory, bs: int
                ) -> tuple[torch.Tensor, torch.Tensor, tuple | None] | None:
         """The tokens and log-probabilities ([bs] each) of the :meth:`replay` of ``bs`` rows

@@ -56,8 +56,7 @@ class ModelRunner:
         at = ns_at + check_at
         at_logits = None  # [len(at), V] logits at those positions
         if sched.mode == ForwardMode.DECODE and graphs is not None and graphs.can_run(batch):
-            logits = graphs.replay(batch, input_ids)
-            picked = graphs.sample(sched.sampling, self.history, batch.batch_size)
+            logits, picked = graphs.step(batch, input_ids, sched.sampling, self.history)
         elif prompts is not None and prompts.accepts(batch):
             if encoder_states is not None:  # the cross K/V into the pool, then the prompts
                 self.model.write_cross_kv(encoder_states, batch)
