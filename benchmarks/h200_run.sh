@@ -16,6 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
+#   w30-final (~7 min: GPU tests of the graph runners' step(), then serve-full)
 #   w29-final (~6 min: the real path with HF on the final tree, then after / before0 twice)
 #   w29-stats (~8 min: greedy batches through the one-read logits kernel: GPU tests, real path after / before (_ab/before) / before0 (_ab/before0))
 #   w29-ts (~8 min: the timestamp-rules kernel's GPU tests, the real path A/B against _ab/before, large-v3 64 and tiny.en 256)
@@ -170,6 +171,12 @@ for part in "$@"; do
                --beam-on-device --no-hf 2>&1 | grep -v "custom logits" | tee -a "$OUT/w28_final_beam.log" \
                | grep -E "^(flat|aligned)" | cut -c1-200 | sort -u)
            done ;;
+    # wave 30: the GPU tests of the graph runners' step() and sampling graphs, then issue 18's protocol again (~7 min)
+    w30-final) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py tests/engine/test_gpu_syncs.py \
+             tests/engine/test_gpu_sample_graphs.py tests/engine/test_gpu_beam.py tests/engine/test_gpu_prompt_graphs.py \
+             -rs 2>&1 | tee "$OUT/w30_tests.log" | tail -8
+           (cd benchmarks && timeout 300 python3 -W ignore serve_gpu.py --json "$OUT/serve_full.json" 2>&1 \
+             | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     w29-final) (cd benchmarks && timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
                --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee "$OUT/w29_final_real.log" | tail -3)
            realpath_ab w29_final_ab 100 "after large-v3 64" "before0 large-v3 64" "after large-v3 64" \
