@@ -40,6 +40,7 @@ SELF_COLS_ALIGN = 16  # decoder key count rounded up to this (fewer distinct sha
 # Most groups whose encoder regions a graph reads in place (one SDPA call per group and layer);
 # a batch of more groups gathers them (one call per layer).
 CROSS_VIEW_MAX_GROUPS = 16
+ANCHORS_KEPT = 4096  # (row, generation) entries of the anchor cache before it starts over
 
 
 def group_buckets(max_bs: int) -> list[int]:
@@ -83,6 +84,8 @@ class CompiledDecodeRunner:
         # (G, W, cross read in place, sampling key or None) of each graph compiled
         self.graphs: set[tuple[int, int, bool, tuple | None]] = set()
         self.cross_view = True  # encoder regions read in place when they allow it
+        # (row, generation) -> that hold's encoder-region anchor, None: not one run of slots
+        self._anchors: dict[tuple[int, int], torch.Tensor | None] = {}
         self.steps = 0  # decode steps run compiled
         self.sampling = SamplingKeys() if sampling else None
         self.sampled_steps = 0  # of which sampled inside the graph
@@ -150,20 +153,31 @@ class CompiledDecodeRunner:
         of the bucket, of shape ``[first + 2, 0]`` (no storage): its marked-dynamic size carries
         the group's first slot into the graph without a recompile per value (+2: dynamo
         specialises sizes 0 and 1); padding groups repeat the first group's. Else None (the
-        graph gathers). Host reads: the groups' first slots, one flag."""
+        graph gathers). A row's answer is worked out once per hold of the row (its encoder
+        columns are written at its request's prefill only): kept by (row, generation)."""
         n = batch.batch_size // w  # real groups
         if not self.cross_view or g > CROSS_VIEW_MAX_GROUPS or any(
                 batch.encoder_lens_cpu[i * w] != self.encoder_cols for i in range(n)):
             return None
-        E = self.encoder_cols
-        table = batch.req_to_token[batch.req_pool_indices[::w], :E].long()  # [n, E]
-        if not bool((table - table[:, :1] == self.encoder_col_ids).all()):
+        generation = self.pools.req_to_token_pool.generation
+        keys = [(r, generation[r]) for r in batch.req_pool_indices[::w].tolist()]
+        missing = [k for k in keys if k not in self._anchors]
+        if missing:
+            self._remember_anchors(batch.req_to_token, missing)
+        found = [self._anchors[k] for k in keys]
+        if any(a is None for a in found):
             return None
-        firsts = table[:, 0].tolist()
-        anchors = tuple(torch.empty(f + 2, 0) for f in firsts + firsts[:1] * (g - n))
-        for a in anchors:
-            torch._dynamo.mark_dynamic(a, 0)
-        return anchors
+        return tuple(found + found[:1] * (g - n))
+
+    def _remember_anchors(self, req_to_token: torch.Tensor, keys: list[tuple[int, int]]) -> None:
+        """Work out the anchors of the rows of ``keys`` (one gather and check for all)."""
+        if len(self._anchors) + len(keys) > ANCHORS_KEPT:
+            self._anchors.clear()  # entries of rows held by earlier requests
+        rows = torch.tensor([r for r, _ in keys], device=req_to_token.device)
+        table = req_to_token[rows, :self.encoder_cols].long()  # [m, E]
+        one_run = ((table - table[:, :1]) == self.encoder_col_ids).all(dim=1).tolist()
+        for key, run, first in zip(keys, one_run, table[:, 0].tolist(), strict=True):
+            self._anchors[key] = torch.empty(first + 2, 0) if run else None
 
     def step(self, batch: ForwardBatch, input_ids: torch.Tensor, plan: SamplingPlan,
              history: TokenHistory) -> tuple[torch.Tensor | None, tuple | None]:
@@ -190,10 +204,12 @@ class CompiledDecodeRunner:
                                      CompiledDecodeRunner._forward.__globals__, "_forward")
             self._fn = torch.compile(types.MethodType(code, self), backend=self.compiler,
                                      dynamic=False)
-        torch._dynamo.mark_dynamic(self_cols, 0)
         anchors = self._cross_anchors(batch, g, w)
         variant = (g, w, anchors is not None, skey)
         first = variant not in self.graphs
+        if first:  # dynamic sizes matter when a graph is made (later calls skip the guards)
+            for t in (self_cols, *(anchors or ())):
+                torch._dynamo.mark_dynamic(t, 0)
         t0 = time.perf_counter()
         if first:
             out = self._fn(g, w, self_cols, anchors, own, history)

@@ -51,6 +51,9 @@ class ReqToTokenPool:
         # LIFO stack: pop() from the end hands out 1, 2, 3, ... on a fresh pool.
         self._free_rows: list[int] = list(range(size, 0, -1))
         self._is_free = [False] + [True] * size  # indexed by row; row 0 is never free
+        # per row, how many times alloc has handed it out: (row, generation) names one
+        # request's hold of a row (host caches of what a row's columns held key on it)
+        self.generation = [0] * (size + 1)
 
     # ------------------------------------------------------------------ queries
     def available_size(self) -> int:
@@ -88,6 +91,7 @@ class ReqToTokenPool:
             if req.req_pool_idx is None:
                 row = self._free_rows.pop()
                 self._is_free[row] = False
+                self.generation[row] += 1
                 req.req_pool_idx = row
             rows.append(req.req_pool_idx)
         return rows

@@ -157,6 +157,7 @@ def test_cross_anchors_only_when_every_region_is_full_and_one_run(engines):
     from edserve.engine.cpu_compile import CROSS_VIEW_MAX_GROUPS
 
     runner = engines[0].runner.graph_runner
+    runner._anchors.clear()  # rows 1-2 are cached from earlier requests' holds
     E = runner.encoder_cols
     table = torch.zeros(3, E + 8, dtype=torch.int32)
     table[0, :E] = torch.arange(7, 7 + E)
@@ -180,6 +181,17 @@ def test_cross_anchors_only_when_every_region_is_full_and_one_run(engines):
         assert runner._cross_anchors(batch([0]), 1, 1) is None
     finally:
         runner.cross_view = True
+    # a row's answer is kept for one hold of it: a new hold (alloc bumps the row's generation)
+    # with a region of one run is read in place, the cached answer of the old hold is not used
+    generation = runner.pools.req_to_token_pool.generation
+    table[1, :E] = torch.arange(500, 500 + E)
+    assert runner._cross_anchors(batch([1]), 1, 1) is None  # same hold: the kept answer
+    generation[1] += 1
+    try:
+        assert [a.shape[0] - 2 for a in runner._cross_anchors(batch([1]), 1, 1)] == [500]
+    finally:
+        generation[1] -= 1
+        runner._anchors.clear()
 
 
 def test_inductor_keeps_marked_sizes_apart_under_the_unsafe_stance():

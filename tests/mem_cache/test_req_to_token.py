@@ -39,6 +39,21 @@ def test_alloc_sets_rows_in_request_order_and_lifo_reuse():
     pool.check_integrity(num_held=3)
 
 
+def test_generation_counts_the_holds_of_each_row():
+    """(row, generation) names one request's hold: a new hold of a row bumps it; keeping a row
+    (chunked prefill), freeing it and a shortage do not."""
+    pool = ReqToTokenPool(size=2, max_context_len=8)
+    a, b = Req("a"), Req("b")
+    pool.alloc([a, b])
+    assert pool.generation == [0, 1, 1]
+    pool.alloc([a])  # still held: the same hold
+    pool.free(a)
+    assert pool.generation == [0, 1, 1]
+    assert pool.alloc([Req(), Req()]) is None  # shortage: nothing changes
+    c = Req("c")
+    assert pool.alloc([c]) == [1] and pool.generation == [0, 2, 1]
+
+
 def test_request_holding_a_row_keeps_it_and_uses_no_free_row():
     pool = ReqToTokenPool(size=2, max_context_len=8)
     a, b = Req(), Req()
