@@ -91,7 +91,8 @@ class GraphInputs:
         if self.cross_groups is not None:  # a batch without a table: groups of one
             groups = self.single_groups if batch.cross_groups is None else batch.cross_groups
             self.cross_groups[:bs].copy_(groups[:bs])
-            self.cross_groups[bs:padded].copy_(self.single_groups[bs:padded])
+            if padded > bs:
+                self.cross_groups[bs:padded].copy_(self.single_groups[bs:padded])
         if self.cross_ranges is None:
             return
         rng = self.cross_ranges
@@ -100,7 +101,8 @@ class GraphInputs:
         else:  # every row sees all of its encoder keys
             rng[:bs, 0].zero_()
             rng[:bs, 1].copy_(batch.encoder_lens)
-        rng[bs:padded].zero_()
+        if padded > bs:
+            rng[bs:padded].zero_()
 
     def load_rows(self, padded: int, input_ids: torch.Tensor, positions: torch.Tensor,
                   rows: torch.Tensor, seq_lens: torch.Tensor, out_loc: torch.Tensor,
@@ -114,7 +116,8 @@ class GraphInputs:
                                (self.out_loc, out_loc, 0), (self.enc_lens, enc_lens, 0),
                                (self.enc_offsets, enc_offsets, 0)):
             buf[:bs].copy_(src)
-            buf[bs:padded].fill_(fill)
+            if padded > bs:  # (an empty fill still costs a dispatch: 7 a step)
+                buf[bs:padded].fill_(fill)
 
     def ungrouped(self, padded: int) -> None:
         """Rows ``[0, padded)`` as groups of one (a step whose rows share no encoder region)."""
