@@ -16,7 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
-#   w30-final (~7 min: GPU tests of the graph runners' step(), then serve-full)
+#   w30-final (~7 min: GPU tests of the graph runners' step(), then serve-full), w30-real (~5 min: the real path, with HF then twice without)
 #   w29-final (~6 min: the real path with HF on the final tree, then after / before0 twice)
 #   w29-stats (~8 min: greedy batches through the one-read logits kernel: GPU tests, real path after / before (_ab/before) / before0 (_ab/before0))
 #   w29-ts (~8 min: the timestamp-rules kernel's GPU tests, the real path A/B against _ab/before, large-v3 64 and tiny.en 256)
@@ -177,6 +177,10 @@ for part in "$@"; do
              -rs 2>&1 | tee "$OUT/w30_tests.log" | tail -8
            (cd benchmarks && timeout 300 python3 -W ignore serve_gpu.py --json "$OUT/serve_full.json" 2>&1 \
              | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # wave 30: the real path's protocol run (with HF) on the final tree, then two no-HF runs (~5 min)
+    w30-real) (cd benchmarks && timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
+               --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee "$OUT/w30_real.log" | tail -3)
+           realpath_ab w30_real_nohf 100 "after large-v3 64" "after large-v3 64" ;;
     w29-final) (cd benchmarks && timeout 150 python3 -W ignore whisper_realpath.py --arch large-v3 --concurrency 64 \
                --config flat:128 --overlap on 2>&1 | grep -v "custom logits" | tee "$OUT/w29_final_real.log" | tail -3)
            realpath_ab w29_final_ab 100 "after large-v3 64" "before0 large-v3 64" "after large-v3 64" \
