@@ -61,6 +61,14 @@ def batch_width(batch: ForwardBatch) -> int | None:
     return runs[0] if all(n == runs[0] for n in runs) else None
 
 
+def _dynamic_size(n: int) -> torch.Tensor:
+    """An empty ``[n, 0]`` tensor whose first size is marked dynamic: it carries ``n`` into a
+    compiled graph as a symbol, without a recompile per value."""
+    t = torch.empty(n, 0)
+    torch._dynamo.mark_dynamic(t, 0)
+    return t
+
+
 class CompiledDecodeRunner:
     """Decode batches through compiled graphs, keyed by ``(G, W)`` (padded groups, width)."""
 
@@ -86,6 +94,9 @@ class CompiledDecodeRunner:
         self.cross_view = True  # encoder regions read in place when they allow it
         # (row, generation) -> that hold's encoder-region anchor, None: not one run of slots
         self._anchors: dict[tuple[int, int], torch.Tensor | None] = {}
+        # Graph inputs whose size is the graph's free dimension, made and marked dynamic once
+        # (a call passing an unmarked one recompiled under the unsafe stance)
+        self._self_cols: dict[int, torch.Tensor] = {}  # key count -> cols[:k]
         self.steps = 0  # decode steps run compiled
         self.sampling = SamplingKeys() if sampling else None
         self.sampled_steps = 0  # of which sampled inside the graph
@@ -167,7 +178,9 @@ class CompiledDecodeRunner:
         found = [self._anchors[k] for k in keys]
         if any(a is None for a in found):
             return None
-        return tuple(found + found[:1] * (g - n))
+        # padding groups: tensors of their own (a tensor twice in one call is an alias that
+        # dynamo guards on, and its graphs were made without one)
+        return tuple(found + [_dynamic_size(found[0].shape[0]) for _ in range(g - n)])
 
     def _remember_anchors(self, req_to_token: torch.Tensor, keys: list[tuple[int, int]]) -> None:
         """Work out the anchors of the rows of ``keys`` (one gather and check for all)."""
@@ -177,7 +190,7 @@ class CompiledDecodeRunner:
         table = req_to_token[rows, :self.encoder_cols].long()  # [m, E]
         one_run = ((table - table[:, :1]) == self.encoder_col_ids).all(dim=1).tolist()
         for key, run, first in zip(keys, one_run, table[:, 0].tolist(), strict=True):
-            self._anchors[key] = torch.empty(first + 2, 0) if run else None
+            self._anchors[key] = _dynamic_size(first + 2) if run else None
 
     def step(self, batch: ForwardBatch, input_ids: torch.Tensor, plan: SamplingPlan,
              history: TokenHistory) -> tuple[torch.Tensor | None, tuple | None]:
@@ -190,7 +203,10 @@ class CompiledDecodeRunner:
         skey, own = picked or (None, None)
         self.inputs.load(batch, input_ids, g * w)
         k = -(-max(batch.seq_lens_cpu) // SELF_COLS_ALIGN) * SELF_COLS_ALIGN
-        self_cols = self.cols[:k]
+        self_cols = self._self_cols.get(k)
+        if self_cols is None:
+            self_cols = self._self_cols[k] = self.cols[:k]
+            torch._dynamo.mark_dynamic(self_cols, 0)
         if self._fn is None:
             # One graph per (g, w) (ints specialised, dynamic=False), the key count free
             # (mark_dynamic); dynamo keeps at most cache_size_limit graphs per function, a
@@ -207,9 +223,6 @@ class CompiledDecodeRunner:
         anchors = self._cross_anchors(batch, g, w)
         variant = (g, w, anchors is not None, skey)
         first = variant not in self.graphs
-        if first:  # dynamic sizes matter when a graph is made (later calls skip the guards)
-            for t in (self_cols, *(anchors or ())):
-                torch._dynamo.mark_dynamic(t, 0)
         t0 = time.perf_counter()
         if first:
             out = self._fn(g, w, self_cols, anchors, own, history)

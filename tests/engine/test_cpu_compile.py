@@ -173,6 +173,10 @@ def test_cross_anchors_only_when_every_region_is_full_and_one_run(engines):
     assert [a.shape for a in one] == [(7 + 2, 0)] and one[0].numel() == 0
     two = runner._cross_anchors(batch([2, 0]), 4, 1)  # two groups padded to a bucket of four
     assert [a.shape[0] - 2 for a in two] == [3000, 7, 3000, 3000]
+    # no tensor twice in one call: dynamo guards on such an alias, so a graph made with one
+    # pattern recompiled (an error under the unsafe stance) when a batch brought another
+    assert len({id(a) for a in two}) == 4
+    assert all(a._dynamo_dynamic_indices == {0} for a in two)  # each marked dynamic
     assert runner._cross_anchors(batch([0], enc_lens=[E - 1]), 1, 1) is None  # shorter region
     assert runner._cross_anchors(batch([0, 1]), 2, 1) is None  # one region not one run
     assert runner._cross_anchors(batch([0]), 2 * CROSS_VIEW_MAX_GROUPS, 1) is None
