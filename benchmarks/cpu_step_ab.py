@@ -8,6 +8,10 @@ Changes (``--change``):
   ``off`` checks every guard (the step before that change).
 * ``cross-view``: each clip's encoder region read as a view of the KV pool (``_cross_anchors``);
   ``off`` gathers its 1500 K and V rows every layer and step (the step before that change).
+* ``boxed``: fbgemm's dynamic int8 linear called through the dispatcher's boxed call
+  (``quantize._LINEAR_DYNAMIC_CALL``); ``off`` calls the op overload's C++ callable ``_op``.
+* ``sampling``: the step's sampling inside its compiled graph (``cpu_sample.SamplingKeys``);
+  ``off`` samples the graph's logits eagerly.
 
   python benchmarks/cpu_step_ab.py [--change cross-view] [--mode int8] [--beam 1] [--rounds 10]
   python benchmarks/cpu_step_ab.py --clips 4     # four clips transcribed together
@@ -28,24 +32,23 @@ import cpu_step as cs
 def _guards(state: dict) -> Iterator[None]:
     from edserve.engine import cpu_compile
 
-    skipping = cpu_compile.CompiledDecodeRunner.replay
+    skipping = cpu_compile.CompiledDecodeRunner.step
 
-    def replay(self, batch, input_ids):
-        if not state["on"]:  # every guard: the compiled key's first-call path
-            g, w = self.key(batch)
-            variant = (g, w, self._cross_anchors(batch, g, w) is not None)
-            self.variants.discard(variant)
+    def step(self, batch, input_ids, plan, history):
+        if not state["on"]:  # every guard: the path of a graph's first call
+            made = set(self.graphs)
+            self.graphs.clear()
             try:
-                return skipping(self, batch, input_ids)
+                return skipping(self, batch, input_ids, plan, history)
             finally:
-                self.variants.add(variant)
-        return skipping(self, batch, input_ids)
+                self.graphs |= made
+        return skipping(self, batch, input_ids, plan, history)
 
-    cpu_compile.CompiledDecodeRunner.replay = replay
+    cpu_compile.CompiledDecodeRunner.step = step
     try:
         yield
     finally:
-        cpu_compile.CompiledDecodeRunner.replay = skipping
+        cpu_compile.CompiledDecodeRunner.step = skipping
 
 
 @contextlib.contextmanager
@@ -64,8 +67,41 @@ def _cross_view(state: dict) -> Iterator[None]:
         cpu_compile.CompiledDecodeRunner._cross_anchors = anchors
 
 
+@contextlib.contextmanager
+def _boxed(state: dict) -> Iterator[None]:
+    from edserve.models import quantize
+
+    boxed = quantize._LINEAR_DYNAMIC_CALL
+    plain = getattr(quantize._LINEAR_DYNAMIC, "_op", quantize._LINEAR_DYNAMIC)
+
+    def call(x, packed, reduce_range):
+        return (boxed if state["on"] else plain)(x, packed, reduce_range)
+
+    quantize._LINEAR_DYNAMIC_CALL = call
+    try:
+        yield
+    finally:
+        quantize._LINEAR_DYNAMIC_CALL = boxed
+
+
+@contextlib.contextmanager
+def _sampling(state: dict) -> Iterator[None]:
+    from edserve.engine import cpu_sample
+
+    plan_for = cpu_sample.SamplingKeys.plan_for
+
+    def plan(self, p, rows):
+        return plan_for(self, p, rows) if state["on"] else None
+
+    cpu_sample.SamplingKeys.plan_for = plan
+    try:
+        yield
+    finally:
+        cpu_sample.SamplingKeys.plan_for = plan_for
+
+
 CHANGES: dict[str, Callable[[dict], contextlib.AbstractContextManager]] = {
-    "guards": _guards, "cross-view": _cross_view}
+    "guards": _guards, "cross-view": _cross_view, "boxed": _boxed, "sampling": _sampling}
 
 
 def build(mode: str, beam: int, threads: int, clips: int):

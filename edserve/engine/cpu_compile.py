@@ -127,16 +127,21 @@ class CompiledDecodeRunner:
         g = next((s for s in self.buckets if s >= groups and s * width <= self.max_bs), None)
         return None if g is None else (g, width)
 
-    def can_run(self, batch: ForwardBatch) -> bool:
-        """Whether ``batch`` runs compiled now; counts eager steps towards ``compile_after``."""
+    def can_run(self, batch: ForwardBatch, plan: SamplingPlan | None = None) -> bool:
+        """Whether ``batch`` (sampled by ``plan``) runs compiled now; counts eager steps
+        towards ``compile_after``. The first step of a sampling key runs eagerly (it builds the
+        filters' tensors; the next step compiles the graph that samples too), so a bucket does
+        not also compile a graph without sampling that it would use for one step."""
         key = self.key(batch)
         if key is None:
             return False
-        if key in self.compiled:
-            return True
-        n = self.eager_steps.get(key, 0) + 1
-        self.eager_steps[key] = n
-        return n > self.compile_after
+        if key not in self.compiled:
+            n = self.eager_steps.get(key, 0) + 1
+            self.eager_steps[key] = n
+            if n <= self.compile_after:
+                return False
+        return self.sampling is None or plan is None \
+            or not self.sampling.first_step(plan, key[0] * key[1])
 
     def _forward(self, g: int, w: int, self_cols: torch.Tensor,
                  cross_anchors: tuple[torch.Tensor, ...] | None, plan: SamplingPlan | None,

@@ -9,10 +9,11 @@ greedy rows, one chain of capturable filters, beam rows' top-k at most) is now s
 :func:`~edserve.engine.sampler.sample` inside the compiled decode graph, one graph per
 (bucket, sampling key); a second graph call per step (another dynamo frame) cost ~0.09 ms.
 
-:class:`SamplingKeys` keeps one plan per key for those graphs: the first step of a key is
-sampled eagerly (which builds the filters' cached tensors that the graph then reads), later
-steps get the kept plan, whose beam top-k rows are a static index this step's rows are copied
-into. Anything else is sampled eagerly, with the same result.
+:class:`SamplingKeys` keeps one plan per key for those graphs: the first step of a key runs
+eagerly, decoder and sampling (it builds the filters' cached tensors that the graph then reads;
+:meth:`~edserve.engine.cpu_compile.CompiledDecodeRunner.can_run` asks), later steps get the
+kept plan, whose beam top-k rows are a static index this step's rows are copied into. Anything
+else is sampled eagerly after a graph without sampling, with the same result.
 """
 
 from __future__ import annotations
@@ -32,18 +33,33 @@ class SamplingKeys:
         self.seen: set[tuple] = set()  # keys sampled eagerly once
         self.plans: dict[tuple, SamplingPlan] = {}  # key -> the plan its graphs read
 
+    @staticmethod
+    def key(plan: SamplingPlan, rows: int) -> tuple | None:
+        """The key of a graph sampling ``plan`` over ``rows`` padded rows; None: no graph
+        takes ``plan`` (temperature, best_of's draws, filters with host effects)."""
+        chain = graph_key(plan)
+        return None if chain is None else (rows, chain, candidate_key(plan))
+
+    def first_step(self, plan: SamplingPlan, rows: int) -> bool:
+        """Whether this is the first step of ``plan``'s key, which the caller samples (and
+        runs) eagerly; it counts as that step (the next one gets a kept plan)."""
+        key = self.key(plan, rows)
+        if key is None or key in self.seen or len(self.plans) >= self.max_keys:
+            return False
+        self.seen.add(key)
+        return True
+
     def plan_for(self, plan: SamplingPlan, rows: int) -> tuple[tuple, SamplingPlan] | None:
         """``(key, kept plan)`` for sampling ``plan`` over ``rows`` padded rows in a graph, this
-        step's beam rows copied into the kept plan's static index; None: sample eagerly (a plan
-        no graph takes, a key's first step, or past ``max_keys``)."""
-        chain = graph_key(plan)
-        if chain is None:
+        step's beam rows copied into the kept plan's static index; None: the caller samples
+        eagerly (a plan no graph takes, a key whose first step has not run, or past
+        ``max_keys``)."""
+        key = self.key(plan, rows)
+        if key is None:
             return None
-        key = (rows, chain, candidate_key(plan))
         kept = self.plans.get(key)
         if kept is None:
             if key not in self.seen or len(self.plans) >= self.max_keys:
-                self.seen.add(key)
                 return None
             kept = self.plans[key] = _own_copy(plan)
         if kept.candidates is not None:  # the beam rows move between steps

@@ -103,7 +103,8 @@ class DecodeGraphRunner:
         torch.cuda.current_stream().wait_stream(stream)
         logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
-    def can_run(self, batch: ForwardBatch) -> bool:
+    def can_run(self, batch: ForwardBatch, plan: SamplingPlan | None = None) -> bool:
+        """Whether a graph takes ``batch`` (any ``plan``: :meth:`sample` decides its part)."""
         return self.inputs.accepts(batch)
 
     def replay(self, batch: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,8 @@ class ModelRunner:
         ns_at, check_at = self._prompt_picks(sched)  # (row, prompt position, what)
         at = ns_at + check_at
         at_logits = None  # [len(at), V] logits at those positions
-        if sched.mode == ForwardMode.DECODE and graphs is not None and graphs.can_run(batch):
+        if sched.mode == ForwardMode.DECODE and graphs is not None \
+                and graphs.can_run(batch, sched.sampling):
             logits, picked = graphs.step(batch, input_ids, sched.sampling, self.history)
         elif prompts is not None and prompts.accepts(batch):
             if encoder_states is not None:  # the cross K/V into the pool, then the prompts

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
-@pytest.mark.parametrize("change", ["guards", "cross-view"])
+@pytest.mark.parametrize("change", ["guards", "cross-view", "boxed", "sampling"])
 def test_step_ab_one_round(capsys, change):
     import cpu_step_ab
 

@@ -36,21 +36,23 @@ def _plan(chain=CHAIN, topk_rows=None, k=3, sampled=None) -> SamplingPlan:
     return plan
 
 
-def test_a_key_is_sampled_eagerly_once_then_through_its_kept_plan():
+def test_a_key_runs_eagerly_once_then_samples_through_its_kept_plan():
     keys = SamplingKeys(max_keys=2)
-    assert keys.plan_for(_plan(sampled=torch.tensor([0])), 4) is None  # temperature: eager
-    assert keys.plan_for(_plan(), 4) is None  # first step of the key: eager
+    temperature = _plan(sampled=torch.tensor([0]))
+    assert not keys.first_step(temperature, 4) and keys.plan_for(temperature, 4) is None
+    assert keys.plan_for(_plan(), 4) is None  # before its first step: not in a graph
+    assert keys.first_step(_plan(), 4) and not keys.first_step(_plan(), 4)  # once
     key, kept = keys.plan_for(_plan(), 4)
     assert key == (4, CHAIN, ()) and keys.plan_for(_plan(), 4) == (key, kept)  # kept: same
-    first = _plan(topk_rows=[0, 2])
-    assert keys.plan_for(first, 4) is None
+    assert keys.first_step(_plan(topk_rows=[0, 2]), 4)
     key2, beams = keys.plan_for(_plan(topk_rows=[2, 1]), 4)
     assert key2 == (4, CHAIN, (2, 3)) and beams.candidates.topk_rows.tolist() == [2, 1]
     moved = _plan(topk_rows=[1, 0])
     assert keys.plan_for(moved, 4)[1] is beams  # the static index takes this step's rows
     assert beams.candidates.topk_rows.tolist() == [1, 0]
     assert beams.candidates.topk_rows is not moved.candidates.topk_rows
-    for _ in range(2):  # past max_keys: a new key stays eager
+    for _ in range(2):  # past max_keys: a new key samples eagerly (after a logits graph)
+        assert not keys.first_step(_plan(chain=CHAIN[:1]), 4)
         assert keys.plan_for(_plan(chain=CHAIN[:1]), 4) is None
     assert len(keys.plans) == 2
 
@@ -70,7 +72,8 @@ def test_inductor_compiled_sampling_over_padded_rows_equals_the_eager_sampler(tm
         logits = torch.randn(8, V, generator=gen) * 3
         logits[:, TS:] += 2.0 * (step % 2)  # timestamps win every other step
         want = sample(logits[:3].clone(), _plan(topk_rows=beams), eager, rows)
-        found = keys.plan_for(_plan(topk_rows=beams), 8)
+        found = None if keys.first_step(_plan(topk_rows=beams), 8) \
+            else keys.plan_for(_plan(topk_rows=beams), 8)
         if found is None:
             got = sample(logits[:3].clone(), _plan(topk_rows=beams), compiled, rows)
         else:
@@ -118,3 +121,5 @@ def test_two_filter_chains_in_turn_each_sample_in_their_own_graph(random_whisper
             [(s.start, s.end) for s in want.segments]
     sampled = {k[3] for k in runner.graphs if k[3] is not None}
     assert len(sampled) == 2 and runner.sampled_steps >= 2 * 10
+    # each key's first step ran eagerly: no graph without sampling was made for one step
+    assert all(k[3] is not None for k in runner.graphs)
