@@ -41,7 +41,7 @@ def _engine(random_whisper, replays: bool, device: str = "cpu"):
         engine.runner.graph_runner = SimpleNamespace(
             prompts=PromptReplayer(inputs, capture_sizes(8),
                                    lambda n: static_forward(engine.model, pools, inputs, n), 8),
-            can_run=lambda batch: False)
+            can_run=lambda batch, plan=None: False)
     return engine
 
 

@@ -98,7 +98,7 @@ def test_prompt_replays_give_the_eager_outputs(random_whisper, strategy, page_si
 
             engine.runner.run = watched
             engine.runner.graph_runner = SimpleNamespace(prompts=replayer,
-                                                         can_run=lambda batch: False)
+                                                         can_run=lambda batch, plan=None: False)
         results[graphs] = _run(engine, reqs[:3]) | _run(engine, reqs[3:]) \
             | _run(engine, late, stagger=True)
     assert seen["plain"] >= 1 and seen["eager"] >= 1 and seen["mixed"] >= 1, seen
