@@ -22,6 +22,7 @@ import logging
 import os
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -90,20 +91,24 @@ class CompiledDecodeRunner:
         self.buckets = group_buckets(max_bs)
         self.eager_steps: dict[tuple[int, int], int] = {}  # steps run eagerly per key
         # (G, W, cross read in place, sampling key or None) of each graph compiled
-        self.graphs: set[tuple[int, int, bool, tuple | None]] = set()
+        self._compiled: dict[tuple[int, int, bool, tuple | None], Callable] = {}
         self.cross_view = True  # encoder regions read in place when they allow it
         # (row, generation) -> that hold's encoder-region anchor, None: not one run of slots
         self._anchors: dict[tuple[int, int], torch.Tensor | None] = {}
         # Graph inputs whose size is the graph's free dimension, made and marked dynamic once
-        # (a call passing an unmarked one recompiled under the unsafe stance)
+        # (graphs are called without guards: an input unmarked when its graph was made would
+        # have its size baked in)
         self._self_cols: dict[int, torch.Tensor] = {}  # key count -> cols[:k]
         self.steps = 0  # decode steps run compiled
         self.sampling = SamplingKeys() if sampling else None
         self.sampled_steps = 0  # of which sampled inside the graph
         if cache_dir is not None:  # inductor reads it when it first compiles
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
-        self._fn = None  # torch.compile(...), made at the first compile (importing dynamo
-        # costs start-up time that a run without a compiled step should not pay)
+
+    @property
+    def graphs(self) -> set[tuple[int, int, bool, tuple | None]]:
+        """``(G, W, cross read in place, sampling key or None)`` of each graph compiled."""
+        return set(self._compiled)
 
     @property
     def variants(self) -> set[tuple[int, int, bool]]:
@@ -183,8 +188,8 @@ class CompiledDecodeRunner:
         found = [self._anchors[k] for k in keys]
         if any(a is None for a in found):
             return None
-        # padding groups: tensors of their own (a tensor twice in one call is an alias that
-        # dynamo guards on, and its graphs were made without one)
+        # padding groups: tensors of their own (a graph made with one tensor twice among its
+        # inputs reads that input for both; called without guards, it would not notice)
         return tuple(found + [_dynamic_size(found[0].shape[0]) for _ in range(g - n)])
 
     def _remember_anchors(self, req_to_token: torch.Tensor, keys: list[tuple[int, int]]) -> None:
@@ -196,6 +201,16 @@ class CompiledDecodeRunner:
         one_run = ((table - table[:, :1]) == self.encoder_col_ids).all(dim=1).tolist()
         for key, run, first in zip(keys, one_run, table[:, 0].tolist(), strict=True):
             self._anchors[key] = _dynamic_size(first + 2) if run else None
+
+    def _compile(self, example: tuple) -> Callable:
+        """One graph of :meth:`_forward` for the variant of ``example`` (its arguments), as a
+        function that runs it without dynamo's frame hook or guards (``aot_compile``: a dynamo
+        call cost ~0.1 ms of a ~2.8 ms int8 tiny.en step, even with guard evaluation skipped).
+        The caller keys graphs by variant; sizes marked dynamic stay free; the variant's other
+        inputs must keep the shapes, dtypes and aliasing of ``example``."""
+        made = torch.compile(self._forward, backend=self.compiler, dynamic=False,
+                             fullgraph=True).aot_compile((example, {}))
+        return types.MethodType(made.fn, self)  # its function takes the runner first
 
     def step(self, batch: ForwardBatch, input_ids: torch.Tensor, plan: SamplingPlan,
              history: TokenHistory) -> tuple[torch.Tensor | None, tuple | None]:
@@ -212,33 +227,16 @@ class CompiledDecodeRunner:
         if self_cols is None:
             self_cols = self._self_cols[k] = self.cols[:k]
             torch._dynamo.mark_dynamic(self_cols, 0)
-        if self._fn is None:
-            # One graph per (g, w) (ints specialised, dynamic=False), the key count free
-            # (mark_dynamic); dynamo keeps at most cache_size_limit graphs per function, a
-            # process-wide setting (a per-call config.patch cost ~0.2-0.8 ms of host time).
-            torch._dynamo.config.cache_size_limit = max(
-                torch._dynamo.config.cache_size_limit, 4 * len(self.buckets))
-            # A code object of this runner's own: dynamo keeps graphs per code object, and
-            # under the unsafe stance below it picks among them by the guards that tell them
-            # apart, which need not say which runner (model, pools) compiled them.
-            code = types.FunctionType(CompiledDecodeRunner._forward.__code__.replace(),
-                                     CompiledDecodeRunner._forward.__globals__, "_forward")
-            self._fn = torch.compile(types.MethodType(code, self), backend=self.compiler,
-                                     dynamic=False)
         anchors = self._cross_anchors(batch, g, w)
         variant = (g, w, anchors is not None, skey)
-        first = variant not in self.graphs
+        fn = self._compiled.get(variant)
+        first = fn is None
         t0 = time.perf_counter()
         if first:
-            out = self._fn(g, w, self_cols, anchors, own, history)
-        else:
-            # a compiled variant: dynamo checks only the guards that tell its cached graphs
-            # apart, not every guard on the model's modules (~0.1 ms a step, 2-core Xeon)
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                out = self._fn(g, w, self_cols, anchors, own, history)
+            fn = self._compiled[variant] = self._compile((g, w, self_cols, anchors, own, history))
+        out = fn(g, w, self_cols, anchors, own, history)
         self.steps += 1
         if first:
-            self.graphs.add(variant)
             logger.info("compiled the CPU decode step for %d group(s) of %d row(s)%s%s in %.1f s",
                         g, w, " (encoder K/V in place)" if variant[2] else "",
                         "" if own is None else " with its sampling", time.perf_counter() - t0)
