@@ -24,6 +24,9 @@ KEEP_FLOAT = ("cross_kv_proj",)
 # Live opaque linears by handle (a module gone from every model is gone from here too).
 _LIVE: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
 _HANDLES = itertools.count()
+# By handle, the module's ``direct()`` function of ``x``, where it has one (dropped with the
+# module): the compiled step's ~25 calls a step skip the weak lookup and the method call.
+_DIRECT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
 
 
 # Defined through torch.library.Library with a CPU kernel rather than @custom_op: a compiled
@@ -34,7 +37,8 @@ _LIB.define("opaque_linear(Tensor x, int handle, int out_features) -> Tensor")
 
 
 def _opaque_linear_cpu(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
-    return _LIVE[handle].eager(x)
+    direct = _DIRECT.get(handle)
+    return direct(x) if direct is not None else _LIVE[handle].eager(x)
 
 
 def _opaque_linear_fake(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:
@@ -72,6 +76,11 @@ class OpaqueLinear:
     def eager(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def direct(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """A function of ``x`` equal to :meth:`eager` that holds no reference to the module
+        (the opaque op calls it), or None (the op calls :meth:`eager`)."""
+        return None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return torch.ops.edserve.opaque_linear(x, self.handle, self.out_features)
@@ -80,6 +89,10 @@ class OpaqueLinear:
     def register(self) -> None:
         self.handle = next(_HANDLES)
         _LIVE[self.handle] = self
+        fn = self.direct()
+        if fn is not None:
+            _DIRECT[self.handle] = fn
+            weakref.finalize(self, _DIRECT.pop, self.handle, None)
 
     def __deepcopy__(self, memo: dict):
         clone = type(self).__new__(type(self))

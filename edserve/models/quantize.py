@@ -25,6 +25,7 @@ without native bf16.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -81,7 +82,7 @@ def _linear_dynamic_call():
     if boxed is None:
         return getattr(_LINEAR_DYNAMIC, "_op", _LINEAR_DYNAMIC)
     handle = torch._C._dispatch_find_schema_or_throw("quantized::linear_dynamic", "")
-    return lambda x, packed, reduce_range: boxed(handle, x, packed, reduce_range)
+    return functools.partial(boxed, handle)  # no Python frame of its own
 
 
 _LINEAR_DYNAMIC_CALL = _linear_dynamic_call()
@@ -98,11 +99,15 @@ class Int8Linear(OpaqueLinear, _DynamicLinear):
     _prepacked = None  # the packed weight (a ScriptObject), cached by register()
 
     def register(self) -> None:
-        super().register()
         self._prepacked = self._packed_params._packed_params
+        super().register()
 
     def eager(self, x: torch.Tensor) -> torch.Tensor:
         return _LINEAR_DYNAMIC_CALL(x, self._prepacked, True).to(x.dtype)
+
+    def direct(self):
+        packed = self._prepacked  # not the module: the function must not keep it alive
+        return lambda x: _LINEAR_DYNAMIC_CALL(x, packed, True).to(x.dtype)
 
 
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:

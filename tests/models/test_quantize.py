@@ -108,3 +108,23 @@ def test_int8_linear_fast_path_equals_the_torch_module():
     clone = copy.deepcopy(q)
     assert clone.handle != q.handle and torch.equal(clone(x), want)
     assert _rel(want, x @ w.T + b) < 0.03  # it is the linear (int8 rounding)
+
+
+def test_the_opaque_op_calls_the_direct_function_which_goes_with_its_module():
+    """Inside a compiled graph the opaque op calls an int8 linear's ``direct`` function (no
+    module lookup): equal to ``eager``; it holds the packed weight, not the module, and leaves
+    the table when the module is collected."""
+    import gc
+
+    from edserve.models import opaque_linear
+    from edserve.models.quantize import int8_linear
+
+    gen = torch.Generator().manual_seed(1)
+    q = int8_linear(torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen))
+    x = torch.randn(3, 32, generator=gen)
+    handle = q.handle
+    assert handle in opaque_linear._DIRECT
+    assert torch.equal(torch.ops.edserve.opaque_linear(x, handle, 48), q.eager(x))
+    del q
+    gc.collect()
+    assert handle not in opaque_linear._DIRECT and handle not in opaque_linear._LIVE
