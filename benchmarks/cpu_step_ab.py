@@ -30,7 +30,17 @@ import cpu_step as cs
 
 
 @contextlib.contextmanager
-def _aot(state: dict) -> Iterator[None]:
+def _patched(owner: object, name: str, wrap: Callable) -> Iterator[None]:
+    """``owner.name`` replaced by ``wrap(original)`` while the block runs."""
+    original = getattr(owner, name)
+    setattr(owner, name, wrap(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _aot(state: dict) -> contextlib.AbstractContextManager:
     import types
 
     import torch
@@ -38,82 +48,55 @@ def _aot(state: dict) -> Iterator[None]:
     from edserve.engine import cpu_compile
 
     runner_cls = cpu_compile.CompiledDecodeRunner
-    make = runner_cls._compile
 
-    def compile_both(self, example):
-        aot = make(self, example)
-        # through dynamo: a code object per variant, so its cache holds that graph alone and
-        # the unsafe stance (after the first call, which compiles) cannot pick another
-        code = types.FunctionType(runner_cls._forward.__code__.replace(),
-                                  runner_cls._forward.__globals__, "_forward")
-        hooked = torch.compile(types.MethodType(code, self), backend=self.compiler,
-                               dynamic=False)
-        called = []
+    def compile_both(make):
+        def compile_(self, example):
+            aot = make(self, example)
+            # through dynamo: a code object per variant, so its cache holds that graph alone
+            # and the unsafe stance (after the first call, which compiles) cannot pick another
+            code = types.FunctionType(runner_cls._forward.__code__.replace(),
+                                      runner_cls._forward.__globals__, "_forward")
+            hooked = torch.compile(types.MethodType(code, self), backend=self.compiler,
+                                   dynamic=False)
+            called = []
 
-        def call(*args):
-            if state["on"]:
-                return aot(*args)
-            if not called:
-                called.append(True)
-                return hooked(*args)
-            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                return hooked(*args)
-        return call
+            def call(*args):
+                if state["on"]:
+                    return aot(*args)
+                if not called:
+                    called.append(True)
+                    return hooked(*args)
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return hooked(*args)
+            return call
+        return compile_
 
-    runner_cls._compile = compile_both
-    try:
-        yield
-    finally:
-        runner_cls._compile = make
+    return _patched(runner_cls, "_compile", compile_both)
 
 
-@contextlib.contextmanager
-def _cross_view(state: dict) -> Iterator[None]:
+def _cross_view(state: dict) -> contextlib.AbstractContextManager:
     from edserve.engine import cpu_compile
 
-    anchors = cpu_compile.CompiledDecodeRunner._cross_anchors
-
-    def cross_anchors(self, batch, g, w):
-        return anchors(self, batch, g, w) if state["on"] else None
-
-    cpu_compile.CompiledDecodeRunner._cross_anchors = cross_anchors
-    try:
-        yield
-    finally:
-        cpu_compile.CompiledDecodeRunner._cross_anchors = anchors
+    return _patched(cpu_compile.CompiledDecodeRunner, "_cross_anchors",
+                    lambda anchors: lambda self, batch, g, w:
+                    anchors(self, batch, g, w) if state["on"] else None)
 
 
-@contextlib.contextmanager
-def _boxed(state: dict) -> Iterator[None]:
+def _boxed(state: dict) -> contextlib.AbstractContextManager:
     from edserve.models import quantize
 
-    boxed = quantize._LINEAR_DYNAMIC_CALL
     plain = getattr(quantize._LINEAR_DYNAMIC, "_op", quantize._LINEAR_DYNAMIC)
-
-    def call(x, packed, reduce_range):
-        return (boxed if state["on"] else plain)(x, packed, reduce_range)
-
-    quantize._LINEAR_DYNAMIC_CALL = call
-    try:
-        yield
-    finally:
-        quantize._LINEAR_DYNAMIC_CALL = boxed
+    return _patched(quantize, "_LINEAR_DYNAMIC_CALL",
+                    lambda boxed: lambda x, packed, reduce_range:
+                    (boxed if state["on"] else plain)(x, packed, reduce_range))
 
 
-@contextlib.contextmanager
-def _sampling(state: dict) -> Iterator[None]:
+def _sampling(state: dict) -> contextlib.AbstractContextManager:
     from edserve.engine import cpu_sample
 
-    plan_for = cpu_sample.SamplingKeys.plan_for
-
-    def plan(self, p, rows):
-        return plan_for(self, p, rows) if state["on"] else None
-
-    cpu_sample.SamplingKeys.plan_for = plan
-    try:
-        yield
-    finally:
-        cpu_sample.SamplingKeys.plan_for = plan_for
+    return _patched(cpu_sample.SamplingKeys, "plan_for",
+                    lambda plan_for: lambda self, plan, rows:
+                    plan_for(self, plan, rows) if state["on"] else None)
 
 
 CHANGES: dict[str, Callable[[dict], contextlib.AbstractContextManager]] = {
