@@ -30,6 +30,7 @@ import torch
 from edserve.engine.batch_builder import Pools
 from edserve.engine.cpu_sample import SamplingKeys
 from edserve.engine.graph_inputs import GraphInputs
+from edserve.engine.host_copy import to_device
 from edserve.engine.sampler import SamplingPlan, sample
 from edserve.engine.token_history import TokenHistory
 from edserve.layers.attention.static_decode import StaticDecodeBackend, static_decode_metadata
@@ -140,9 +141,9 @@ class CompiledDecodeRunner:
         key = self.key(batch)
         if key is None:
             return False
-        if key not in self.compiled:
-            n = self.eager_steps.get(key, 0) + 1
-            self.eager_steps[key] = n
+        n = self.eager_steps.get(key, 0)
+        if n <= self.compile_after:  # counted until the key is due (then it stays due)
+            self.eager_steps[key] = n = n + 1
             if n <= self.compile_after:
                 return False
         return self.sampling is None or plan is None \
@@ -173,9 +174,10 @@ class CompiledDecodeRunner:
         slots (and there are at most :data:`CROSS_VIEW_MAX_GROUPS` groups), one tensor per group
         of the bucket, of shape ``[first + 2, 0]`` (no storage): its marked-dynamic size carries
         the group's first slot into the graph without a recompile per value (+2: dynamo
-        specialises sizes 0 and 1); padding groups repeat the first group's. Else None (the
-        graph gathers). A row's answer is worked out once per hold of the row (its encoder
-        columns are written at its request's prefill only): kept by (row, generation)."""
+        specialises sizes 0 and 1); padding groups get tensors of their own, of the first
+        group's size. Else None (the graph gathers). A row's answer is worked out once per hold
+        of the row (its encoder columns are written at its request's prefill only): kept by
+        (row, generation)."""
         n = batch.batch_size // w  # real groups
         if not self.cross_view or g > CROSS_VIEW_MAX_GROUPS or any(
                 batch.encoder_lens_cpu[i * w] != self.encoder_cols for i in range(n)):
@@ -196,7 +198,7 @@ class CompiledDecodeRunner:
         """Work out the anchors of the rows of ``keys`` (one gather and check for all)."""
         if len(self._anchors) + len(keys) > ANCHORS_KEPT:
             self._anchors.clear()  # entries of rows held by earlier requests
-        rows = torch.tensor([r for r, _ in keys], device=req_to_token.device)
+        rows = to_device([r for r, _ in keys], torch.int64, req_to_token.device)
         table = req_to_token[rows, :self.encoder_cols].long()  # [m, E]
         one_run = ((table - table[:, :1]) == self.encoder_col_ids).all(dim=1).tolist()
         for key, run, first in zip(keys, one_run, table[:, 0].tolist(), strict=True):
