@@ -28,7 +28,7 @@ import torch
 
 # Profiler events whose self time is compute (everything else in a step is host work).
 COMPUTE = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::mv", "aten::addmv_",
-           "quantized::linear_dynamic",
+           "quantized::linear_dynamic", "edserve_int8::linear",
            "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::mkldnn_convolution",
            "aten::index_select", "## Call CompiledFxGraph", "mkldnn::_linear_pointwise")
 

@@ -13,6 +13,13 @@ Changes (``--change``):
   (``quantize._LINEAR_DYNAMIC_CALL``); ``off`` calls the op overload's C++ callable ``_op``.
 * ``sampling``: the step's sampling inside its compiled graph (``cpu_sample.SamplingKeys``);
   ``off`` samples the graph's logits eagerly.
+* ``native``: int8 linears called in the graphs as the native op ``edserve_int8::linear``
+  (``models/int8_native.py``); ``off`` through the opaque op (a Python kernel).
+* ``cpp-wrapper``: graphs compiled with inductor's C++ wrapper
+  (``CompiledDecodeRunner.cpp_wrapper``); ``off``: its Python wrapper.
+
+Changes that alter what is compiled (``native``, ``cpp-wrapper``) compile every variant twice,
+once each way, and call the graph of the side being timed.
 
   python benchmarks/cpu_step_ab.py [--change cross-view] [--mode int8] [--beam 1] [--rounds 10]
   python benchmarks/cpu_step_ab.py --clips 4     # four clips transcribed together
@@ -99,8 +106,57 @@ def _sampling(state: dict) -> contextlib.AbstractContextManager:
                     plan_for(self, plan, rows) if state["on"] else None)
 
 
+def _both_graphs(state: dict, compiling: Callable[[bool], contextlib.AbstractContextManager]
+                 ) -> contextlib.AbstractContextManager:
+    """Each variant compiled twice, inside ``compiling(on)`` for on and off; calls run the
+    graph of ``state["on"]``."""
+    from edserve.engine import cpu_compile
+
+    def compile_both(make):
+        def compile_(self, example):
+            graphs = {}
+            for on in (True, False):
+                with compiling(on):
+                    graphs[on] = make(self, example)
+            return lambda *args: graphs[state["on"]](*args)
+        return compile_
+
+    return _patched(cpu_compile.CompiledDecodeRunner, "_compile", compile_both)
+
+
+def _native(state: dict) -> contextlib.AbstractContextManager:
+    from edserve.models.opaque_linear import OpaqueLinear
+    from edserve.models.quantize import Int8Linear
+
+    tracing = {"on": True}
+    stack = contextlib.ExitStack()
+    stack.enter_context(_patched(Int8Linear, "compiled", lambda native: lambda self, x:
+                                 native(self, x) if tracing["on"]
+                                 else OpaqueLinear.compiled(self, x)))
+    stack.enter_context(_both_graphs(state, lambda on: _patched_dict(tracing, "on", on)))
+    return stack
+
+
+def _cpp_wrapper(state: dict) -> contextlib.AbstractContextManager:
+    from edserve.engine import cpu_compile
+
+    return _both_graphs(state, lambda on: _patched(cpu_compile.CompiledDecodeRunner,
+                                                   "cpp_wrapper", lambda _: on))
+
+
+@contextlib.contextmanager
+def _patched_dict(d: dict, key: str, value) -> Iterator[None]:
+    saved = d[key]
+    d[key] = value
+    try:
+        yield
+    finally:
+        d[key] = saved
+
+
 CHANGES: dict[str, Callable[[dict], contextlib.AbstractContextManager]] = {
-    "aot": _aot, "cross-view": _cross_view, "boxed": _boxed, "sampling": _sampling}
+    "aot": _aot, "cross-view": _cross_view, "boxed": _boxed, "sampling": _sampling,
+    "native": _native, "cpp-wrapper": _cpp_wrapper}
 
 
 def build(mode: str, beam: int, threads: int, clips: int):

@@ -35,6 +35,7 @@ from edserve.engine.sampler import SamplingPlan, sample
 from edserve.engine.token_history import TokenHistory
 from edserve.layers.attention.static_decode import StaticDecodeBackend, static_decode_metadata
 from edserve.layers.forward_batch import ForwardBatch, ForwardMode
+from edserve.models import int8_native
 
 logger = logging.getLogger("edserve")
 
@@ -74,11 +75,19 @@ def _dynamic_size(n: int) -> torch.Tensor:
 class CompiledDecodeRunner:
     """Decode batches through compiled graphs, keyed by ``(G, W)`` (padded groups, width)."""
 
+    # Inductor's C++ wrapper: the graph's ~100 kernel and op calls made from C++, not from a
+    # generated Python function (int8 tiny.en greedy step 2.36 -> 2.13 ms, beam 5 3.89 -> 3.66,
+    # bf16 greedy 4.31 -> 4.00; first compile ~12 s against ~8; benchmarks/RESULTS.md, wave 31)
+    cpp_wrapper = True
+
     def __init__(self, model: torch.nn.Module, pools: Pools, max_bs: int, max_encoder_len: int,
                  max_decoder_len: int, compile_after: int, cache_dir: Path | None,
-                 backend: str = "inductor", sampling: bool = True) -> None:
+                 backend: str = "inductor", sampling: bool = True,
+                 native_int8: bool = True) -> None:
         """``backend``: torch.compile's (tests trace with ``"eager"``: dynamo, no codegen);
-        ``sampling``: sample inside the compiled graphs too (:mod:`.cpu_sample`)."""
+        ``sampling``: sample inside the compiled graphs too (:mod:`.cpu_sample`);
+        ``native_int8``: int8 linears called as the native op (built at the first compile,
+        :mod:`edserve.models.int8_native`), else through the opaque op."""
         if pools.backend.name not in ("flat", "aligned"):
             raise ValueError(f"--cpu-compile needs fixed shapes: use --encoder-kv flat or "
                              f"aligned, not {pools.backend.name}")
@@ -103,6 +112,9 @@ class CompiledDecodeRunner:
         self.steps = 0  # decode steps run compiled
         self.sampling = SamplingKeys() if sampling else None
         self.sampled_steps = 0  # of which sampled inside the graph
+        self.cache_dir = cache_dir
+        self.native_int8 = native_int8  # attached at the first compile (then None: done)
+        self.native_linears = 0  # int8 linears called as the native op
         if cache_dir is not None:  # inductor reads it when it first compiles
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
 
@@ -209,9 +221,14 @@ class CompiledDecodeRunner:
         function that runs it without dynamo's frame hook or guards (``aot_compile``: a dynamo
         call cost ~0.1 ms of a ~2.8 ms int8 tiny.en step, even with guard evaluation skipped).
         The caller keys graphs by variant; sizes marked dynamic stay free; the variant's other
-        inputs must keep the shapes, dtypes and aliasing of ``example``."""
+        inputs must keep the shapes, dtypes and aliasing of ``example``. Inductor writes the
+        graph's wrapper in C++ (:attr:`cpp_wrapper`)."""
+        if self.native_int8:  # once, before the first trace
+            self.native_linears = int8_native.attach(self.model, self.cache_dir)
+            self.native_int8 = None
+        options = {"cpp_wrapper": self.cpp_wrapper} if self.compiler == "inductor" else None
         made = torch.compile(self._forward, backend=self.compiler, dynamic=False,
-                             fullgraph=True).aot_compile((example, {}))
+                             fullgraph=True, options=options).aot_compile((example, {}))
         return types.MethodType(made.fn, self)  # its function takes the runner first
 
     def step(self, batch: ForwardBatch, input_ids: torch.Tensor, plan: SamplingPlan,

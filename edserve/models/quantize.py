@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from edserve.models import int8_native
 from edserve.models.opaque_linear import OpaqueLinear, replace_linears
 
 QUANTIZATIONS = ("none", "int8")
@@ -89,25 +90,43 @@ _LINEAR_DYNAMIC_CALL = _linear_dynamic_call()
 
 
 class Int8Linear(OpaqueLinear, _DynamicLinear):
-    """fbgemm's dynamic int8 linear; under ``torch.compile`` one opaque op call
-    (:mod:`edserve.models.opaque_linear`: dynamo cannot trace fbgemm's packed weights).
+    """fbgemm's dynamic int8 linear; under ``torch.compile`` one call of the native op
+    ``edserve_int8::linear`` once :meth:`attach_native` gave it a handle
+    (:mod:`edserve.models.int8_native`), else of the opaque op
+    (:mod:`edserve.models.opaque_linear`): dynamo cannot trace fbgemm's packed weights.
 
     ``eager`` is ``_DynamicLinear.forward`` for qint8 weights (``reduce_range`` as its version
     4 does) without its per-call Python: the packed weight is looked up once, at
     :meth:`register` (so call ``set_weight_bias`` before it: :func:`int8_linear` does)."""
 
     _prepacked = None  # the packed weight (a ScriptObject), cached by register()
+    native: int | None = None  # its handle in the native op's table (:mod:`.int8_native`)
 
     def register(self) -> None:
         self._prepacked = self._packed_params._packed_params
+        self.__dict__.pop("native", None)  # a deep copy's handle is the original's
         super().register()
+        if int8_native.loaded():
+            self.attach_native()
+
+    def attach_native(self) -> None:
+        """Keep the packed weight in the native op's table (the library loaded), so compiled
+        graphs call ``edserve_int8::linear`` instead of the opaque op."""
+        if self.native is None:
+            self.native = int8_native.keep(self._prepacked)
+            int8_native.release_with(self, self.native)
+
+    def compiled(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return int8_native.linear(x, self.native, self.out_features)
+        return super().compiled(x)
 
     def eager(self, x: torch.Tensor) -> torch.Tensor:
-        return _LINEAR_DYNAMIC_CALL(x, self._prepacked, True).to(x.dtype)
+        return _LINEAR_DYNAMIC_CALL(x, self._prepacked, True)  # float32 in and out
 
     def direct(self):
         packed = self._prepacked  # not the module: the function must not keep it alive
-        return lambda x: _LINEAR_DYNAMIC_CALL(x, packed, True).to(x.dtype)
+        return lambda x: _LINEAR_DYNAMIC_CALL(x, packed, True)
 
 
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:

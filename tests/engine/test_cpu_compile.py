@@ -265,3 +265,42 @@ def test_two_runners_in_one_process_keep_their_own_graphs(random_whisper, engine
             assert transcribe(e, audios[:1], options=opts)[0].text == want
     for runner in (e.runner.graph_runner for e in engines_):
         assert runner.steps > 0 and runner.variants == {(1, 1, False), (1, 1, True)}
+
+
+@pytest.fixture(scope="module")
+def int8_engines(random_whisper, engines):
+    kw = dict(model=str(random_whisper), device="cpu", max_running_requests=1,
+              quantization="int8", dtype="float32")
+    return build_engine(cpu_compile="on", **kw), build_engine(cpu_compile="off", **kw)
+
+
+def test_compiled_int8_text_equals_eager_through_the_native_op(int8_engines, audios):
+    """int8 greedy through inductor's C++ code, every int8 linear a call of the native op
+    (edserve_int8::linear, built at the first compile): the eager int8 text."""
+    from edserve.models.quantize import Int8Linear
+
+    compiled, eager = int8_engines
+    _same_text(compiled, eager, audios, beam_size=1)
+    int8 = [m for m in compiled.model.modules() if isinstance(m, Int8Linear)]
+    assert compiled.runner.graph_runner.native_linears == len(int8) > 0
+    assert all(m.native is not None for m in int8)
+
+
+def test_traced_int8_text_equals_eager_through_the_opaque_op(int8_engines, audios):
+    """Without the native op (``native_int8=False``; a machine where it does not build) the
+    traced graph calls the opaque op: the same text."""
+    compiled, eager = int8_engines
+    saved = compiled.runner.graph_runner
+    runner = compiled.runner.graph_runner = CompiledDecodeRunner(
+        compiled.model, compiled.pools, 1, compiled.model.max_encoder_len,
+        compiled.max_decoder_len, 0, None, backend="eager", native_int8=False)
+    hidden = {m: m.__dict__.pop("native", None) for m in compiled.model.modules()
+              if hasattr(m, "attach_native")}  # as if never attached
+    try:
+        _same_text(compiled, eager, audios, beam_size=1)
+        assert runner.native_linears == 0
+    finally:
+        compiled.runner.graph_runner = saved
+        for m, handle in hidden.items():
+            if handle is not None:
+                m.native = handle
