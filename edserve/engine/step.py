@@ -58,15 +58,18 @@ class StepOutput:
     beam_done: torch.Tensor | None = None  # [capacity] bool device beam groups done
     # prompt checks of new rows: ([B] int64 chosen token, -1 where none; [B] float32 log-prob)
     checks: tuple[torch.Tensor, torch.Tensor] | None = None
-    _host: torch.Tensor | None = None  # [3B (+ 2B checks) + 2C (+ D)] float64 (pinned on CUDA)
+    _host: torch.Tensor | None = None  # [2B (+B) (+2B checks) + 2C (+D)] float64 (CUDA: pinned)
     _ready: torch.cuda.Event | None = None
-    _flat: list[float] | None = None  # _host as a list, once fetched
+    _flat: list[float] | None = None  # _host as a list with the NaNs, once fetched
 
     def start_copy(self) -> StepOutput:
-        """Start the device->host copy of the results (non-blocking on CUDA)."""
-        ns = self.no_speech if self.no_speech is not None \
-            else torch.full_like(self.logprobs, float("nan"))
-        parts = [self.tokens, self.logprobs, ns]
+        """Start the device->host copy of the results (non-blocking on CUDA): one packed
+        buffer, ``[tokens, logprobs, no_speech (only when asked), checks, candidates, beam
+        done]``; :meth:`fetch` puts NaNs where no no-speech probabilities were asked (no fill op
+        per step: int8 tiny.en compiled CPU step 2.18 -> 2.14 ms, wave 31)."""
+        parts = [self.tokens, self.logprobs]
+        if self.no_speech is not None:  # else NaNs put in by fetch
+            parts.append(self.no_speech)
         if self.checks is not None:
             parts += list(self.checks)
         if self.candidates is not None:
@@ -87,9 +90,11 @@ class StepOutput:
         """(tokens, log-probabilities, no-speech probabilities or None): the step's one sync."""
         if self._ready is not None:
             self._ready.synchronize()
+        B = self.tokens.shape[0]
         if self._flat is None:
             self._flat = self._host.tolist()
-        B = self.tokens.shape[0]
+            if self.no_speech is None:
+                self._flat[2 * B:2 * B] = [float("nan")] * B
         tok, lp, ns = (self._flat[i * B:(i + 1) * B] for i in range(3))
         return ([int(t) for t in tok], lp,
                 [None if x != x else x for x in ns])  # NaN -> None
