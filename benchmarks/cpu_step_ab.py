@@ -57,14 +57,16 @@ def _aot(state: dict) -> contextlib.AbstractContextManager:
     runner_cls = cpu_compile.CompiledDecodeRunner
 
     def compile_both(make):
-        def compile_(self, example):
-            aot = make(self, example)
+        def compile_(self, variant, example):
+            aot = make(self, variant, example)
             # through dynamo: a code object per variant, so its cache holds that graph alone
             # and the unsafe stance (after the first call, which compiles) cannot pick another
             code = types.FunctionType(runner_cls._forward.__code__.replace(),
                                       runner_cls._forward.__globals__, "_forward")
+            options = {"cpp_wrapper": self.cpp_wrapper} if self.compiler == "inductor" \
+                else None
             hooked = torch.compile(types.MethodType(code, self), backend=self.compiler,
-                                   dynamic=False)
+                                   dynamic=False, options=options)
             called = []
 
             def call(*args):
@@ -113,11 +115,13 @@ def _both_graphs(state: dict, compiling: Callable[[bool], contextlib.AbstractCon
     from edserve.engine import cpu_compile
 
     def compile_both(make):
-        def compile_(self, example):
-            graphs = {}
+        def compile_(self, variant, example):
+            graphs, index = {}, self.index
             for on in (True, False):
+                self.index = index if on else index + 1000  # graph names apart
                 with compiling(on):
-                    graphs[on] = make(self, example)
+                    graphs[on] = make(self, variant, example)
+            self.index = index
             return lambda *args: graphs[state["on"]](*args)
         return compile_
 

@@ -18,6 +18,8 @@ short clip runs eagerly as before and long or many clips switch to the compiled 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import os
 import time
@@ -30,6 +32,7 @@ import torch
 from edserve.engine.batch_builder import Pools
 from edserve.engine.cpu_sample import SamplingKeys
 from edserve.engine.graph_inputs import GraphInputs
+from edserve.engine.graph_names import stable_graph_name
 from edserve.engine.host_copy import to_device
 from edserve.engine.sampler import SamplingPlan, sample
 from edserve.engine.token_history import TokenHistory
@@ -44,6 +47,7 @@ SELF_COLS_ALIGN = 16  # decoder key count rounded up to this (fewer distinct sha
 # a batch of more groups gathers them (one call per layer).
 CROSS_VIEW_MAX_GROUPS = 16
 ANCHORS_KEPT = 4096  # (row, generation) entries of the anchor cache before it starts over
+_RUNNERS = itertools.count()  # runners made in this process
 
 
 def group_buckets(max_bs: int) -> list[int]:
@@ -114,6 +118,7 @@ class CompiledDecodeRunner:
         self.sampled_steps = 0  # of which sampled inside the graph
         self.cache_dir = cache_dir
         self.native_int8 = native_int8  # attached at the first compile (then None: done)
+        self.index = next(_RUNNERS)  # this process's n-th runner (its graphs' names)
         self.native_linears = 0  # int8 linears called as the native op
         if cache_dir is not None:  # inductor reads it when it first compiles
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
@@ -216,19 +221,25 @@ class CompiledDecodeRunner:
         for key, run, first in zip(keys, one_run, table[:, 0].tolist(), strict=True):
             self._anchors[key] = _dynamic_size(first + 2) if run else None
 
-    def _compile(self, example: tuple) -> Callable:
-        """One graph of :meth:`_forward` for the variant of ``example`` (its arguments), as a
+    def _compile(self, variant: tuple, example: tuple) -> Callable:
+        """One graph of :meth:`_forward` for ``variant`` and ``example`` (its arguments), as a
         function that runs it without dynamo's frame hook or guards (``aot_compile``: a dynamo
         call cost ~0.1 ms of a ~2.8 ms int8 tiny.en step, even with guard evaluation skipped).
         The caller keys graphs by variant; sizes marked dynamic stay free; the variant's other
         inputs must keep the shapes, dtypes and aliasing of ``example``. Inductor writes the
-        graph's wrapper in C++ (:attr:`cpp_wrapper`)."""
+        graph's wrapper in C++ (:attr:`cpp_wrapper`); the graph's name is the same in every
+        process that compiles alike (:mod:`.graph_names`: inductor's disk cache then serves)."""
         if self.native_int8:  # once, before the first trace
             self.native_linears = int8_native.attach(self.model, self.cache_dir)
             self.native_int8 = None
         options = {"cpp_wrapper": self.cpp_wrapper} if self.compiler == "inductor" else None
-        made = torch.compile(self._forward, backend=self.compiler, dynamic=False,
-                             fullgraph=True, options=options).aot_compile((example, {}))
+        g, w, view, skey = variant
+        nth = sum(1 for v in self._compiled if v[:3] == variant[:3] and v[3] is not None)
+        name = f"edserve{self.index}_{g}x{w}{'v' if view else 'g'}_{'s' if skey else 'l'}{nth}"
+        named = f"__compiled_fn_{name}" not in globals()  # dynamo installs the graph here
+        with stable_graph_name(name) if named else contextlib.nullcontext():
+            made = torch.compile(self._forward, backend=self.compiler, dynamic=False,
+                                 fullgraph=True, options=options).aot_compile((example, {}))
         return types.MethodType(made.fn, self)  # its function takes the runner first
 
     def step(self, batch: ForwardBatch, input_ids: torch.Tensor, plan: SamplingPlan,
@@ -252,7 +263,8 @@ class CompiledDecodeRunner:
         first = fn is None
         t0 = time.perf_counter()
         if first:
-            fn = self._compiled[variant] = self._compile((g, w, self_cols, anchors, own, history))
+            fn = self._compiled[variant] = self._compile(
+                variant, (g, w, self_cols, anchors, own, history))
         out = fn(g, w, self_cols, anchors, own, history)
         self.steps += 1
         if first:
