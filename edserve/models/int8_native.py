@@ -16,6 +16,7 @@ compile is paid then anyway); where it cannot be built the step keeps the opaque
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from pathlib import Path
 
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "int8_linear.cpp"
 _NAME = "edserve_int8_linear"
+STALE_LOCK_S = 600.0  # a build takes ~5 s (2-core Xeon); a lock this old is a dead builder's
 # Whether the library is loaded in this process: None until the first load() (a process-wide
 # fact: a native library, once loaded, stays loaded).
 _loaded: bool | None = None
@@ -58,6 +60,7 @@ def _build(cache_dir: Path | None) -> bool:
     try:
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
+            _clear_stale_lock(folder)
         cpp_load(_NAME, [str(SOURCE)], build_directory=None if folder is None else str(folder),
                  is_python_module=False, verbose=False)
     except Exception as e:  # no compiler or ninja, headers missing, a failed build
@@ -66,6 +69,18 @@ def _build(cache_dir: Path | None) -> bool:
         return False
     torch.library.register_fake("edserve_int8::linear", _linear_fake)
     return True
+
+
+def _clear_stale_lock(folder: Path) -> None:
+    """Remove a build lock older than :data:`STALE_LOCK_S`: torch's builder waits for the lock
+    file to go, so one left by a process killed mid-build would hold every later process."""
+    lock = folder / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+            logger.warning("removed a stale build lock %s", lock)
+    except FileNotFoundError:
+        pass
 
 
 def _linear_fake(x: torch.Tensor, handle: int, out_features: int) -> torch.Tensor:

@@ -91,3 +91,25 @@ def test_a_failed_build_is_logged_and_reported(monkeypatch, caplog, tmp_path):
 
 def test_build_folder_names_the_torch_version(tmp_path):
     assert int8_native.build_dir(tmp_path).name.endswith(f"torch{torch.__version__}")
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(monkeypatch, tmp_path):
+    """torch's builder waits for its lock file: one left by a killed build would block every
+    later process; a lock older than STALE_LOCK_S goes, a live builder's stays."""
+    import os
+    import time
+
+    import torch.utils.cpp_extension as cpp
+
+    seen = []
+    monkeypatch.setattr(cpp, "load", lambda *a, **k: seen.append(lock.exists()))
+    monkeypatch.setattr(torch.library, "register_fake", lambda *a, **k: None)
+    lock = int8_native.build_dir(tmp_path) / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    old = time.time() - int8_native.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    assert int8_native._build(tmp_path) is True
+    lock.touch()  # a build under way now
+    assert int8_native._build(tmp_path) is True
+    assert seen == [False, True]
