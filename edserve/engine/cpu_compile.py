@@ -109,6 +109,9 @@ class CompiledDecodeRunner:
         self.cross_view = True  # encoder regions read in place when they allow it
         # (row, generation) -> that hold's encoder-region anchor, None: not one run of slots
         self._anchors: dict[tuple[int, int], torch.Tensor | None] = {}
+        # anchor size -> padding groups' anchors of that size, distinct tensors made once
+        # (a marked-dynamic tensor costs ~38 us to make: up to 15 a step in a part-filled bucket)
+        self._padding: dict[int, list[torch.Tensor]] = {}
         # Graph inputs whose size is the graph's free dimension, made and marked dynamic once
         # (graphs are called without guards: an input unmarked when its graph was made would
         # have its size baked in)
@@ -209,12 +212,16 @@ class CompiledDecodeRunner:
             return None
         # padding groups: tensors of their own (a graph made with one tensor twice among its
         # inputs reads that input for both; called without guards, it would not notice)
-        return tuple(found + [_dynamic_size(found[0].shape[0]) for _ in range(g - n)])
+        size = found[0].shape[0]
+        pads = self._padding.setdefault(size, [])
+        pads += [_dynamic_size(size) for _ in range(g - n - len(pads))]
+        return tuple(found + pads[:g - n])
 
     def _remember_anchors(self, req_to_token: torch.Tensor, keys: list[tuple[int, int]]) -> None:
         """Work out the anchors of the rows of ``keys`` (one gather and check for all)."""
         if len(self._anchors) + len(keys) > ANCHORS_KEPT:
             self._anchors.clear()  # entries of rows held by earlier requests
+            self._padding.clear()
         rows = to_device([r for r, _ in keys], torch.int64, req_to_token.device)
         table = req_to_token[rows, :self.encoder_cols].long()  # [m, E]
         one_run = ((table - table[:, :1]) == self.encoder_col_ids).all(dim=1).tolist()

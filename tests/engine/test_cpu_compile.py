@@ -177,6 +177,10 @@ def test_cross_anchors_only_when_every_region_is_full_and_one_run(engines):
     # pattern recompiled (an error under the unsafe stance) when a batch brought another
     assert len({id(a) for a in two}) == 4
     assert all(a._dynamo_dynamic_indices == {0} for a in two)  # each marked dynamic
+    again = runner._cross_anchors(batch([2, 0]), 4, 1)  # padding anchors made once per size
+    assert [id(a) for a in again] == [id(a) for a in two]
+    three = runner._cross_anchors(batch([2]), 4, 1)  # three padding groups: one more made
+    assert len({id(a) for a in three}) == 4 and three[1] is two[2] and three[2] is two[3]
     assert runner._cross_anchors(batch([0], enc_lens=[E - 1]), 1, 1) is None  # shorter region
     assert runner._cross_anchors(batch([0, 1]), 2, 1) is None  # one region not one run
     assert runner._cross_anchors(batch([0]), 2 * CROSS_VIEW_MAX_GROUPS, 1) is None
