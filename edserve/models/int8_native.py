@@ -1,15 +1,16 @@
 """fbgemm's int8 linear as a native op in compiled CPU decode steps (``edserve_int8::linear``).
 
 Inside a compiled decode step (:mod:`edserve.engine.cpu_compile`) every int8 linear is one op
-call from inductor's Python wrapper. Through the opaque op (:mod:`.opaque_linear`) that call goes
-Python -> dispatcher -> a Python kernel -> fbgemm's boxed call: ~9 us for a one-row 384 x 384
-linear, of which fbgemm's own work is ~5 us (2-core Xeon, wave 31), and tiny.en makes 25 such
-calls a step. ``csrc/int8_linear.cpp`` registers an op that keeps the packed weights by handle
-and calls fbgemm from C++ (~6 us a call, bit-identical: tests/models/test_int8_native.py).
+call from the graph's wrapper (C++). Through the opaque op (:mod:`.opaque_linear`) that call goes
+back into Python: dispatcher -> a Python kernel -> fbgemm's boxed call, ~9 us for a one-row
+384 x 384 linear against ~6 us for the native op (micro, 2-core Xeon, wave 31), and tiny.en makes
+25 such calls a step (step 2.46 -> 2.32 ms). ``csrc/int8_linear.cpp`` registers an op that keeps
+the packed weights by handle and calls fbgemm from C++ (bit-identical:
+tests/models/test_int8_native.py).
 
 The library is built on first use with :func:`torch.utils.cpp_extension.load` (a C++ compiler
-and ninja; ~25 s on 2 cores) into a folder named after the torch version, and loaded from there
-afterwards (~10 ms). Only a compiled step builds it, when it compiles its first graph (inductor's
+and ninja; ~5 s on 2 cores) into a folder named after the torch version, and loaded from there
+afterwards (~0.1 s). Only a compiled step builds it, when it compiles its first graph (inductor's
 compile is paid then anyway); where it cannot be built the step keeps the opaque op (logged).
 """
 
