@@ -290,10 +290,25 @@ def test_compiled_int8_text_equals_eager_through_the_native_op(int8_engines, aud
     assert all(m.native is not None for m in int8)
 
 
-def test_traced_int8_text_equals_eager_through_the_opaque_op(int8_engines, audios):
+def test_traced_int8_text_equals_eager_through_the_opaque_op(int8_engines, audios,
+                                                              monkeypatch):
     """Without the native op (``native_int8=False``; a machine where it does not build) the
     traced graph calls the opaque op: the same text."""
+    from edserve.models import opaque_linear
+
     compiled, eager = int8_engines
+    calls = [0]
+
+    def counted(fn):
+        def call(x):
+            calls[0] += 1
+            return fn(x)
+        return call
+
+    for m in compiled.model.modules():  # what the opaque op calls, counted
+        if hasattr(m, "attach_native"):
+            monkeypatch.setitem(opaque_linear._DIRECT, m.handle,
+                                counted(opaque_linear._DIRECT[m.handle]))
     saved = compiled.runner.graph_runner
     runner = compiled.runner.graph_runner = CompiledDecodeRunner(
         compiled.model, compiled.pools, 1, compiled.model.max_encoder_len,
@@ -301,8 +316,10 @@ def test_traced_int8_text_equals_eager_through_the_opaque_op(int8_engines, audio
     hidden = {m: m.__dict__.pop("native", None) for m in compiled.model.modules()
               if hasattr(m, "attach_native")}  # as if never attached
     try:
+        before = calls[0]
         _same_text(compiled, eager, audios, beam_size=1)
         assert runner.native_linears == 0
+        assert calls[0] - before >= runner.steps * 2  # the graph's linears went through it
     finally:
         compiled.runner.graph_runner = saved
         for m, handle in hidden.items():
