@@ -5,9 +5,11 @@ Two drivers over the same ``--requests`` log-mels (host tensors, ready before ti
   all at once  every request submitted before the first step (``Engine.generate``)
   callers      ``--concurrency`` closed-loop callers: a request is submitted the moment one
                finishes (from its finish callback), so arrivals prefill while others decode
-Reported: requests/s of each and the callers' share of the all-at-once figure, and for the
-callers the gaps between two consecutive steps of a running row (the wall time between the
-``schedule()`` calls that carry it; ``max`` is the issue's "longest gap", also in steps).
+Reported: requests/s of each, the callers' share of the all-at-once figure and of the floor
+(``whisper_gpu.floor_seconds`` at ``--concurrency``, printed with and without the cross-K/V
+projection), and for the callers the gaps between two consecutive steps of a running row (the
+wall time between the ``schedule()`` calls that carry it; ``max`` is the issue's "longest
+gap", also in steps).
 
   python benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 49152 262144
   python benchmarks/arrivals_gpu.py --dry-run      # toy model on CPU: the script runs
@@ -128,7 +130,11 @@ def main() -> None:
             for _ in range(args.requests)]
     print(f"# {args.arch} {strategy}/{ps}, {args.requests} requests x {args.new_tokens} tokens, "
           f"{args.concurrency} callers, filters on")
-    print("mixed  budget   all-at-once req/s  callers req/s  share  gap ms p50 / max  "
+    bw, flops = wg.ceilings(dev)
+    floor = args.concurrency / wg.floor_seconds(args.arch, args.concurrency, args.new_tokens,
+                                                bw, flops)
+    print(f"# {wg.short_floor(args.arch, args.concurrency, args.new_tokens, bw, flops)}")
+    print("mixed  budget   all-at-once req/s  callers req/s  share  %floor  gap ms p50 / max  "
           "max gap steps")
     for budget in args.budgets:
         for mixed in (True, False):
@@ -142,7 +148,8 @@ def main() -> None:
                                   args.concurrency)
             engine.check_integrity()
             print(f"{'on' if mixed else 'off':5s} {budget:7d}  {burst:17.1f}  {rate:13.1f}  "
-                  f"{100 * rate / burst:4.0f}%  {statistics.median(watch.gaps_ms):6.1f} / "
+                  f"{100 * rate / burst:4.0f}%  {100 * rate / floor:5.1f}  "
+                  f"{statistics.median(watch.gaps_ms):6.1f} / "
                   f"{max(watch.gaps_ms):7.1f}  {max(watch.gap_steps):13d}", flush=True)
             del engine, watch
             gc.collect()

@@ -16,6 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
+#   w32-serve (~5 min: the default server at 1 and 32 clients, CPU by role: the engine process's stepping thread busy share, py-spy of it at 32)
 #   w30-final (~7 min: GPU tests of the graph runners' step(), then serve-full), w30-real (~5 min: the real path, with HF then twice without)
 #   w29-final (~6 min: the real path with HF on the final tree, then after / before0 twice)
 #   w29-stats (~8 min: greedy batches through the one-read logits kernel: GPU tests, real path after / before (_ab/before) / before0 (_ab/before0))
@@ -391,6 +392,9 @@ for part in "$@"; do
              --serve-flags='--encoder-cuda-graph-max-bs 16' --json "$OUT/serve_fp8g.json" 2>&1 | tee "$OUT/serve_fp8g.log" \
              | grep -v "^#   [a-z_]* .*(n=") ;;
     # issue 18's whole protocol on the default server: 1, 32, 64, 128 clients and 16 x 10-minute files (~5 min)
+    w32-serve) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 1 32 --longform 0 --py-spy 4 \
+             --py-spy-at 32 --py-spy-target engine --json "$OUT/w32_serve.json" 2>&1 | tee "$OUT/w32_serve.log" \
+             | grep -v "^#   [a-z_]* .*(n=") ;;
     serve-full) (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --json "$OUT/serve_full.json" 2>&1 \
              | tee "$OUT/serve_full.log" | grep -v "^#   [a-z_]* .*(n=") ;;
     # wave 13: the GPU log-mel test, the log-mel timings, the decode step's kernels at 64 rows (~2 min)

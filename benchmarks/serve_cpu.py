@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from proc_stats import cpu_delta, thread_cpu  # noqa: E402
+from proc_stats import cpu_delta, cpu_figures, thread_cpu  # noqa: E402
 
 from edserve.bench.client import BenchTarget, LoadPlan, run_load  # noqa: E402
 from edserve.bench.load import load_items, request_plan  # noqa: E402
@@ -50,9 +50,7 @@ def serve_figure(args) -> dict:
         results, wall = asyncio.run(run_load(target, LoadPlan(items, args.concurrency)))
         cpu = cpu_delta(cpu0, thread_cpu(proc.pid))
         s = summarize(results, wall, {}, stage_delta(before, scrape_stages(url)))
-        s["api_cpu_ms_per_request"] = 1000 * cpu["api"] / len(items)
-        s["engine_cpu_ms_per_request"] = 1000 * cpu["engine"] / len(items)
-        s["helpers_cpu_ms_per_request"] = 1000 * cpu["helpers"] / len(items)
+        s.update(cpu_figures(cpu, len(items), wall))
         return s
     finally:
         proc.terminate()
@@ -87,7 +85,9 @@ def main() -> None:
     print(f"serve ({args.server_path}): {s['requests_per_s']:.3f} req/s at {args.concurrency} "
           f"clients, p50 {s['latency_ms']['p50']:.0f} ms, failed {s['failed']}, API CPU "
           f"{s['api_cpu_ms_per_request']:.1f} ms/req, engine CPU "
-          f"{s['engine_cpu_ms_per_request']:.1f} ms/req, audio-worker (child) CPU "
+          f"{s['engine_cpu_ms_per_request']:.1f} ms/req (busy {100 * s['engine_thread_busy']:.0f} "
+          f"%; rest of an engine process {s['engine_proc_cpu_ms_per_request']:.1f}), audio-worker "
+          f"CPU "
           f"{s['helpers_cpu_ms_per_request']:.1f} ms/req", flush=True)
     for stage, d in (s["stages"] or {}).items():
         print(f"#   {stage:12s} {d['mean_ms']:9.2f} ms (n={d['count']})")

@@ -7,9 +7,12 @@ serve`` on the same folder (``--max-running-requests 64``, ``--context-length 34
 at most 17 new tokens, fallback thresholds off) and drives it with ``edserve bench``'s client at
 each concurrency on ``tests/data/jfk.wav`` (json responses), plus long-form: concurrent
 10-minute files made by tiling the test clips, against the in-process transcription driver on
-the same files. Prints the ratios, the server's stage breakdown, the API process's CPU time
-per request (threads other than the engine's) and its child processes' (the audio workers),
-and writes a JSON summary. ``--serve-flags`` (repeatable) measures server variants in one run.
+the same files. Prints the ratios, each level's share of the floor (``whisper_gpu.floor_seconds``
+at that concurrency: encoder FLOPs at the measured matmul rate, decode steps' weights and K/V
+at the copy rate), the server's stage breakdown, CPU time per request by role (the API
+process, the audio workers, the engine's stepping thread with its busy share of the run, the
+rest of an engine process) and writes a JSON summary. ``--serve-flags`` (repeatable) measures
+server variants in one run; ``--py-spy-target engine`` profiles the stepping process.
 
   python benchmarks/serve_gpu.py --json /tmp/out/serve_gpu.json          # H200
   python benchmarks/serve_gpu.py --dry-run                               # toy model, CPU
@@ -32,7 +35,7 @@ import numpy as np
 import pyspy_top
 import torch
 import whisper_gpu as wg
-from proc_stats import cpu_delta, thread_cpu
+from proc_stats import cpu_delta, cpu_figures, engine_pid, thread_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -157,9 +160,7 @@ def bench(url: str, items: list[AudioItem], concurrency: int, pid: int) -> dict:
     after, steps1 = scrape(url)
     s = summarize(results, wall, {"concurrency": concurrency, "num_requests": len(items)},
                   stage_delta(before, after), step_delta(steps0, steps1, wall), client_cpu)
-    s["api_cpu_ms_per_request"] = 1000 * cpu["api"] / max(1, len(items))
-    s["engine_cpu_ms_per_request"] = 1000 * cpu["engine"] / max(1, len(items))
-    s["helpers_cpu_ms_per_request"] = 1000 * cpu["helpers"] / max(1, len(items))
+    s.update(cpu_figures(cpu, len(items), wall))
     return s
 
 
@@ -177,27 +178,33 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
     try:
         short = AudioItem("jfk.wav", clip_path.read_bytes(), len(clip) / 16000)
         bench(url, [short] * max(8, args.rows), min(8, args.rows), proc.pid)  # warm-up
-        print("conc  req/s  x engine  p50 ms  p99 ms  api CPU ms/req  workers CPU ms/req  "
+        print("conc  req/s  x engine  %floor  p50 ms  p99 ms  api CPU ms/req  audio CPU ms/req  "
               "failed", flush=True)
         for c in args.concurrency:
-            spy = pyspy_top.record(proc.pid, args.py_spy, work / "api.spy") \
+            spied = engine_pid(proc.pid) if args.py_spy_target == "engine" else proc.pid
+            spy = pyspy_top.record(spied, args.py_spy, work / "serve.spy") \
                 if args.py_spy and c == (args.py_spy_at or max(args.concurrency)) else None
             s = bench(url, [short] * args.requests, c, proc.pid)
             if spy is not None:
                 _, err = spy.communicate(timeout=args.py_spy + 60)
-                if (work / "api.spy").is_file():
-                    pyspy_top.top(work / "api.spy")
+                if (work / "serve.spy").is_file():
+                    pyspy_top.top(work / "serve.spy")
                 else:
                     print(f"# py-spy failed: {err.strip()[-300:]}")
             s["ratio_to_engine"] = s["requests_per_s"] / eng["requests_per_s"]
+            s["floor_requests_per_s"] = c / wg.floor_seconds(args.arch, c, CONTEXT // 2,
+                                                             *eng["ceilings"])
             out["serve"][str(c)] = s
             lat = s["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
             print(f"{c:4d}  {s['requests_per_s']:5.1f}  {s['ratio_to_engine']:8.2f}  "
+                  f"{100 * s['requests_per_s'] / s['floor_requests_per_s']:6.1f}  "
                   f"{lat['p50']:6.0f}  {lat['p99']:6.0f}  {s['api_cpu_ms_per_request']:14.2f}  "
-                  f"{s['helpers_cpu_ms_per_request']:18.2f}  {s['failed']}", flush=True)
+                  f"{s['helpers_cpu_ms_per_request']:16.2f}  {s['failed']}", flush=True)
             for stage, d in (s["stages"] or {}).items():
                 print(f"#   {stage:12s} {d['mean_ms']:9.2f} ms (n={d['count']})")
-            print(f"#   engine thread CPU {s['engine_cpu_ms_per_request']:.2f} ms/req; client "
+            print(f"#   engine thread CPU {s['engine_cpu_ms_per_request']:.2f} ms/req (busy "
+                  f"{100 * s['engine_thread_busy']:.0f} % of the run), rest of the engine "
+                  f"process {s['engine_proc_cpu_ms_per_request']:.2f} ms/req; client "
                   f"{s['client_cpu_ms_per_request']:.2f} ms/req, busy "
                   f"{100 * s['client_busy']:.0f} % of a core")
             for kind, d in (s["engine_steps"] or {}).items():
@@ -243,10 +250,14 @@ def main() -> None:
                     "measure several servers against the one engine figure (default: one "
                     "server, default flags)")
     ap.add_argument("--py-spy", type=float, default=0.0, metavar="S",
-                    help="profile the API process with py-spy for S seconds during the "
+                    help="profile a process (--py-spy-target) with py-spy for S seconds during the "
                     "level --py-spy-at (py-spy on PATH)")
     ap.add_argument("--py-spy-at", type=int, default=0, metavar="C",
                     help="the concurrency level profiled (default: the highest)")
+    ap.add_argument("--py-spy-target", choices=("api", "engine"), default="api",
+                    help="the process py-spy samples: the API process, or the one that steps "
+                    "the engine (the engine process by default on CUDA; the API process when "
+                    "the engine runs in it)")
     ap.add_argument("--fp8", action="store_true",
                     help="the engine figure and every server with --encoder-dtype fp8 "
                     "--kv-cache-dtype fp8")
@@ -265,7 +276,11 @@ def main() -> None:
     clip_path = DATA / "jfk.wav"
     clip = load_audio(clip_path)
     longs = long_files(work, args.longform, args.longform_seconds)
+    ceilings = wg.ceilings(device)
+    for c in args.concurrency:
+        print(f"# {wg.short_floor(args.arch, c, CONTEXT // 2, *ceilings)}", flush=True)
     eng = engine_figures(folder, clip, args.requests, [a for _, a in longs], args.rows, extra)
+    eng["ceilings"] = ceilings
     print(f"# engine: {eng['requests_per_s']:.1f} short requests/s, long-form "
           f"{eng['longform_audio_s_per_s']:.0f} audio s/s", flush=True)
     gc.collect()  # the engine's pools and graphs go before the server sizes its own

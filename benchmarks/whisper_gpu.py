@@ -283,16 +283,35 @@ def ceilings(dev: str) -> tuple[float, float]:
     return bw, 2 * 8192**3 / (ms / 1000)
 
 
-def floor_seconds(arch: str, conc: int, new_tokens: int, bw: float, flops: float) -> float:
+def floor_seconds(arch: str, conc: int, new_tokens: int, bw: float, flops: float,
+                  cross_kv: bool = False) -> float:
+    """Seconds ``conc`` requests of ``new_tokens`` each need at least, as one batch: the
+    encoder's FLOPs (30 s windows) at the matmul rate ``flops``, then per step the decoder's
+    weights and every row's K/V at the copy rate ``bw``. ``cross_kv`` adds the cross-K/V
+    projection of the encoder output (2 x layers GEMMs of 1500 x d x d per request, which the
+    engine must also run: ~0.44 ms per large-v3 request at 714 TFLOP/s); off, the floor is the
+    one every earlier real-path figure was measured against."""
     a = ARCHS[arch]
     d, L, f = a["d_model"], a["layers"], a["ffn"]
     layer_params = 4 * d * d + 2 * d * f
     enc_flops = conc * (2 * L * layer_params * 1500 + 4 * L * 1500 * 1500 * d
                         + 2 * 3 * 1500 * d * (a["n_mels"] + d) * 2)
+    if cross_kv:
+        enc_flops += conc * 2 * (2 * L) * 1500 * d * d
     dec_weight_bytes = 2 * (L * (layer_params + 4 * d * d) + a["vocab"] * d)
     avg_self = len(PROMPT) + new_tokens / 2
     kv_bytes = conc * L * 2 * d * 2 * (1500 + avg_self)
     return enc_flops / flops + new_tokens * (dec_weight_bytes + kv_bytes) / bw
+
+
+def short_floor(arch: str, conc: int, new_tokens: int, bw: float, flops: float) -> str:
+    """The requests/s floor of ``conc`` concurrent short requests (each a 30 s window and
+    ``new_tokens`` tokens), as a printable line: without and with the cross-K/V projection."""
+    plain = conc / floor_seconds(arch, conc, new_tokens, bw, flops)
+    full = conc / floor_seconds(arch, conc, new_tokens, bw, flops, cross_kv=True)
+    return (f"floor at {conc} concurrent x {new_tokens} tokens (copy {bw / 1e12:.2f} TB/s, "
+            f"matmul {flops / 1e12:.0f} TFLOP/s): {plain:.1f} req/s, {full:.1f} with the "
+            "cross-K/V projection")
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ from edserve.dp.features import FeatureService
 from edserve.dp.handles import id_view
 from edserve.dp.mel_store import MelStore, budget_from_env
 from edserve.engine.core import EngineCore, failed_delta
+from edserve.os_names import ENGINE_THREAD, name_os_thread
 
 logger = logging.getLogger("edserve.dp")
 PARENT_CHECK_S = 1.0
@@ -254,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     loop = WorkerLoop(args.index, engine, up, down, args.parent_pid, features, mels)
     signal.signal(signal.SIGTERM, lambda *_: loop.request_stop())
     loop.send(P.Hello(args.index, facts))
+    name_os_thread(ENGINE_THREAD)  # this thread steps the engine: name it as the in-process one
     try:
         loop.run()
     finally:

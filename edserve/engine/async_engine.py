@@ -25,6 +25,7 @@ from edserve.engine.core import EngineCore
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput, TokenDelta
 from edserve.engine.request import GenerateRequest
+from edserve.os_names import ENGINE_THREAD, name_os_thread
 
 logger = logging.getLogger("edserve")
 T = TypeVar("T")
@@ -43,7 +44,7 @@ class AsyncEngine:
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future]] = \
             queue.SimpleQueue()
         self._hooks: list[Callable[[], None]] = []
-        self._thread = threading.Thread(target=self._loop, name="edserve-engine", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=ENGINE_THREAD, daemon=True)
 
     # ---- lifecycle ----------------------------------------------------------------------
     def start(self) -> AsyncEngine:
@@ -66,7 +67,7 @@ class AsyncEngine:
         return self.core.num_inflight
 
     def _loop(self) -> None:
-        _name_os_thread(self._thread.name)
+        name_os_thread(self._thread.name)
         self.engine.warm_up()  # kernel choices made on this thread, before the first request
         self._run_hooks()
         while not self._stop.is_set():
@@ -166,16 +167,3 @@ class AsyncEngine:
         finally:
             await stream.aclose()
         raise RequestFailed(f"request {request.rid} ended without output", request.rid)
-
-
-def _name_os_thread(name: str) -> None:
-    """Give the calling thread its name in the OS too (Linux ``comm``, 15 bytes), so ``top
-    -H``, py-spy and /proc CPU readings can tell the engine thread from the API's."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
-

@@ -4,6 +4,8 @@ worker behind the API process) answers like the in-process server, word timestam
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
@@ -16,6 +18,7 @@ from edserve.engine.errors import RequestFailed
 from edserve.engine.local_client import InProcessClient
 from edserve.engine.protocol import EngineClient
 from edserve.engine.request import GenerateRequest
+from edserve.os_names import ENGINE_THREAD
 from edserve.server.config import ServerConfig
 from edserve.server.launch import ServerThread, build
 
@@ -70,6 +73,9 @@ def test_engine_process_serves_like_the_in_process_engine(in_process_words):
             assert health.status_code == 200
             body = health.json()
             assert body["status"] == "ok" and [w["worker"] for w in body["workers"]] == [0]
+        # the worker's stepping thread carries the in-process engine thread's OS name
+        comm = Path(f"/proc/{client.workers[0].pid}/comm")
+        assert not comm.exists() or comm.read_text().strip() == ENGINE_THREAD
         with pytest.raises(TypeError, match="EncoderKV"):
             client.release_encoder(object())
         client.validate(GenerateRequest([50257], torch.zeros(80, 3000), keep_encoder=True))
