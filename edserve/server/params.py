@@ -182,10 +182,15 @@ async def parse_form(form: FormData, max_upload_mb: float,
     if not model:
         raise APIError(400, "'model' is required", "model", "missing_required_parameter")
     _check_include(form)
+    granularities = _granularities(form)
+    if granularities and fmt != "verbose_json":  # as OpenAI's API: only verbose_json has them
+        raise APIError(400, "'timestamp_granularities[]' requires response_format=verbose_json "
+                       f"(got {fmt!r}): only verbose_json carries segments and words",
+                       "timestamp_granularities[]", "invalid_value")
     language = (_one(form, "language") or "").strip().lower() or None
     params = dict(model=model, language=language, prompt=_one(form, "prompt") or None,
                   response_format=fmt, temperature=_temperature(_one(form, "temperature")),
-                  granularities=_granularities(form), stream=_stream(_one(form, "stream")),
+                  granularities=granularities, stream=_stream(_one(form, "stream")),
                   **_decoding(form))
     max_upload_bytes = int(max_upload_mb * 2**20)
     if upload.size is not None and upload.size > max_upload_bytes:

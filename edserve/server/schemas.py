@@ -49,7 +49,8 @@ def audio_form_schema(model_ids: list[str], languages: list[str] | None) -> dict
     ids the server answers to; ``languages``: the model's language codes (None: unknown)."""
     granularities = {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)},
                      "description": "`word`: word timestamps (`words` in verbose_json); "
-                     "`segment`: segment timestamps (always in verbose_json, srt and vtt)."}
+                     "`segment`: segment timestamps (always in verbose_json, srt and vtt). "
+                     "Only with response_format=verbose_json (400 otherwise)."}
     group = "an integer from 1 to {n} (edserve extension; default: the server's --{flag}); " \
         "more than the server's --max-running-requests: 400."
     props = {

@@ -110,6 +110,17 @@ def test_invalid_fields_400(http, field, value, param):
     _assert_error(r, 400, param)
 
 
+@pytest.mark.parametrize("fmt", ["json", "text", "srt", "vtt"])
+def test_granularities_need_verbose_json(http, fmt):
+    """As OpenAI's API: ``timestamp_granularities[]`` with another format is refused, not
+    ignored (nor computed and dropped: word timestamps cost an alignment pass)."""
+    r = _post(http, files={"file": ("jfk.wav", GOOD)},
+              data={"model": "whisper-1", "response_format": fmt,
+                    "timestamp_granularities[]": "word"})
+    _assert_error(r, 400, "timestamp_granularities[]", "invalid_value")
+    assert "verbose_json" in r.json()["error"]["message"]
+
+
 def test_missing_file_and_model(http):
     _assert_error(_post(http, data={"model": "whisper-1"}), 400, "file",
                   "missing_required_parameter")
