@@ -95,7 +95,9 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 def cpu_figures(delta: dict[str, float], requests: int, wall: float) -> dict[str, float]:
     """A :func:`thread_cpu` delta as the serving benchmarks report it: milliseconds of CPU per
     request by role (``<role>_cpu_ms_per_request``) and the stepping thread's busy share of
-    the wall (near 1: the engine's host work, not the device, sets the pace)."""
+    the wall. Below 1, the thread idles; near 1 it either works or spin-waits for the device
+    (CUDA's default wait burns CPU): a py-spy of it (``serve_gpu.py --py-spy-target engine``)
+    tells which, by the share of samples in the step's fetch of the sampled tokens."""
     out = {f"{role}_cpu_ms_per_request": 1000 * s / max(1, requests) for role, s in delta.items()}
     out["engine_thread_busy"] = delta["engine"] / wall if wall > 0 else float("nan")
     return out
