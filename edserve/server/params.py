@@ -45,8 +45,18 @@ class TranscriptionParams:
     mel_padding: str | None = None  # None: the server's --mel-padding
 
 
+def _single(form: FormData, name: str) -> Any:
+    """The one value of field ``name`` (None when absent); given more than once: 400 (which
+    of two files or two languages was meant is not for the server to guess)."""
+    values = form.getlist(name)
+    if len(values) > 1:
+        raise APIError(400, f"'{name}' was given {len(values)} times; give it once", name,
+                       "duplicate_field")
+    return values[0] if values else None
+
+
 def _one(form: FormData, name: str) -> str | None:
-    value = form.get(name)
+    value = _single(form, name)
     if value is None:
         return None
     if not isinstance(value, str):
@@ -168,7 +178,7 @@ async def parse_form(form: FormData, max_upload_mb: float,
     """Validate ``form`` and read the uploaded file (413 when over ``max_upload_mb`` MiB).
     ``await reserve(nbytes)`` runs before the file is read into memory (it may wait, or
     refuse)."""
-    upload = form.get("file")
+    upload = _single(form, "file")
     if upload is None:
         raise APIError(400, "'file' is required: upload the audio as a multipart file field",
                        "file", "missing_required_parameter")

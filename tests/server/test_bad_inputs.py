@@ -121,6 +121,19 @@ def test_granularities_need_verbose_json(http, fmt):
     assert "verbose_json" in r.json()["error"]["message"]
 
 
+def test_repeated_fields_400(http):
+    """A field given twice is refused by name, not resolved by keeping one of the values."""
+    two_files = [("file", ("a.wav", GOOD)), ("file", ("b.wav", GOOD))]
+    _assert_error(_post(http, files=two_files), 400, "file", "duplicate_field")
+    r = _post(http, files={"file": ("jfk.wav", GOOD)},
+              data={"model": "whisper-1", "language": ["en", "fr"]})
+    _assert_error(r, 400, "language", "duplicate_field")
+    assert "2 times" in r.json()["error"]["message"]
+    r = _post(http, files={"file": ("jfk.wav", GOOD)}, data={"model": "whisper-1",
+                                                              "language": "en"})
+    assert r.status_code == 200, r.text  # once is fine
+
+
 def test_missing_file_and_model(http):
     _assert_error(_post(http, data={"model": "whisper-1"}), 400, "file",
                   "missing_required_parameter")
