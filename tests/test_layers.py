@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("edserve.mem_cache",),
     ("edserve.kernels",),
     ("edserve.audio", "edserve.tokenizer", "edserve.config", "edserve.config_args",
-     "edserve.config_checks"),
+     "edserve.config_checks", "edserve.os_names"),
 ]
 
 

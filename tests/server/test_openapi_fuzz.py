@@ -36,14 +36,18 @@ OPENAI_SPEC = DATA / "openai-openapi" / "audio_models.json"
 @pytest.fixture(scope="module")
 def real():
     """What half the audio cases become: 1.5 s of speech ("And so my fellow...") sent to a
-    served model, without the field the server always refuses (include[]=logprobs), and with
-    at most 4 beams or samples (16 rows through up to six fallback temperatures take minutes
-    on CPU); every other field stays as generated."""
+    served model, without the fields the server always refuses (include[]=logprobs;
+    timestamp granularities beside a format other than verbose_json), and with at most 4 beams
+    or samples (16 rows through up to six fallback temperatures take minutes on CPU); every
+    other field stays as generated."""
     speech = wav_bytes(load_audio(DATA / "jfk.wav")[:24000])
 
     def fix(body: dict) -> dict:
         body.pop("include[]", None)
         body.pop("include", None)
+        if body.get("response_format") != "verbose_json":
+            body.pop("timestamp_granularities[]", None)
+            body.pop("timestamp_granularities", None)
         for name in ("beam_size", "best_of"):
             if isinstance(body.get(name), int):
                 body[name] = min(body[name], 4)
