@@ -11,6 +11,7 @@ Origin/Host checks, CORS for allowed origins, the body read timeout, the body si
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,7 +28,7 @@ from edserve.server.audio_pool import make_preparer
 from edserve.server.body_limit import BodyLimitMiddleware
 from edserve.server.chat import router as chat_router
 from edserve.server.checks import check_auth, check_model, require_audio_model
-from edserve.server.config import ServerConfig
+from edserve.server.config import DEFAULT_MODEL_NAME, ServerConfig
 from edserve.server.errors import APIError, api_error_handler, http_error_handler
 from edserve.server.feature_policy import FeaturePolicy
 from edserve.server.guards import (
@@ -57,7 +58,7 @@ HEALTH_DOC = plain_operation(
     "application/json", {"type": "object", "required": ["status"], "properties": {
         "status": {"type": "string", "enum": ["ok", "degraded", "engine stopped"]}}}, 503)
 FORM_OVERHEAD = 1024 * 1024  # multipart framing + text fields on top of the file
-AUDIO_MODEL_ALIASES = ("whisper-1",)
+AUDIO_MODEL_ALIASES = (DEFAULT_MODEL_NAME,)
 
 
 async def _audio_endpoint(request: Request, task: str) -> Response:
@@ -97,6 +98,8 @@ async def _audio_endpoint(request: Request, task: str) -> Response:
 def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     """``engine``: an :class:`EngineClient`, or a started ``AsyncEngine`` to wrap in one."""
     config = config or ServerConfig()
+    if config.served_model_name is None:  # launch.build resolves it from the model first
+        config = dataclasses.replace(config, served_model_name=DEFAULT_MODEL_NAME)
     client = engine if isinstance(engine, EngineClient) \
         else InProcessClient(engine, config.served_model_name)
     docs = config.openapi_docs

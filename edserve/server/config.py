@@ -14,6 +14,9 @@ AUTO_DEVICE_FEATURES_S = 30.0
 AUTO_DEVICE_FEATURES_IDLE = 2  # --device-features-idle auto on CUDA
 
 
+DEFAULT_MODEL_NAME = "whisper-1"  # what OpenAI's audio clients send; always accepted for audio
+
+
 def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
@@ -26,8 +29,10 @@ class ServerConfig:
     port: int = _f(8000, "TCP port to listen on (0: any free port).")
     api_key: str | None = _f(
         None, "If set, /v1/* requests must send 'Authorization: Bearer KEY' (else 401).")
-    served_model_name: str = _f(
-        "whisper-1", "Model id reported by /v1/models and accepted in the 'model' field.")
+    served_model_name: str | None = _f(
+        None, "Model id reported by /v1/models and accepted in the 'model' field (default: "
+        "whisper-1 for a Whisper model, as OpenAI's audio API names it; the --model value for "
+        "other models, as vLLM does).")
     max_upload_mb: float = _f(25.0, "Largest accepted upload in MiB (larger: 413).")
     max_audio_seconds: float = _f(3600.0, "Longest accepted audio in seconds (longer: 400).")
     condition_on_previous_text: bool = _f(

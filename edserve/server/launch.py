@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import socket
 import threading
@@ -17,7 +18,7 @@ from edserve.models.weights import model_type_of
 from edserve.runtime import build_engine
 from edserve.runtime.settings import resolve_device
 from edserve.server.app import create_app
-from edserve.server.config import ServerConfig
+from edserve.server.config import DEFAULT_MODEL_NAME, ServerConfig
 from edserve.server.connections import connection_cap, guarded_protocol, install_log_limits
 
 
@@ -27,6 +28,7 @@ def build(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[Any
     engine process (:func:`engine_process`): a started
     :class:`~edserve.dp.client.DataParallelClient` over that many worker processes. The audio
     workers (``--audio-workers``) are started here too."""
+    server_config = with_model_name(engine_config, server_config)
     if server_config.data_parallel_size > 1 or engine_process(engine_config, server_config):
         from edserve.dp.launch import build_dp
 
@@ -37,6 +39,17 @@ def build(engine_config: EngineConfig, server_config: ServerConfig) -> tuple[Any
     if app.state.engine.n_mels is not None:  # a Whisper model: uploads to come
         app.state.audio.start()  # warm audio workers before the first upload
     return engine, app
+
+
+def with_model_name(engine_config: EngineConfig, server_config: ServerConfig) -> ServerConfig:
+    """``server_config`` with ``--served-model-name`` resolved: as given, else ``whisper-1``
+    for a Whisper model (what OpenAI's audio clients send) and the ``--model`` value for any
+    other (a Llama-3.2-Vision folder reports its path, as vLLM does)."""
+    if server_config.served_model_name is not None:
+        return server_config
+    whisper = engine_config.model is None or model_type_of(engine_config.model) == "whisper"
+    name = DEFAULT_MODEL_NAME if whisper else str(engine_config.model)
+    return dataclasses.replace(server_config, served_model_name=name)
 
 
 def engine_process(engine_config: EngineConfig, server_config: ServerConfig) -> bool:

@@ -1,5 +1,6 @@
 """The server's launcher: ``--engine-process`` resolved (as given, else on only for a
-Whisper model on one CUDA device) and the HTTP parser chosen by ``--http``."""
+Whisper model on one CUDA device), ``--served-model-name`` resolved (as given, else whisper-1
+for Whisper and the ``--model`` value for others) and the HTTP parser chosen by ``--http``."""
 
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ def test_model_type_without_reading_weights(mllama_folder, tmp_path_factory):
     assert model_type_of(None) == "whisper"  # the embedded CTranslate2 tiny.en
     assert model_type_of(mllama_folder) == "mllama"
     assert model_type_of(tmp_path_factory.mktemp("empty")) is None
+
+
+def test_served_model_name_default_follows_the_model(mllama_folder):
+    named = launch.with_model_name
+    assert named(EngineConfig(), ServerConfig()).served_model_name == "whisper-1"
+    mllama = EngineConfig(model=str(mllama_folder))
+    assert named(mllama, ServerConfig()).served_model_name == str(mllama_folder)  # as vLLM
+    given = ServerConfig(served_model_name="llama-vision")
+    assert named(mllama, given) is given and named(EngineConfig(), given) is given
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
