@@ -3,7 +3,10 @@
 Request fields: ``model``, ``messages`` (text and ``image_url`` parts with ``data:`` URLs),
 ``max_tokens`` / ``max_completion_tokens``, ``temperature`` in [0, 2] (default 1, as OpenAI),
 ``top_p``, ``seed``, ``stop`` (string or list), ``stream``, ``stream_options.include_usage``,
-``n`` (1 only). Bad input -> 4xx in OpenAI's error shape, before any work is queued. Templating
+``n`` (1 only). Fields that would change the output and are not implemented (``logprobs``,
+``top_logprobs``, ``frequency_penalty``, ``presence_penalty``, ``logit_bias``, a
+``response_format`` other than text, tools and functions) -> 400 when set, not ignored. Bad
+input -> 4xx in OpenAI's error shape, before any work is queued. Templating
 and image decoding run in a worker thread; tokens come from the shared AsyncEngine, so chat
 requests batch with each other. A client that disconnects aborts its request (KV freed), and
 so does a matched ``stop`` string.
@@ -73,6 +76,31 @@ def _int(body: dict, name: str, lo: int, hi: int = 2**31 - 1) -> int | None:
     return v
 
 
+# Fields that change what is generated or returned, which this server does not implement:
+# refused when set to anything but their no-op value, never silently ignored.
+# (field, is its value a no-op?)
+UNSUPPORTED: tuple[tuple[str, Any], ...] = (
+    ("logprobs", lambda v: v in (None, False)),
+    ("top_logprobs", lambda v: v in (None, 0)),
+    ("frequency_penalty", lambda v: v in (None, 0)),
+    ("presence_penalty", lambda v: v in (None, 0)),
+    ("logit_bias", lambda v: not v),
+    ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text")),
+    ("tool_choice", lambda v: v in (None, "none")),
+    ("functions", lambda v: not v),
+    ("function_call", lambda v: v in (None, "none")),
+)
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for name, no_op in UNSUPPORTED:
+        value = body.get(name)
+        if not no_op(value):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+            raise APIError(400, f"'{name}' is not supported by this server (got {shown}); "
+                           "omit it", name, "unsupported_value")
+
+
 def parse_params(body: Any) -> ChatParams:
     """Validate the JSON body (APIError 400 naming the field)."""
     if not isinstance(body, dict):
@@ -88,6 +116,7 @@ def parse_params(body: Any) -> ChatParams:
     if body.get("tools"):
         raise APIError(400, "tools are not supported by this server", "tools",
                        "unsupported_value")
+    _refuse_unsupported(body)
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1)

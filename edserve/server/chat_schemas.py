@@ -39,8 +39,11 @@ class StreamOptions(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """The JSON body (fields not listed are ignored; `tools` are refused with 400). A Whisper
-    server answers every chat request with 400 (`unsupported_task`)."""
+    """The JSON body. Fields not listed are ignored, except those that would change the
+    output and are not implemented, refused with 400 when set (`tools`, `tool_choice`,
+    `functions`, `function_call`, `logprobs`, `top_logprobs`, `frequency_penalty`,
+    `presence_penalty`, `logit_bias`, a `response_format` other than text). A Whisper server
+    answers every chat request with 400 (`unsupported_task`)."""
 
     model_config = ConfigDict(extra="allow")
 

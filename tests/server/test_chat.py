@@ -179,7 +179,26 @@ BAD = {
     "seed 2**70": (dict(messages=TEXT_MSG, seed=2**70), "'seed' must be an integer in"),
     "huge png": (dict(messages=_image_msg(url=huge_png_url())),
                  "13000x13000 pixels; the limit is 40 megapixels"),
+    # fields that would change the output and are not implemented: refused, not ignored
+    "logprobs": (dict(messages=TEXT_MSG, logprobs=True), "'logprobs' is not supported"),
+    "top_logprobs": (dict(messages=TEXT_MSG, top_logprobs=2), "'top_logprobs'"),
+    "frequency_penalty": (dict(messages=TEXT_MSG, frequency_penalty=1.5),
+                          "'frequency_penalty' is not supported"),
+    "presence_penalty": (dict(messages=TEXT_MSG, presence_penalty=-1), "'presence_penalty'"),
+    "logit_bias": (dict(messages=TEXT_MSG, logit_bias={"5": 100}), "'logit_bias'"),
+    "json mode": (dict(messages=TEXT_MSG, response_format={"type": "json_object"}),
+                  "'response_format' is not supported"),
+    "tool_choice": (dict(messages=TEXT_MSG, tool_choice="auto"), "'tool_choice'"),
 }
+
+
+def test_unsupported_fields_at_their_no_op_values_are_accepted(http):
+    body = dict(model=MODEL, messages=TEXT_MSG, max_tokens=2, logprobs=False, top_logprobs=0,
+                frequency_penalty=0, presence_penalty=0.0, logit_bias={},
+                response_format={"type": "text"}, tool_choice="none")
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
 
 
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
