@@ -134,7 +134,9 @@ class Finisher:
         on_delta, req.on_delta = req.on_delta, None  # the last call: the caller's callback
         # (and what it holds, e.g. the engine) must not live on in a group's row cycle
         if on_delta is not None:
-            on_delta(TokenDelta(req.rid, last, finished=True, output=req.output()))
+            known = last and req.output_ids[-len(last):] == last  # their logprobs are kept
+            on_delta(TokenDelta(req.rid, last, finished=True, output=req.output(),
+                                logprobs=list(req.logprobs[-len(last):]) if known else []))
 
     def _finished_kv(self, req: Req) -> FinishedKV:
         rtp = self.pools.req_to_token_pool

@@ -3,7 +3,7 @@ went."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from edserve.engine.request import EncoderKV, FinishReason
@@ -49,3 +49,5 @@ class TokenDelta:
     token_ids: list[int]
     finished: bool = False
     output: GenerateOutput | None = None  # set on the last delta
+    # log-probability of each of token_ids (as GenerateOutput.logprobs); empty: not known
+    logprobs: list[float] = field(default_factory=list)

@@ -280,7 +280,7 @@ class Scheduler(RowGroupSteps):
             if self._length_reached(req, len(req.output_ids)):
                 ending.append((req, FinishReason.LENGTH, None, [tok]))
             elif req.stream and req.on_delta is not None:
-                req.on_delta(TokenDelta(req.rid, [tok]))
+                req.on_delta(TokenDelta(req.rid, [tok], logprobs=[lp]))
         if ending:  # off the running list in one pass, their rows freed in one release
             gone = {id(e[0]) for e in ending}
             self.running[:] = [r for r in self.running if id(r) not in gone]

@@ -3,8 +3,9 @@
 Request fields: ``model``, ``messages`` (text and ``image_url`` parts with ``data:`` URLs),
 ``max_tokens`` / ``max_completion_tokens``, ``temperature`` in [0, 2] (default 1, as OpenAI),
 ``top_p``, ``seed``, ``stop`` (string or list), ``stream``, ``stream_options.include_usage``,
-``n`` (1 only). Fields that would change the output and are not implemented (``logprobs``,
-``top_logprobs``, ``frequency_penalty``, ``presence_penalty``, ``logit_bias``, a
+``n`` (1 only), ``logprobs`` (each token's log-probability: :mod:`.chat_logprobs`). Fields
+that would change the output and are not implemented (``top_logprobs`` > 0,
+``frequency_penalty``, ``presence_penalty``, ``logit_bias``, a
 ``response_format`` other than text, tools and functions) -> 400 when set, not ignored. Bad
 input -> 4xx in OpenAI's error shape, before any work is queued. Templating
 and image decoding run in a worker thread; tokens come from the shared AsyncEngine, so chat
@@ -30,6 +31,7 @@ from edserve.chat.chat_api import prepare_chat as _prepare_chat
 from edserve.chat.mllama_chat import ChatFormatError
 from edserve.engine.errors import RequestFailed
 from edserve.multimodal.errors import ImageInputError
+from edserve.server import chat_logprobs
 from edserve.server.chat_schemas import SEED_MAX, SEED_MIN
 from edserve.server.checks import check_auth, check_model, read_json, show
 from edserve.server.disconnect import ClientGone, unless_disconnected
@@ -51,6 +53,7 @@ class ChatParams:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    logprobs: bool = False  # each token's log-probability in the response (chat_logprobs)
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float,
@@ -80,7 +83,6 @@ def _int(body: dict, name: str, lo: int, hi: int = 2**31 - 1) -> int | None:
 # refused when set to anything but their no-op value, never silently ignored.
 # (field, is its value a no-op?)
 UNSUPPORTED: tuple[tuple[str, Any], ...] = (
-    ("logprobs", lambda v: v in (None, False)),
     ("top_logprobs", lambda v: v in (None, 0)),
     ("frequency_penalty", lambda v: v in (None, 0)),
     ("presence_penalty", lambda v: v in (None, 0)),
@@ -127,6 +129,9 @@ def parse_params(body: Any) -> ChatParams:
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise APIError(400, "'stream' must be a boolean", "stream", "invalid_value")
+    logprobs = body.get("logprobs") or False
+    if not isinstance(logprobs, bool):
+        raise APIError(400, "'logprobs' must be a boolean", "logprobs", "invalid_value")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise APIError(400, "'stream_options' must be an object", "stream_options",
@@ -139,7 +144,8 @@ def parse_params(body: Any) -> ChatParams:
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         seed=_int(body, "seed", SEED_MIN, SEED_MAX),
-        stop=stop, stream=stream, include_usage=bool(opts.get("include_usage")))
+        stop=stop, stream=stream, include_usage=bool(opts.get("include_usage")),
+        logprobs=logprobs)
 
 
 def _prepare(client: Any, p: ChatParams):
@@ -161,17 +167,26 @@ async def prepare(request: Request, p: ChatParams):
         raise APIError(400, str(exc), None, "invalid_value") from None
 
 
-async def _deltas(client: Any, gen_request: Any, decoder: ChatDecoder,
-                  result: dict) -> AsyncIterator[str]:
-    """Text deltas of one request; ``result["finish_reason"]`` is set at the end. Leaving
-    early (stop string, disconnect, cancellation) aborts the engine request."""
+async def _deltas(client: Any, gen_request: Any, decoder: ChatDecoder, result: dict,
+                  with_logprobs: bool = False) -> AsyncIterator[tuple[str, list[dict] | None]]:
+    """(text, logprob entries) of one request as they become final (entries: those of the
+    tokens consumed since the last yield, None unless ``with_logprobs``);
+    ``result["finish_reason"]`` is set at the end. Leaving early (stop string, disconnect,
+    cancellation) aborts the engine request."""
     stream = client.stream(gen_request)
     output = None
+    pending: list[dict] | None = [] if with_logprobs else None
     try:
         async for delta in stream:
+            consumed = len(decoder.token_ids)
             text = decoder.push(delta.token_ids)
+            if pending is not None:
+                n = len(decoder.token_ids) - consumed  # tokens the decoder took (stop: fewer)
+                pending += chat_logprobs.entries(decoder.tokenizer, delta.token_ids[:n],
+                                                 delta.logprobs[:n])
             if text:
-                yield text
+                yield text, pending
+                pending = [] if with_logprobs else None
             if delta.finished:
                 output = delta.output
             if decoder.stopped or delta.finished:
@@ -180,8 +195,8 @@ async def _deltas(client: Any, gen_request: Any, decoder: ChatDecoder,
         await stream.aclose()
     result["finish_reason"] = finish_reason(output, decoder)
     tail = decoder.flush()
-    if tail:
-        yield tail
+    if tail or pending:
+        yield tail, pending
 
 
 def _usage(gen_request: Any, decoder: ChatDecoder) -> dict[str, int]:
@@ -189,10 +204,12 @@ def _usage(gen_request: Any, decoder: ChatDecoder) -> dict[str, int]:
     return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
 
 
-async def _complete(client: Any, gen_request: Any, decoder: ChatDecoder) -> dict:
-    result: dict = {}
-    async for _ in _deltas(client, gen_request, decoder, result):
-        pass
+async def _complete(client: Any, gen_request: Any, decoder: ChatDecoder,
+                    with_logprobs: bool) -> dict:
+    result: dict = {"logprobs": [] if with_logprobs else None}
+    async for _, entries in _deltas(client, gen_request, decoder, result, with_logprobs):
+        if entries:
+            result["logprobs"] += entries
     return result
 
 
@@ -200,28 +217,32 @@ async def _non_streaming(request: Request, p: ChatParams, gen_request: Any,
                          decoder: ChatDecoder, head: dict) -> Response:
     try:
         result = await unless_disconnected(
-            request, _complete(request.app.state.engine, gen_request, decoder))
+            request, _complete(request.app.state.engine, gen_request, decoder, p.logprobs))
     except ClientGone:
         return Response(status_code=499)  # the client is gone; nobody reads this
     except RequestFailed as exc:
         raise APIError(500, str(exc), None, "engine_error") from None
     message = {"role": "assistant", "content": decoder.text}
     return JSONResponse({**head, "object": "chat.completion", "choices": [
-        {"index": 0, "message": message, "logprobs": None,
+        {"index": 0, "message": message,
+         "logprobs": chat_logprobs.choice_logprobs(result["logprobs"]),
          "finish_reason": result["finish_reason"]}], "usage": _usage(gen_request, decoder)})
 
 
-def _chunk(head: dict, delta: dict, finish: str | None) -> dict:
+def _chunk(head: dict, delta: dict, finish: str | None, logprobs: list[dict] | None = None
+           ) -> dict:
     return {**head, "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": 0, "delta": delta,
+                         "logprobs": chat_logprobs.choice_logprobs(logprobs),
+                         "finish_reason": finish}]}
 
 
 async def _chunks(client: Any, p: ChatParams, gen_request: Any, decoder: ChatDecoder,
                   head: dict) -> AsyncIterator[dict]:
     yield _chunk(head, {"role": "assistant", "content": ""}, None)
     result: dict = {}
-    async for text in _deltas(client, gen_request, decoder, result):
-        yield _chunk(head, {"content": text}, None)
+    async for text, entries in _deltas(client, gen_request, decoder, result, p.logprobs):
+        yield _chunk(head, {"content": text}, None, entries)
     yield _chunk(head, {}, result["finish_reason"])
     if p.include_usage:
         yield {**head, "object": "chat.completion.chunk", "choices": [],

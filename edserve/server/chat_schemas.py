@@ -41,7 +41,7 @@ class StreamOptions(BaseModel):
 class ChatRequest(BaseModel):
     """The JSON body. Fields not listed are ignored, except those that would change the
     output and are not implemented, refused with 400 when set (`tools`, `tool_choice`,
-    `functions`, `function_call`, `logprobs`, `top_logprobs`, `frequency_penalty`,
+    `functions`, `function_call`, `top_logprobs` above 0, `frequency_penalty`,
     `presence_penalty`, `logit_bias`, a `response_format` other than text). A Whisper server
     answers every chat request with 400 (`unsupported_task`)."""
 
@@ -60,6 +60,9 @@ class ChatRequest(BaseModel):
     stream: bool | None = Field(None, description="Server-sent chunks, then `data: [DONE]`.")
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = Field(None, description="Only 1.")
+    logprobs: bool | None = Field(None, description="Each generated token's log-probability "
+                                  "(before temperature and top-p); no alternatives: "
+                                  "top_logprobs above 0 is refused.")
 
 
 class ChatUsage(_Closed):
@@ -73,10 +76,22 @@ class AssistantMessage(_Closed):
     content: str
 
 
+class TokenLogprob(_Closed):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[dict] = Field(description="Always empty (no alternatives computed).")
+
+
+class ChoiceLogprobs(_Closed):
+    content: list[TokenLogprob]
+    refusal: None
+
+
 class ChatChoice(_Closed):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChoiceLogprobs | None = Field(description="With `logprobs: true`, else null.")
     finish_reason: Literal["stop", "length"]
 
 
@@ -98,7 +113,8 @@ class ChunkDelta(_Closed):
 class ChunkChoice(_Closed):
     index: int
     delta: ChunkDelta = Field(description="The first chunk carries the role, the last none.")
-    logprobs: None
+    logprobs: ChoiceLogprobs | None = Field(
+        description="With `logprobs: true`: the tokens since the previous chunk, else null.")
     finish_reason: Literal["stop", "length"] | None
 
 

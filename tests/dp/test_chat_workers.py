@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from edserve.chat.chat_api import chat
+from edserve.chat.chat_api import chat, prepare_chat
 from edserve.config import EngineConfig
 from edserve.dp.client import DataParallelClient
 from edserve.models.mllama.inputs import MllamaFacts
@@ -62,8 +62,12 @@ def test_chat_through_an_engine_worker_equals_the_in_process_engine(tmp_path):
                 assert bad.status_code == 400, bad.text
                 assert http.get("/health").status_code == 200
             again = oai.chat.completions.create(model=MODEL, messages=cases[2], max_tokens=10,
-                                                temperature=0)
+                                                temperature=0, logprobs=True)
             assert again.choices[0].message.content == expected[2].text
+            request, _ = prepare_chat(local, cases[2], max_tokens=10)
+            want = local.generate([request])[0].logprobs  # crossed the wire with each token
+            got = [e.logprob for e in again.choices[0].logprobs.content]
+            assert got == pytest.approx(want, abs=1e-5)
     finally:
         server.stop()
         client.shutdown(5.0)

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from edserve.chat.chat_api import chat
+from edserve.chat.chat_api import chat, prepare_chat
+from edserve.chat.mllama_chat import ChatTokenizer
 from edserve.config import EngineConfig
 from edserve.runtime import build_engine
 from edserve.server.config import ServerConfig
@@ -128,6 +129,43 @@ def test_max_completion_tokens_and_stop_string(client, local):
     assert (text, finish) == (want, "stop")
 
 
+def _engine_logprobs(local, messages, max_tokens: int) -> tuple[list[int], list[float]]:
+    request, _ = prepare_chat(local, messages, max_tokens=max_tokens)
+    out = local.generate([request])[0]
+    return out.token_ids, out.logprobs
+
+
+@pytest.mark.parametrize("messages", [_image_msg(), TEXT_MSG], ids=["image", "text"])
+def test_logprobs_are_the_engines_per_token(client, local, messages):
+    """``logprobs: true``: one entry per completion token, the engine's log-probability of
+    that token, its text decoded alone; the same entries streamed, chunk by chunk."""
+    ids, lps = _engine_logprobs(local, messages, 8)
+    tok = ChatTokenizer.for_model(local.model, local.tokenizer)
+    res = _create(client, messages, max_tokens=8, logprobs=True)
+    content = res.choices[0].logprobs.content
+    assert len(content) == res.usage.completion_tokens == 8
+    assert [e.token for e in content] == [tok.decode([t]) for t in ids]
+    assert [e.logprob for e in content] == pytest.approx(lps, abs=1e-5)
+    assert all(e.logprob <= 0 and e.top_logprobs == [] for e in content)
+    assert all(bytes(e.bytes).decode() == e.token for e in content)
+    chunks = list(_create(client, messages, max_tokens=8, logprobs=True, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    plain = _create(client, messages, max_tokens=8)
+    assert plain.choices[0].logprobs is None  # only when asked
+    assert plain.choices[0].message.content == res.choices[0].message.content
+
+
+def test_logprobs_end_with_the_stop_string(client, local):
+    text = chat(local, TEXT_MSG, max_tokens=12).text
+    stop = text.split(" ")[2]
+    res = _create(client, TEXT_MSG, max_tokens=12, stop=stop, logprobs=True)
+    content = res.choices[0].logprobs.content
+    assert res.choices[0].finish_reason == "stop"
+    assert len(content) == res.usage.completion_tokens and content[-1].token == stop
+
+
 def test_seeded_sampling_is_reproducible(client):
     a = _create(client, _image_msg(), max_tokens=8, temperature=1.5, seed=7)
     b = _create(client, _image_msg(), max_tokens=8, temperature=1.5, seed=7)
@@ -180,8 +218,9 @@ BAD = {
     "huge png": (dict(messages=_image_msg(url=huge_png_url())),
                  "13000x13000 pixels; the limit is 40 megapixels"),
     # fields that would change the output and are not implemented: refused, not ignored
-    "logprobs": (dict(messages=TEXT_MSG, logprobs=True), "'logprobs' is not supported"),
-    "top_logprobs": (dict(messages=TEXT_MSG, top_logprobs=2), "'top_logprobs'"),
+    "logprobs string": (dict(messages=TEXT_MSG, logprobs="yes"), "'logprobs' must be a boolean"),
+    "top_logprobs": (dict(messages=TEXT_MSG, logprobs=True, top_logprobs=2),
+                     "'top_logprobs' is not supported"),
     "frequency_penalty": (dict(messages=TEXT_MSG, frequency_penalty=1.5),
                           "'frequency_penalty' is not supported"),
     "presence_penalty": (dict(messages=TEXT_MSG, presence_penalty=-1), "'presence_penalty'"),
