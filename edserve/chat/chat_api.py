@@ -7,12 +7,13 @@ an engine request, and :class:`ChatDecoder` turns the generated tokens into text
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edserve.chat.mllama_chat import DEFAULT_DATE, ChatTokenizer, chat_prompt_ids
+from edserve.chat.mllama_chat import DEFAULT_DATE, ChatFormatError, ChatTokenizer, chat_prompt_ids
 from edserve.chat.mllama_request import make_mllama_request
+from edserve.chat.sampling_filters import chat_filters
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput
 from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
@@ -112,10 +113,12 @@ class ChatResult:
 
 def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
                  temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0,
-                 date_string: str = DEFAULT_DATE, allow_local_images: bool = True
-                 ) -> tuple[GenerateRequest, ChatTokenizer]:
+                 date_string: str = DEFAULT_DATE, allow_local_images: bool = True,
+                 logit_bias: Mapping[int, float] | None = None, frequency_penalty: float = 0.0,
+                 presence_penalty: float = 0.0) -> tuple[GenerateRequest, ChatTokenizer]:
     """Template, tokenize and preprocess images into a :class:`GenerateRequest` whose
-    ``stop_token_ids`` are the chat's end-of-turn tokens.
+    ``stop_token_ids`` are the chat's end-of-turn tokens; ``logit_bias`` and the penalties
+    become its logits filters (:mod:`edserve.chat.sampling_filters`).
 
     Raises ``ValueError`` subclasses: ``ChatFormatError`` (messages), ``ImageInputError``
     (images), or ``ValueError`` (not an Mllama engine, bad sampling values).
@@ -127,7 +130,14 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
     ids, images = chat_prompt_ids(tok, messages, date_string, allow_local_images)
     sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed,
                               max_new_tokens=max_tokens, stop_token_ids=tok.stop_token_ids)
-    return make_mllama_request(engine.model, ids, images, sampling), tok
+    vocab = engine.model.config.text.vocab_size
+    outside = sorted(k for k in (logit_bias or {}) if not 0 <= k < vocab)
+    if outside:
+        raise ChatFormatError(f"logit_bias token id {outside[0]} is outside the vocabulary "
+                              f"(0..{vocab - 1})", "logit_bias")
+    request = make_mllama_request(engine.model, ids, images, sampling)
+    request.logits_processors = chat_filters(logit_bias, frequency_penalty, presence_penalty)
+    return request, tok
 
 
 def finish_reason(output: GenerateOutput | None, decoder: ChatDecoder) -> str:

@@ -3,11 +3,12 @@
 Request fields: ``model``, ``messages`` (text and ``image_url`` parts with ``data:`` URLs),
 ``max_tokens`` / ``max_completion_tokens``, ``temperature`` in [0, 2] (default 1, as OpenAI),
 ``top_p``, ``seed``, ``stop`` (string or list), ``stream``, ``stream_options.include_usage``,
-``n`` (1 only), ``logprobs`` (each token's log-probability: :mod:`.chat_logprobs`). Fields
-that would change the output and are not implemented (``top_logprobs`` > 0,
-``frequency_penalty``, ``presence_penalty``, ``logit_bias``, a
-``response_format`` other than text, tools and functions) -> 400 when set, not ignored. Bad
-input -> 4xx in OpenAI's error shape, before any work is queued. Templating
+``n`` (1 only), ``logprobs`` (each token's log-probability: :mod:`.chat_logprobs`),
+``logit_bias``, ``frequency_penalty`` and ``presence_penalty`` (logits filters:
+:mod:`edserve.chat.sampling_filters`). Fields that would change the output and are not
+implemented (``top_logprobs`` > 0, a ``response_format`` other than text, tools and
+functions) -> 400 when set, not ignored. Bad input -> 4xx in OpenAI's error shape, before any
+work is queued. Templating
 and image decoding run in a worker thread; tokens come from the shared AsyncEngine, so chat
 requests batch with each other. A client that disconnects aborts its request (KV freed), and
 so does a matched ``stop`` string.
@@ -29,6 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from edserve.chat.chat_api import ChatDecoder, finish_reason, normalize_stop
 from edserve.chat.chat_api import prepare_chat as _prepare_chat
 from edserve.chat.mllama_chat import ChatFormatError
+from edserve.chat.sampling_filters import BIAS_LIMIT, PENALTY_LIMIT
 from edserve.engine.errors import RequestFailed
 from edserve.multimodal.errors import ImageInputError
 from edserve.server import chat_logprobs
@@ -54,6 +56,9 @@ class ChatParams:
     stream: bool
     include_usage: bool
     logprobs: bool = False  # each token's log-probability in the response (chat_logprobs)
+    logit_bias: dict[int, float] | None = None  # token id -> added logit
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float,
@@ -84,9 +89,6 @@ def _int(body: dict, name: str, lo: int, hi: int = 2**31 - 1) -> int | None:
 # (field, is its value a no-op?)
 UNSUPPORTED: tuple[tuple[str, Any], ...] = (
     ("top_logprobs", lambda v: v in (None, 0)),
-    ("frequency_penalty", lambda v: v in (None, 0)),
-    ("presence_penalty", lambda v: v in (None, 0)),
-    ("logit_bias", lambda v: not v),
     ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text")),
     ("tool_choice", lambda v: v in (None, "none")),
     ("functions", lambda v: not v),
@@ -145,13 +147,39 @@ def parse_params(body: Any) -> ChatParams:
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         seed=_int(body, "seed", SEED_MIN, SEED_MAX),
         stop=stop, stream=stream, include_usage=bool(opts.get("include_usage")),
-        logprobs=logprobs)
+        logprobs=logprobs, logit_bias=_logit_bias(body.get("logit_bias")),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT))
+
+
+def _logit_bias(value: Any) -> dict[int, float] | None:
+    """``{"token id": bias}`` (ids as decimal strings, bias in [-100, 100]) as ints -> floats;
+    the ids are checked against the vocabulary when the request is prepared."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise APIError(400, "'logit_bias' must be an object of token id -> bias", "logit_bias",
+                       "invalid_value")
+    out: dict[int, float] = {}
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit() and str(int(key)) == key):
+            raise APIError(400, f"'logit_bias' keys must be token ids, got {show(key)}",
+                           "logit_bias", "invalid_value")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not math.isfinite(bias) or not -BIAS_LIMIT <= bias <= BIAS_LIMIT:
+            raise APIError(400, f"'logit_bias' values must be numbers in [{-BIAS_LIMIT:g}, "
+                           f"{BIAS_LIMIT:g}], got {show(bias)} for token {key}", "logit_bias",
+                           "invalid_value")
+        out[int(key)] = float(bias)
+    return out or None
 
 
 def _prepare(client: Any, p: ChatParams):
     """Worker thread: template, tokenize, decode images, dry-run the engine's validation."""
     request, tok = _prepare_chat(client, p.messages, p.max_tokens, p.temperature, p.seed,
-                                 p.top_p, allow_local_images=False)
+                                 p.top_p, allow_local_images=False, logit_bias=p.logit_bias,
+                                 frequency_penalty=p.frequency_penalty,
+                                 presence_penalty=p.presence_penalty)
     client.validate(request)  # ValueError: prompt too long, or can never fit the KV cache
     return request, tok
 

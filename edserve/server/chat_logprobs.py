@@ -3,7 +3,8 @@ in OpenAI's shape (``choices[i].logprobs.content``: ``token``, ``logprob``, ``by
 ``top_logprobs``).
 
 The log-probability is the engine's (:attr:`GenerateOutput.logprobs`): the log-softmax of the
-model's logits before temperature and top-p, i.e. vLLM's default ``raw_logprobs``; alternatives
+model's logits before temperature and top-p (vLLM's default ``raw_logprobs``), after the
+request's ``logit_bias`` and penalties (:mod:`edserve.chat.sampling_filters`); alternatives
 (``top_logprobs`` > 0) are not computed, so ``top_logprobs`` is always ``[]``. ``token`` is the
 token decoded alone (a byte-level piece of a multi-byte character shows as U+FFFD, as in vLLM)
 and ``bytes`` its UTF-8 encoding. Entries cover the tokens the response counts as completion

@@ -41,9 +41,8 @@ class StreamOptions(BaseModel):
 class ChatRequest(BaseModel):
     """The JSON body. Fields not listed are ignored, except those that would change the
     output and are not implemented, refused with 400 when set (`tools`, `tool_choice`,
-    `functions`, `function_call`, `top_logprobs` above 0, `frequency_penalty`,
-    `presence_penalty`, `logit_bias`, a `response_format` other than text). A Whisper server
-    answers every chat request with 400 (`unsupported_task`)."""
+    `functions`, `function_call`, `top_logprobs` above 0, a `response_format` other than
+    text). A Whisper server answers every chat request with 400 (`unsupported_task`)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -60,6 +59,12 @@ class ChatRequest(BaseModel):
     stream: bool | None = Field(None, description="Server-sent chunks, then `data: [DONE]`.")
     stream_options: StreamOptions | None = None
     n: Literal[1] | None = Field(None, description="Only 1.")
+    logit_bias: dict[str, float] | None = Field(None, description=(
+        "Token id (decimal string) -> a bias in [-100, 100] added to its logit."))
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description=(
+        "Subtracted from a token's logit once per time it was generated so far. Default 0."))
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description=(
+        "Subtracted from a token's logit once it was generated. Default 0."))
     logprobs: bool | None = Field(None, description="Each generated token's log-probability "
                                   "(before temperature and top-p); no alternatives: "
                                   "top_logprobs above 0 is refused.")

@@ -166,6 +166,22 @@ def test_logprobs_end_with_the_stop_string(client, local):
     assert len(content) == res.usage.completion_tokens and content[-1].token == stop
 
 
+def test_logit_bias_and_penalties(client, local):
+    """+100 on one word makes greedy decoding repeat it; the penalties reach the engine as
+    filters (the same text as the local engine given them) and change what it picks."""
+    cat = ChatTokenizer.for_model(local.model, local.tokenizer).encode("cat")[0]
+    res = _create(client, TEXT_MSG, max_tokens=4, logit_bias={str(cat): 100})
+    assert res.choices[0].message.content == "cat cat cat cat"
+    kw = dict(frequency_penalty=2.0, presence_penalty=2.0)
+    res = _create(client, TEXT_MSG, max_tokens=12, logit_bias={str(cat): 10}, **kw)
+    request, tok = prepare_chat(local, TEXT_MSG, max_tokens=12, logit_bias={cat: 10}, **kw)
+    out = local.generate([request])[0]
+    assert res.choices[0].message.content == tok.decode(out.token_ids)
+    unpenalized = _create(client, TEXT_MSG, max_tokens=12, logit_bias={str(cat): 10})
+    assert unpenalized.choices[0].message.content == " ".join(["cat"] * 12)
+    assert 1 <= out.token_ids.count(cat) < 12  # the penalties outgrow the bias after a few
+
+
 def test_seeded_sampling_is_reproducible(client):
     a = _create(client, _image_msg(), max_tokens=8, temperature=1.5, seed=7)
     b = _create(client, _image_msg(), max_tokens=8, temperature=1.5, seed=7)
@@ -221,10 +237,15 @@ BAD = {
     "logprobs string": (dict(messages=TEXT_MSG, logprobs="yes"), "'logprobs' must be a boolean"),
     "top_logprobs": (dict(messages=TEXT_MSG, logprobs=True, top_logprobs=2),
                      "'top_logprobs' is not supported"),
-    "frequency_penalty": (dict(messages=TEXT_MSG, frequency_penalty=1.5),
-                          "'frequency_penalty' is not supported"),
-    "presence_penalty": (dict(messages=TEXT_MSG, presence_penalty=-1), "'presence_penalty'"),
-    "logit_bias": (dict(messages=TEXT_MSG, logit_bias={"5": 100}), "'logit_bias'"),
+    "frequency_penalty 3": (dict(messages=TEXT_MSG, frequency_penalty=3),
+                            "'frequency_penalty' must be a number in [-2.0, 2.0]"),
+    "presence_penalty string": (dict(messages=TEXT_MSG, presence_penalty="1"),
+                                "'presence_penalty'"),
+    "logit_bias list": (dict(messages=TEXT_MSG, logit_bias=[5]), "'logit_bias' must be an"),
+    "logit_bias key": (dict(messages=TEXT_MSG, logit_bias={"cat": 1}), "keys must be token ids"),
+    "logit_bias 500": (dict(messages=TEXT_MSG, logit_bias={"5": 500}), "values must be numbers"),
+    "logit_bias id": (dict(messages=TEXT_MSG, logit_bias={"99999": 1}),
+                      "outside the vocabulary (0..127)"),
     "json mode": (dict(messages=TEXT_MSG, response_format={"type": "json_object"}),
                   "'response_format' is not supported"),
     "tool_choice": (dict(messages=TEXT_MSG, tool_choice="auto"), "'tool_choice'"),
