@@ -86,3 +86,32 @@ def test_mixed_decode_step_syncs_at_most_once(tiny_folder, strategy, page_size):
     while eng.has_work():  # rows finish one by one: frees must not sync either
         assert count_syncs(eng.step) <= 1
     eng.check_integrity()
+
+
+def test_chat_filters_in_sampling_graphs_equal_eager(tiny_folder):
+    """logit_bias and the penalties (capturable chat filters) give the same greedy tokens and
+    log-probabilities with graphs (decode + sampling graphs) as eagerly, and as on the CPU."""
+    from edserve.chat.sampling_filters import chat_filters
+
+    def run(device, graph):
+        kw = dict(device=device, dtype="float32", context_length=64, max_running_requests=8)
+        if device == "cuda":
+            kw.update(encoder_kv="flat", page_size="16", attention_backend="triton",
+                      cuda_graph=graph, cuda_graph_max_bs=8, max_total_tokens=8192)
+        eng = build_engine(model=str(save_word_tokenizer(tiny_folder)), **kw)
+        sp = SamplingParams(max_new_tokens=STEPS, ignore_eos=True)
+        reqs = []
+        for i, (prompt, images) in enumerate(mixed_cases()):
+            r = make_mllama_request(eng.model, prompt, images, sp)
+            r.logits_processors = chat_filters({5: 4.0, 9: -2.0}, 1.5 if i % 2 else 0.0, 0.5)
+            reqs.append(r)
+        outs = eng.generate(reqs)
+        eng.check_integrity()
+        return [o.token_ids for o in outs], [o.logprobs for o in outs]
+
+    ref_ids, ref_lps = run("cpu", False)
+    for graph in (False, True):
+        ids, lps = run("cuda", graph)
+        assert ids == ref_ids
+        for got, want in zip(lps, ref_lps, strict=True):
+            assert got == pytest.approx(want, abs=1e-3)
