@@ -155,16 +155,20 @@ def finish_reason(output: GenerateOutput | None, decoder: ChatDecoder) -> str:
 def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
          temperature: float = 0.0, seed: int | None = None,
          stop: str | Sequence[str] | None = None, top_p: float = 1.0,
-         date_string: str = DEFAULT_DATE) -> ChatResult:
+         date_string: str = DEFAULT_DATE, logit_bias: Mapping[int, float] | None = None,
+         frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> ChatResult:
     """Run one chat completion on a (synchronous) :class:`~edserve.engine.engine.Engine`.
 
     ``messages`` as in :func:`~edserve.chat.mllama_chat.render_chat` (images may also be
     PIL images, bytes or file paths here). ``max_tokens`` None: the engine's
-    ``max_new_tokens``. ``temperature`` 0 is greedy; ``seed`` makes sampling reproducible.
+    ``max_new_tokens``. ``temperature`` 0 is greedy; ``seed`` makes sampling reproducible;
+    ``logit_bias`` and the penalties as in OpenAI's API (:mod:`.sampling_filters`).
     Bad input raises ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
     """
     request, tok = prepare_chat(engine, messages, max_tokens, temperature, seed, top_p,
-                                date_string)
+                                date_string, logit_bias=logit_bias,
+                                frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty)
     decoder = ChatDecoder(tok, normalize_stop(stop))
     done: list[GenerateOutput | None] = []
 

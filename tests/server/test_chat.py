@@ -177,6 +177,8 @@ def test_logit_bias_and_penalties(client, local):
     request, tok = prepare_chat(local, TEXT_MSG, max_tokens=12, logit_bias={cat: 10}, **kw)
     out = local.generate([request])[0]
     assert res.choices[0].message.content == tok.decode(out.token_ids)
+    assert chat(local, TEXT_MSG, max_tokens=12, logit_bias={cat: 10}, **kw).token_ids \
+        == out.token_ids  # the Python API takes them too
     unpenalized = _create(client, TEXT_MSG, max_tokens=12, logit_bias={str(cat): 10})
     assert unpenalized.choices[0].message.content == " ".join(["cat"] * 12)
     assert 1 <= out.token_ids.count(cat) < 12  # the penalties outgrow the bias after a few
