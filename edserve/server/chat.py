@@ -9,8 +9,8 @@ Request fields: ``model``, ``messages`` (text and ``image_url`` parts with ``dat
 implemented (``top_logprobs`` > 0, a ``response_format`` other than text, tools and
 functions) -> 400 when set, not ignored. Bad input -> 4xx in OpenAI's error shape, before any
 work is queued. Templating and image decoding run in a worker thread; tokens come from the
-shared AsyncEngine, so chat requests batch with each other. A client that disconnects aborts its request (KV freed), and
-so does a matched ``stop`` string.
+shared AsyncEngine, so chat requests batch with each other. A client that disconnects aborts
+its request (KV freed), and so does a matched ``stop`` string.
 """
 
 from __future__ import annotations
