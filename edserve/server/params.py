@@ -149,8 +149,9 @@ def _check_include(form: FormData) -> None:
     """``include[]``: OpenAI's extra outputs; ``logprobs`` (the only one) is refused."""
     for v in form.getlist("include[]") + form.getlist("include"):
         if v == "logprobs":
-            raise APIError(400, "'include[]=logprobs' is not supported: Whisper models return "
-                           "no token log-probabilities", "include[]", "unsupported_value")
+            raise APIError(400, "'include[]=logprobs' is not supported: this server returns no "
+                           "transcription log-probabilities (nor does OpenAI's whisper-1)",
+                           "include[]", "unsupported_value")
         raise APIError(400, f"'include[]' values must be 'logprobs', got {_short(v)!r}",
                        "include[]", "invalid_value")
 

@@ -75,8 +75,8 @@ def audio_form_schema(model_ids: list[str], languages: list[str] | None) -> dict
         "timestamp_granularities": {**granularities, "description": "The same as "
                                     "timestamp_granularities[] (both names are read)."},
         "include[]": {"type": "array", "items": {"type": "string", "enum": ["logprobs"]},
-                      "description": "`logprobs` is refused with 400: Whisper models return "
-                      "no token log-probabilities (as with OpenAI's whisper-1)."},
+                      "description": "`logprobs` is refused with 400: no transcription "
+                      "log-probabilities are returned (nor by OpenAI's whisper-1)."},
         "stream": _field("boolean", "true: answer with server-sent events (one "
                          "`transcript.text.delta` per accepted segment, then "
                          "`transcript.text.done`). Text forms: true/false, 1/0, yes/no, "
