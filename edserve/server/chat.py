@@ -180,6 +180,11 @@ def _prepare(client: Any, p: ChatParams):
                                  frequency_penalty=p.frequency_penalty,
                                  presence_penalty=p.presence_penalty)
     client.validate(request)  # ValueError: prompt too long, or can never fit the KV cache
+    room = client.max_decoder_len - len(request.prompt_ids)
+    if p.max_tokens is not None and p.max_tokens > room:  # as vLLM / OpenAI: not cut silently
+        raise ChatFormatError(f"max_tokens {p.max_tokens} exceeds what the context leaves: "
+                              f"{client.max_decoder_len} positions, {len(request.prompt_ids)} "
+                              f"taken by the prompt, so at most {room}", "max_tokens")
     return request, tok
 
 

@@ -217,6 +217,8 @@ BAD = {
                             "must match"),
     "temperature 3": (dict(messages=TEXT_MSG, temperature=3), "'temperature'"),
     "max_tokens 0": (dict(messages=TEXT_MSG, max_tokens=0), "'max_tokens'"),
+    "max_tokens past the context": (dict(messages=TEXT_MSG, max_tokens=200),
+                                    "max_tokens 200 exceeds what the context leaves: 128"),
     "missing messages": (dict(), "'messages' is required"),
     "bad role": (dict(messages=[{"role": "robot", "content": "hi"}]), "role"),
     "bad part": (dict(messages=[{"role": "user", "content": [{"type": "audio"}]}]),
