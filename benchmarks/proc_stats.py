@@ -5,6 +5,7 @@ process, the audio workers)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from edserve.os_names import ENGINE_THREAD
@@ -20,14 +21,12 @@ def rss_bytes(pid: int) -> int:
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` plus its live descendant processes (audio workers, their
     forkserver; shared pages counted in each)."""
-    total, todo = rss_bytes(pid), _children(pid)
-    while todo:
-        child = todo.pop()
+    total = rss_bytes(pid)
+    for child in _descendants(pid):
         try:
             total += rss_bytes(child)
-        except OSError:
+        except OSError:  # it ended
             continue
-        todo += _children(child)
     return total
 
 
@@ -44,15 +43,12 @@ def thread_cpu(pid: int) -> dict[str, float]:
     out = {"engine": 0.0, "engine_proc": 0.0, "api": 0.0, "helpers": 0.0}
     for name, seconds in _threads(pid):
         out["engine" if _is_engine(name) else "api"] += seconds
-    todo = _children(pid)
-    while todo:
-        child = todo.pop()
+    for child in _descendants(pid):
         threads = _threads(child)
         engine_proc = any(_is_engine(name) for name, _ in threads)
         for name, seconds in threads:
             role = "engine" if _is_engine(name) else "engine_proc" if engine_proc else "helpers"
             out[role] += seconds
-        todo += _children(child)
     return out
 
 
@@ -76,6 +72,16 @@ def _threads(pid: int) -> list[tuple[str, float]]:
         fields = stat.rsplit(")", 1)[1].split()
         out.append((name, (int(fields[11]) + int(fields[12])) / TICK))  # utime, stime
     return out
+
+
+def _descendants(pid: int) -> Iterator[int]:
+    """The live processes below ``pid``, depth first (a process that ends meanwhile, and its
+    children, are skipped)."""
+    todo = _children(pid)
+    while todo:
+        child = todo.pop()
+        yield child
+        todo += _children(child)
 
 
 def _children(pid: int) -> list[int]:
@@ -106,10 +112,5 @@ def cpu_figures(delta: dict[str, float], requests: int, wall: float) -> dict[str
 def engine_pid(pid: int) -> int:
     """The process whose thread steps the engine: an engine process below ``pid`` (its main
     thread carries the engine thread's name), else ``pid`` itself (the in-process engine)."""
-    todo = _children(pid)
-    while todo:
-        child = todo.pop()
-        if any(_is_engine(name) for name, _ in _threads(child)):
-            return child
-        todo += _children(child)
-    return pid
+    return next((child for child in _descendants(pid)
+                 if any(_is_engine(name) for name, _ in _threads(child))), pid)
