@@ -12,19 +12,15 @@ The engine's log-probabilities (``logprobs``) are taken after these filters.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from edserve.engine.host_copy import to_device
-from edserve.engine.logits_filter import FilterContext, LogitsFilter
+from edserve.engine.logits_filter import FilterContext, LogitsFilter, filter_cache
 
 BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value
 PENALTY_LIMIT = 2.0  # OpenAI's range for frequency_penalty and presence_penalty
-
-
-def _cache() -> dict:
-    return field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -34,7 +30,7 @@ class LogitBias(LogitsFilter):
     capturable = True
 
     bias: tuple[tuple[int, float], ...]
-    _tensors: dict = _cache()
+    _tensors: dict = filter_cache()
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         key = str(logits.device)

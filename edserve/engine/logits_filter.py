@@ -14,7 +14,7 @@ one call. A filter that must see one request only (a test recorder) keeps identi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,6 +50,12 @@ class LogitsFilter(ABC):
     @abstractmethod
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         """In place; tensor ops only (see the module doc)."""
+
+
+def filter_cache() -> dict:
+    """A value-typed filter's field for the device tensors it builds once (masks, ids): left
+    out of equality and repr, so equal settings still compare equal."""
+    return field(default_factory=dict, compare=False, repr=False)
 
 
 def vocab_mask(ids: tuple[int, ...], vocab: int, device: torch.device,

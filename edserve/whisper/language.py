@@ -28,12 +28,12 @@ again with the detected language, reusing the encoder K/V the engine kept.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from edserve.engine.host_copy import to_device
-from edserve.engine.logits_filter import FilterContext, LogitsFilter, vocab_mask
+from edserve.engine.logits_filter import FilterContext, LogitsFilter, filter_cache, vocab_mask
 from edserve.engine.prompt_check import PromptCheck
 from edserve.tokenizer import WhisperTokenizer
 from edserve.whisper.logits import interned
@@ -64,17 +64,13 @@ def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code).replace("_", " ")
 
 
-def _cache() -> dict:
-    return field(default_factory=dict, compare=False, repr=False)
-
-
 @dataclass(frozen=True)
 class DetectLanguage(LogitsFilter):
     """At sampled position ``at``: forbid every non-language token, choose greedily."""
 
     ids: tuple[int, ...]  # the language token ids
     at: int = 0
-    _masks: dict = _cache()
+    _masks: dict = filter_cache()
 
     @classmethod
     def of(cls, tokenizer: WhisperTokenizer) -> DetectLanguage:
@@ -98,7 +94,7 @@ class ForceTokens(LogitsFilter):
 
     tokens: tuple[int, ...]
     start: int = 1
-    _dev: dict = _cache()
+    _dev: dict = filter_cache()
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         if not self.tokens:

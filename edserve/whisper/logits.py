@@ -10,19 +10,15 @@ No filter syncs with the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from edserve.engine.logits_filter import FilterContext, LogitsFilter, vocab_ids
+from edserve.engine.logits_filter import FilterContext, LogitsFilter, filter_cache, vocab_ids
 from edserve.tokenizer import WhisperTokenizer
 
 NEG_INF = float("-inf")
-
-
-def _cache() -> dict:
-    return field(default_factory=dict, compare=False, repr=False)
 
 
 _INTERNED: dict[tuple, Any] = {}
@@ -48,7 +44,7 @@ class SuppressTokens(LogitsFilter):
     capturable = True
 
     ids: tuple[int, ...]
-    _masks: dict = _cache()
+    _masks: dict = filter_cache()
 
     @classmethod
     def of(cls, ids: list[int] | tuple[int, ...]) -> SuppressTokens:
@@ -67,7 +63,7 @@ class SuppressBlank(LogitsFilter):
     capturable = True
 
     ids: tuple[int, ...]
-    _masks: dict = _cache()
+    _masks: dict = filter_cache()
 
     @classmethod
     def of(cls, tokenizer: WhisperTokenizer) -> SuppressBlank:
