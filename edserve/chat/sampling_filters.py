@@ -53,7 +53,7 @@ class RepetitionPenalties(LogitsFilter):
     presence: float
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
-        n, cols = ctx.history.shape  # [n, C]
+        cols = ctx.history.shape[1]  # history [n, C]
         valid = torch.arange(cols, device=logits.device)[None, :] < ctx.lengths[:, None]
         tokens = ctx.history.clamp(0, logits.shape[1] - 1)  # [n, C] (padding: masked below)
         counts = torch.zeros_like(logits).scatter_add_(1, tokens, valid.to(logits.dtype))

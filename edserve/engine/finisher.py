@@ -136,7 +136,7 @@ class Finisher:
         if on_delta is not None:
             known = last and req.output_ids[-len(last):] == last  # their logprobs are kept
             on_delta(TokenDelta(req.rid, last, finished=True, output=req.output(),
-                                logprobs=list(req.logprobs[-len(last):]) if known else []))
+                                logprobs=req.logprobs[-len(last):] if known else []))
 
     def _finished_kv(self, req: Req) -> FinishedKV:
         rtp = self.pools.req_to_token_pool

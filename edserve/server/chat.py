@@ -99,7 +99,8 @@ def _refuse_unsupported(body: dict) -> None:
     for name, no_op in UNSUPPORTED:
         value = body.get(name)
         if not no_op(value):
-            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+            shown = repr(value)
+            shown = shown if len(shown) <= 40 else shown[:40] + "..."
             raise APIError(400, f"'{name}' is not supported by this server (got {shown}); "
                            "omit it", name, "unsupported_value")
 
