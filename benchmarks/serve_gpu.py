@@ -192,8 +192,9 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
                 else:
                     print(f"# py-spy failed: {err.strip()[-300:]}")
             s["ratio_to_engine"] = s["requests_per_s"] / eng["requests_per_s"]
-            s["floor_requests_per_s"] = c / wg.floor_seconds(args.arch, c, CONTEXT // 2,
-                                                             *eng["ceilings"])
+            rows = min(c, args.rows)  # in flight at once: the server runs at most --rows
+            s["floor_requests_per_s"] = rows / wg.floor_seconds(args.arch, rows, CONTEXT // 2,
+                                                                *eng["ceilings"])
             out["serve"][str(c)] = s
             lat = s["latency_ms"] or {"p50": float("nan"), "p99": float("nan")}
             print(f"{c:4d}  {s['requests_per_s']:5.1f}  {s['ratio_to_engine']:8.2f}  "
@@ -277,8 +278,8 @@ def main() -> None:
     clip = load_audio(clip_path)
     longs = long_files(work, args.longform, args.longform_seconds)
     ceilings = wg.ceilings(device)
-    for c in args.concurrency:
-        print(f"# {wg.short_floor(args.arch, c, CONTEXT // 2, *ceilings)}", flush=True)
+    for rows in sorted({min(c, args.rows) for c in args.concurrency}):
+        print(f"# {wg.short_floor(args.arch, rows, CONTEXT // 2, *ceilings)}", flush=True)
     eng = engine_figures(folder, clip, args.requests, [a for _, a in longs], args.rows, extra)
     eng["ceilings"] = ceilings
     print(f"# engine: {eng['requests_per_s']:.1f} short requests/s, long-form "
