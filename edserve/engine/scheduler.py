@@ -249,9 +249,9 @@ class Scheduler(RowGroupSteps):
     def update(self, sched: ScheduledBatch, output: StepOutput) -> None:
         """Commit one step's tokens (waits for them: the step's one device->host sync)."""
         tokens, logprobs, no_speech = output.fetch()
-        if sched.mode == ForwardMode.EXTEND:  # the prefill's tokens are here
-            now = time.perf_counter()
-            for req in sched.reqs:
+        if sched.mode == ForwardMode.EXTEND:  # the new rows' first tokens are here (a mixed
+            now = time.perf_counter()  # step's decode rows had theirs already)
+            for req in sched.reqs[sched.num_decode:]:
                 req.first_token_at = now
         if sched.sync_update:
             self._update_groups(sched, output, tokens, logprobs, no_speech)

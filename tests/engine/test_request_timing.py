@@ -9,6 +9,7 @@ import time
 import torch
 
 from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
+from edserve.layers.forward_batch import ForwardMode
 from edserve.runtime import build_engine
 
 
@@ -49,3 +50,33 @@ def test_aborted_before_admission_has_no_timing(random_whisper):
     assert outs[reqs[1].rid].finish_reason == FinishReason.ABORT
     assert outs[reqs[1].rid].timing is None
     assert outs[reqs[0].rid].timing is not None
+
+
+def test_a_mixed_step_keeps_the_decode_rows_first_token_time(random_whisper):
+    """A mixed step commits new rows' first tokens beside running rows' next ones: only the
+    new rows' first-token time is stamped (stamping every row grew a running row's prefill
+    time, and shrank its decode time, by every later mixed step it took part in)."""
+    engine = build_engine(model=str(random_whisper), max_running_requests=4, mixed_steps=True,
+                          overlap_schedule="off")
+    modes = []
+    schedule = engine.scheduler.schedule
+
+    def watched():
+        sched = schedule()
+        modes.append(None if sched is None else (sched.mode, sched.num_decode))
+        return sched
+
+    engine.scheduler.schedule = watched
+    first = _request(0, 8)
+    engine.add_request(first)
+    engine.step()  # its prefill
+    engine.step()  # a decode step
+    (req,) = engine.scheduler.running
+    stamped = req.first_token_at
+    assert stamped is not None
+    engine.add_request(_request(1, 3))
+    engine.step()  # the first request decodes beside the second's prefill
+    assert modes[-1] == (ForwardMode.EXTEND, 1)  # a mixed step
+    assert req.first_token_at == stamped
+    new = next(r for r in engine.scheduler.running if r is not req)
+    assert new.first_token_at > stamped
