@@ -115,10 +115,12 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
                  temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0,
                  date_string: str = DEFAULT_DATE, allow_local_images: bool = True,
                  logit_bias: Mapping[int, float] | None = None, frequency_penalty: float = 0.0,
-                 presence_penalty: float = 0.0) -> tuple[GenerateRequest, ChatTokenizer]:
+                 presence_penalty: float = 0.0, top_logprobs: int = 0
+                 ) -> tuple[GenerateRequest, ChatTokenizer]:
     """Template, tokenize and preprocess images into a :class:`GenerateRequest` whose
     ``stop_token_ids`` are the chat's end-of-turn tokens; ``logit_bias`` and the penalties
-    become its logits filters (:mod:`edserve.chat.sampling_filters`).
+    become its logits filters (:mod:`edserve.chat.sampling_filters`); ``top_logprobs``: each
+    output token's most likely alternatives (:attr:`GenerateOutput.top_logprobs`).
 
     Raises ``ValueError`` subclasses: ``ChatFormatError`` (messages), ``ImageInputError``
     (images), or ``ValueError`` (not an Mllama engine, bad sampling values).
@@ -129,7 +131,8 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
     tok = ChatTokenizer.for_model(engine.model, engine.tokenizer)
     ids, images = chat_prompt_ids(tok, messages, date_string, allow_local_images)
     sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed,
-                              max_new_tokens=max_tokens, stop_token_ids=tok.stop_token_ids)
+                              max_new_tokens=max_tokens, stop_token_ids=tok.stop_token_ids,
+                              top_logprobs=top_logprobs)
     vocab = engine.model.config.text.vocab_size
     outside = sorted(k for k in (logit_bias or {}) if not 0 <= k < vocab)
     if outside:

@@ -135,8 +135,10 @@ class Finisher:
         # (and what it holds, e.g. the engine) must not live on in a group's row cycle
         if on_delta is not None:
             known = last and req.output_ids[-len(last):] == last  # their logprobs are kept
+            tops = req.top_logprobs[-len(last):] if known and req.top_logprobs else []
             on_delta(TokenDelta(req.rid, last, finished=True, output=req.output(),
-                                logprobs=req.logprobs[-len(last):] if known else []))
+                                logprobs=req.logprobs[-len(last):] if known else [],
+                                top_logprobs=tops))
 
     def _finished_kv(self, req: Req) -> FinishedKV:
         rtp = self.pools.req_to_token_pool

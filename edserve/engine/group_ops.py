@@ -21,6 +21,7 @@ from edserve.engine.host_copy import to_device
 from edserve.engine.req import Req
 from edserve.engine.request import EncoderKV, FinishReason
 from edserve.engine.row_group import StepResult
+from edserve.engine.sampler import row_candidates
 from edserve.engine.token_history import HistoryEdits
 from edserve.mem_cache import fork_rows
 
@@ -82,12 +83,7 @@ def group_results(sched: ScheduledBatch, tokens: list[int], logprobs: list[float
                   cands: tuple[list[int], list[float]] | None
                   ) -> dict[int, dict[int, StepResult]]:
     """Per group (``RowGroup.id``), per member serial: this step's :class:`StepResult`."""
-    per_row: dict[int, list[tuple[int, float]]] = {}
-    plan = sched.sampling.candidates
-    if plan is not None and cands is not None:
-        ctoks, clps = cands
-        for i, off, n in plan.layout:
-            per_row[i] = list(zip(ctoks[off:off + n], clps[off:off + n], strict=True))
+    per_row = row_candidates(sched.sampling.candidates, cands)
     out: dict[int, dict[int, StepResult]] = {}
     for i, req in enumerate(sched.reqs):
         if req.group is not None and req.finish_reason is None:

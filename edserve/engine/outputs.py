@@ -35,6 +35,9 @@ class GenerateOutput:
     readout: Any = None  # the request's readout result (see GenerateRequest.readout)
     # (chosen token, its log-probability among the choices) of the request's prompt_check
     prompt_check: tuple[int, float] | None = None
+    # with SamplingParams.top_logprobs = k: per generated token, the k most likely
+    # (token, log-prob) pairs, best first (log-probs as ``logprobs``); else empty
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     @property
     def sum_logprob(self) -> float:
@@ -51,3 +54,5 @@ class TokenDelta:
     output: GenerateOutput | None = None  # set on the last delta
     # log-probability of each of token_ids (as GenerateOutput.logprobs); empty: not known
     logprobs: list[float] = field(default_factory=list)
+    # each token's alternatives (as GenerateOutput.top_logprobs); empty: none asked or known
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)

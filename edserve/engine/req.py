@@ -31,6 +31,8 @@ class Req:
     steps: int = 0  # forward steps scheduled (each samples one token; some may be in flight)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # per output token, its top_logprobs alternatives (only when the request asks for them)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     stop_logprob: float | None = None
     no_speech_prob: float | None = None
     finish_reason: FinishReason | None = None
@@ -62,7 +64,8 @@ class Req:
                    enc_region=self.enc_region, max_new_tokens=self.max_new_tokens,
                    reserved_slots=0, on_delta=None, stream=False, req_pool_idx=None,
                    kv_len=self.kv_len, steps=self.steps, output_ids=[], logprobs=[],
-                   stop_logprob=None, no_speech_prob=None, finish_reason=None, error=None,
+                   top_logprobs=[], stop_logprob=None, no_speech_prob=None, finish_reason=None,
+                   error=None,
                    generator=generator, encoder_input=None, group=self.group,
                    cow_pending=True, kept_encoder=None, prompt_check=None)
 
@@ -99,7 +102,8 @@ class Req:
         return GenerateOutput(self.rid, list(self.output_ids), list(self.logprobs),
                               self.finish_reason, self.no_speech_prob, self.error,
                               self.stop_logprob, self.kept_encoder, self._timing(),
-                              prompt_check=self.prompt_check)
+                              prompt_check=self.prompt_check,
+                              top_logprobs=list(self.top_logprobs))
 
     def _timing(self) -> RequestTiming | None:
         if self.admitted_at is None:

@@ -20,6 +20,8 @@ _rid_counter = itertools.count()
 # Beam search stops after round(beam_size * patience) finished candidates; beyond a few
 # hundred it never stops early (decoder contexts are 448 tokens), so larger is refused.
 MAX_PATIENCE = 100.0
+# Alternatives a token may report (OpenAI's and vLLM's default limit for top_logprobs).
+MAX_TOP_LOGPROBS = 20
 
 
 def _is_int(value: Any) -> bool:
@@ -53,7 +55,8 @@ _SAMPLING_TYPES = (("temperature", _is_real, "a number", False),
                    ("seed", _is_int, "an integer", True),
                    ("max_new_tokens", _is_int, "an integer", True),
                    ("patience", _is_real, "a number", True),
-                   ("length_penalty", _is_real, "a number", True))
+                   ("length_penalty", _is_real, "a number", True),
+                   ("top_logprobs", _is_int, "an integer", False))
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ class SamplingParams:
     best_of: int = 1
     patience: float | None = None
     length_penalty: float | None = None
+    # Also return, at each generated token, the ``top_logprobs`` most likely tokens with their
+    # log-probabilities (as :attr:`GenerateOutput.logprobs`: after the logits filters, before
+    # temperature). Plain decoding only (beam and best_of rows use the same sampler outputs).
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         """Every rule on the fields (ValueError naming the field); stop_token_ids become a
@@ -112,6 +119,11 @@ class SamplingParams:
                              f"{self.patience} with beam_size {self.beam_size}")
         if self.length_penalty is not None and not 0.0 <= self.length_penalty <= 10.0:
             raise ValueError(f"length_penalty must be in [0, 10], got {self.length_penalty}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got "
+                             f"{self.top_logprobs}")
+        if self.top_logprobs and self.group_size > 1:
+            raise ValueError("top_logprobs needs plain decoding (beam_size and best_of 1)")
 
     @property
     def group_size(self) -> int:

@@ -15,7 +15,8 @@ openai-whisper does for its average log-probability).
 
 Rows of a row group (beam search, best_of) may also ask for *candidates*
 (:class:`~edserve.engine.row_group.Candidates`): their top-k tokens by log-probability, or
-several independent draws; these come back flat, in the order of ``SamplingPlan.cand_layout``.
+several independent draws; so do plain rows whose request sets ``top_logprobs`` (their top-k);
+these come back flat, in the order of ``CandidatePlan.layout`` (:func:`row_candidates`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def plan_sampling(reqs: list[Req], device: torch.device,
     """``first_step``: whether the rows sample their first token (per row, or one value for
     all; a mixed step has both kinds)."""
     plan = _plan_tokens(reqs, device)
-    if any(r.group is not None for r in reqs):
+    if any(r.group is not None or r.request.sampling.top_logprobs for r in reqs):
         first = first_step if isinstance(first_step, list) else [first_step] * len(reqs)
         plan.candidates = _plan_candidates(reqs, device, first)
     return plan
@@ -75,9 +76,13 @@ def plan_sampling(reqs: list[Req], device: torch.device,
 
 def _plan_candidates(reqs: list[Req], device: torch.device, first_step: list[bool]
                      ) -> CandidatePlan | None:
+    """Row groups' top-k rows first (device beams read the first ``R * k`` candidates), then
+    the rows asking for ``top_logprobs``, then the draws."""
     asks = [(i, r, r.group.candidates(r, first_step[i])) for i, r in enumerate(reqs)
             if r.group is not None]
     topk = [(i, c.topk) for i, r, c in asks if c.topk]
+    topk += [(i, r.request.sampling.top_logprobs) for i, r in enumerate(reqs)
+             if r.group is None and r.request.sampling.top_logprobs]
     draws = [(i, r, c.draws) for i, r, c in asks if c.draws]
     if not topk and not draws:
         return None
@@ -243,6 +248,17 @@ def _topk_rows(logits: torch.Tensor, rows: torch.Tensor, k: int
         if k <= row_topk.MAX_K:
             return row_topk.row_topk(logits, rows, k)
     return torch.topk(logits.index_select(0, rows), k, dim=-1)
+
+
+def row_candidates(plan: CandidatePlan | None, cands: tuple[list[int], list[float]] | None
+                   ) -> dict[int, list[tuple[int, float]]]:
+    """Per batch row that asked for candidates: its ``(token, log-prob)`` pairs, from the
+    step's flat host lists (:meth:`~edserve.engine.step.StepOutput.fetch_candidates`)."""
+    if plan is None or cands is None:
+        return {}
+    toks, lps = cands
+    return {i: list(zip(toks[off:off + n], lps[off:off + n], strict=True))
+            for i, off, n in plan.layout}
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:

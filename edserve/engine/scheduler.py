@@ -49,7 +49,7 @@ from edserve.engine.host_copy import to_device
 from edserve.engine.outputs import TokenDelta
 from edserve.engine.req import Req
 from edserve.engine.request import EncoderKV, FinishReason
-from edserve.engine.sampler import SamplingPlan, plan_sampling
+from edserve.engine.sampler import SamplingPlan, plan_sampling, row_candidates
 from edserve.engine.step import ScheduledBatch, StepOutput
 from edserve.engine.token_history import HistoryEdits
 from edserve.layers.forward_batch import ForwardMode
@@ -258,6 +258,8 @@ class Scheduler(RowGroupSteps):
         if sched.beams is not None:
             self._update_device_groups(sched, output, no_speech)
         checks = output.fetch_checks()
+        tops = row_candidates(sched.sampling.candidates, output.fetch_candidates()) \
+            if sched.sampling.candidates is not None else {}  # top_logprobs rows (and groups)
         ending: list[tuple[Req, FinishReason, str | None, list[int]]] = []  # finished together
         for i, (req, tok, lp, ns) in enumerate(zip(sched.reqs, tokens, logprobs, no_speech,
                                                    strict=True)):
@@ -276,11 +278,15 @@ class Scheduler(RowGroupSteps):
                 continue
             req.output_ids.append(tok)
             req.logprobs.append(lp)
+            top = tops.get(i) if sp.top_logprobs else None
+            if top is not None:
+                req.top_logprobs.append(top)
             self.num_generated_tokens += 1
             if self._length_reached(req, len(req.output_ids)):
                 ending.append((req, FinishReason.LENGTH, None, [tok]))
             elif req.stream and req.on_delta is not None:
-                req.on_delta(TokenDelta(req.rid, [tok], logprobs=[lp]))
+                req.on_delta(TokenDelta(req.rid, [tok], logprobs=[lp],
+                                        top_logprobs=[] if top is None else [top]))
         if ending:  # off the running list in one pass, their rows freed in one release
             gone = {id(e[0]) for e in ending}
             self.running[:] = [r for r in self.running if id(r) not in gone]

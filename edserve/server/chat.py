@@ -3,10 +3,10 @@
 Request fields: ``model``, ``messages`` (text and ``image_url`` parts with ``data:`` URLs),
 ``max_tokens`` / ``max_completion_tokens``, ``temperature`` in [0, 2] (default 1, as OpenAI),
 ``top_p``, ``seed``, ``stop`` (string or list), ``stream``, ``stream_options.include_usage``,
-``n`` (1 only), ``logprobs`` (each token's log-probability: :mod:`.chat_logprobs`),
-``logit_bias``, ``frequency_penalty`` and ``presence_penalty`` (logits filters:
-:mod:`edserve.chat.sampling_filters`). Fields that would change the output and are not
-implemented (``top_logprobs`` > 0, a ``response_format`` other than text, tools and
+``n`` (1 only), ``logprobs`` and ``top_logprobs`` (each token's log-probability and its
+most likely alternatives: :mod:`.chat_logprobs`), ``logit_bias``, ``frequency_penalty`` and
+``presence_penalty`` (logits filters: :mod:`edserve.chat.sampling_filters`). Fields that would
+change the output and are not implemented (a ``response_format`` other than text, tools and
 functions) -> 400 when set, not ignored. Bad input -> 4xx in OpenAI's error shape, before any
 work is queued. Templating and image decoding run in a worker thread; tokens come from the
 shared AsyncEngine, so chat requests batch with each other. A client that disconnects aborts
@@ -31,6 +31,7 @@ from edserve.chat.chat_api import prepare_chat as _prepare_chat
 from edserve.chat.mllama_chat import ChatFormatError
 from edserve.chat.sampling_filters import BIAS_LIMIT, PENALTY_LIMIT
 from edserve.engine.errors import RequestFailed
+from edserve.engine.request import MAX_TOP_LOGPROBS
 from edserve.multimodal.errors import ImageInputError
 from edserve.server import chat_logprobs
 from edserve.server.chat_schemas import SEED_MAX, SEED_MIN
@@ -55,6 +56,7 @@ class ChatParams:
     stream: bool
     include_usage: bool
     logprobs: bool = False  # each token's log-probability in the response (chat_logprobs)
+    top_logprobs: int = 0  # with logprobs: each token's most likely alternatives (0..20)
     logit_bias: dict[int, float] | None = None  # token id -> added logit
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -87,7 +89,6 @@ def _int(body: dict, name: str, lo: int, hi: int = 2**31 - 1) -> int | None:
 # refused when set to anything but their no-op value, never silently ignored.
 # (field, is its value a no-op?)
 UNSUPPORTED: tuple[tuple[str, Any], ...] = (
-    ("top_logprobs", lambda v: v in (None, 0)),
     ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text")),
     ("tool_choice", lambda v: v in (None, "none")),
     ("functions", lambda v: not v),
@@ -134,6 +135,10 @@ def parse_params(body: Any) -> ChatParams:
     logprobs = body.get("logprobs") or False
     if not isinstance(logprobs, bool):
         raise APIError(400, "'logprobs' must be a boolean", "logprobs", "invalid_value")
+    top_logprobs = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+    if top_logprobs and not logprobs:  # as OpenAI and vLLM
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs",
+                       "invalid_value")
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise APIError(400, "'stream_options' must be an object", "stream_options",
@@ -147,7 +152,8 @@ def parse_params(body: Any) -> ChatParams:
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         seed=_int(body, "seed", SEED_MIN, SEED_MAX),
         stop=stop, stream=stream, include_usage=bool(opts.get("include_usage")),
-        logprobs=logprobs, logit_bias=_logit_bias(body.get("logit_bias")),
+        logprobs=logprobs, top_logprobs=top_logprobs,
+        logit_bias=_logit_bias(body.get("logit_bias")),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
         presence_penalty=_number(body, "presence_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT))
 
@@ -179,7 +185,8 @@ def _prepare(client: Any, p: ChatParams):
     request, tok = _prepare_chat(client, p.messages, p.max_tokens, p.temperature, p.seed,
                                  p.top_p, allow_local_images=False, logit_bias=p.logit_bias,
                                  frequency_penalty=p.frequency_penalty,
-                                 presence_penalty=p.presence_penalty)
+                                 presence_penalty=p.presence_penalty,
+                                 top_logprobs=p.top_logprobs)
     client.validate(request)  # ValueError: prompt too long, or can never fit the KV cache
     room = client.max_decoder_len - len(request.prompt_ids)
     if p.max_tokens is not None and p.max_tokens > room:  # as vLLM / OpenAI: not cut silently
@@ -216,7 +223,7 @@ async def _deltas(client: Any, gen_request: Any, decoder: ChatDecoder, result: d
             if pending is not None:
                 n = len(decoder.token_ids) - consumed  # tokens the decoder took (stop: fewer)
                 pending += chat_logprobs.entries(decoder.tokenizer, delta.token_ids[:n],
-                                                 delta.logprobs[:n])
+                                                 delta.logprobs[:n], delta.top_logprobs[:n])
             if text:
                 yield text, pending
                 pending = [] if with_logprobs else None

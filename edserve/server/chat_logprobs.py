@@ -4,9 +4,11 @@ in OpenAI's shape (``choices[i].logprobs.content``: ``token``, ``logprob``, ``by
 
 The log-probability is the engine's (:attr:`GenerateOutput.logprobs`): the log-softmax of the
 model's logits before temperature and top-p (vLLM's default ``raw_logprobs``), after the
-request's ``logit_bias`` and penalties (:mod:`edserve.chat.sampling_filters`); alternatives
-(``top_logprobs`` > 0) are not computed, so ``top_logprobs`` is always ``[]``. ``token`` is the
-token decoded alone (a byte-level piece of a multi-byte character shows as U+FFFD, as in vLLM)
+request's ``logit_bias`` and penalties (:mod:`edserve.chat.sampling_filters`). With
+``top_logprobs: k`` each entry lists the ``k`` most likely tokens at that position, best first,
+in the same shape (:attr:`GenerateOutput.top_logprobs`: the sampler's top-k of the same
+log-softmax; the chosen token need not be among them when sampling), else ``[]``. ``token`` is
+the token decoded alone (a byte-level piece of a multi-byte character shows as U+FFFD, as in vLLM)
 and ``bytes`` its UTF-8 encoding. Entries cover the tokens the response counts as completion
 tokens: up to the one that completed a stop string, none after it.
 """
@@ -17,16 +19,23 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def entries(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float]) -> list[dict]:
-    """One ``logprobs.content`` entry per token (``len(logprobs)`` must match: ValueError)."""
-    if len(token_ids) != len(logprobs):
-        raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probabilities")
+def entries(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float],
+            top: Sequence[Sequence[tuple[int, float]]] = ()) -> list[dict]:
+    """One ``logprobs.content`` entry per token (``len(logprobs)`` must match, and so must
+    ``len(top)`` unless it is empty: ValueError). ``top``: each token's alternatives."""
+    if len(token_ids) != len(logprobs) or (top and len(top) != len(token_ids)):
+        raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probabilities and "
+                         f"{len(top)} lists of alternatives")
     out = []
-    for t, lp in zip(token_ids, logprobs, strict=True):
-        text = tokenizer.decode([t])
-        out.append({"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8")),
-                    "top_logprobs": []})
+    for i, (t, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
+        alternatives = [_entry(tokenizer, a, alp) for a, alp in top[i]] if top else []
+        out.append({**_entry(tokenizer, t, lp), "top_logprobs": alternatives})
     return out
+
+
+def _entry(tokenizer: Any, token: int, logprob: float) -> dict:
+    text = tokenizer.decode([token])
+    return {"token": text, "logprob": float(logprob), "bytes": list(text.encode("utf-8"))}
 
 
 def choice_logprobs(content: list[dict] | None) -> dict | None:

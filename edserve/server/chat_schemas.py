@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from edserve.chat.chat_api import MAX_STOP_STRINGS
+from edserve.engine.request import MAX_TOP_LOGPROBS
 from edserve.server.schemas import _Closed
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
@@ -41,8 +42,8 @@ class StreamOptions(BaseModel):
 class ChatRequest(BaseModel):
     """The JSON body. Fields not listed are ignored, except those that would change the
     output and are not implemented, refused with 400 when set (`tools`, `tool_choice`,
-    `functions`, `function_call`, `top_logprobs` above 0, a `response_format` other than
-    text). A Whisper server answers every chat request with 400 (`unsupported_task`)."""
+    `functions`, `function_call`, a `response_format` other than text). A Whisper server
+    answers every chat request with 400 (`unsupported_task`)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -66,8 +67,10 @@ class ChatRequest(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2, le=2, description=(
         "Subtracted from a token's logit once it was generated. Default 0."))
     logprobs: bool | None = Field(None, description="Each generated token's log-probability "
-                                  "(before temperature and top-p); no alternatives: "
-                                  "top_logprobs above 0 is refused.")
+                                  "(before temperature and top-p).")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "With `logprobs: true`: at each token, this many most likely tokens and their "
+        "log-probabilities. Default 0."))
 
 
 class ChatUsage(_Closed):
@@ -81,11 +84,19 @@ class AssistantMessage(_Closed):
     content: str
 
 
+class TopLogprob(_Closed):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
 class TokenLogprob(_Closed):
     token: str
     logprob: float
     bytes: list[int]
-    top_logprobs: list[dict] = Field(description="Always empty (no alternatives computed).")
+    top_logprobs: list[TopLogprob] = Field(description=(
+        "The `top_logprobs` most likely tokens at this position, best first (empty: none "
+        "asked)."))
 
 
 class ChoiceLogprobs(_Closed):

@@ -157,6 +157,32 @@ def test_logprobs_are_the_engines_per_token(client, local, messages):
     assert plain.choices[0].message.content == res.choices[0].message.content
 
 
+@pytest.mark.parametrize("messages", [_image_msg(), TEXT_MSG], ids=["image", "text"])
+def test_top_logprobs_are_the_engines_alternatives(client, local, messages):
+    """``top_logprobs: k``: every entry lists the engine's k most likely tokens at that
+    position (greedy: the chosen token first, with its own log-probability), decoded alone,
+    best first; the same streamed."""
+    request, tok = prepare_chat(local, messages, max_tokens=6, top_logprobs=3)
+    out = local.generate([request])[0]
+    res = _create(client, messages, max_tokens=6, logprobs=True, top_logprobs=3)
+    content = res.choices[0].logprobs.content
+    assert len(content) == 6
+    for e, alternatives in zip(content, out.top_logprobs, strict=True):
+        assert [a.token for a in e.top_logprobs] == [tok.decode([t]) for t, _ in alternatives]
+        assert [a.logprob for a in e.top_logprobs] == \
+            pytest.approx([lp for _, lp in alternatives], abs=1e-5)
+        assert e.top_logprobs[0].token == e.token
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob)
+        lps = [a.logprob for a in e.top_logprobs]
+        assert lps == sorted(lps, reverse=True)
+    chunks = list(_create(client, messages, max_tokens=6, logprobs=True, top_logprobs=3,
+                          stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [[a.token for a in e.top_logprobs] for e in streamed] == \
+        [[a.token for a in e.top_logprobs] for e in content]
+
+
 def test_logprobs_end_with_the_stop_string(client, local):
     text = chat(local, TEXT_MSG, max_tokens=12).text
     stop = text.split(" ")[2]
@@ -239,8 +265,12 @@ BAD = {
                  "13000x13000 pixels; the limit is 40 megapixels"),
     # fields that would change the output and are not implemented: refused, not ignored
     "logprobs string": (dict(messages=TEXT_MSG, logprobs="yes"), "'logprobs' must be a boolean"),
-    "top_logprobs": (dict(messages=TEXT_MSG, logprobs=True, top_logprobs=2),
-                     "'top_logprobs' is not supported"),
+    "top_logprobs alone": (dict(messages=TEXT_MSG, top_logprobs=2),
+                           "'top_logprobs' needs 'logprobs': true"),
+    "top_logprobs 21": (dict(messages=TEXT_MSG, logprobs=True, top_logprobs=21),
+                        "'top_logprobs' must be an integer in [0, 20]"),
+    "top_logprobs float": (dict(messages=TEXT_MSG, logprobs=True, top_logprobs=2.0),
+                           "'top_logprobs' must be an integer"),
     "frequency_penalty 3": (dict(messages=TEXT_MSG, frequency_penalty=3),
                             "'frequency_penalty' must be a number in [-2.0, 2.0]"),
     "presence_penalty string": (dict(messages=TEXT_MSG, presence_penalty="1"),

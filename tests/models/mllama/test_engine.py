@@ -8,6 +8,7 @@ import base64
 import io
 
 import pytest
+import torch
 
 from edserve.chat.mllama_request import make_mllama_request
 from edserve.engine.request import SamplingParams
@@ -107,3 +108,29 @@ def test_request_errors(engine_folder):
         make_mllama_request(eng.model, [128] * 5 + [1], [img] * 5)
     with pytest.raises(ImageInputError, match="remote image URLs are refused"):
         make_mllama_request(eng.model, [128, 1], ["https://example.com/a.png"])
+
+
+def test_top_logprobs_are_hfs_log_softmax_top_k(engine_folder, hf_tiny, cases):
+    """``top_logprobs=k``: at every generated token, the k most likely tokens of HF's
+    log-softmax at that position with their log-probabilities, best first; rows asking for
+    different k (and rows asking none) share one batch, and only the asking rows get them."""
+    cfg = MllamaImageConfig(image_size=56)
+    picked = [cases[0], cases[2], cases[-2]]  # one image, two images, text-only
+    eng = _engine(engine_folder, "flat", 16, 4)
+    reqs = [make_mllama_request(eng.model, p, imgs,
+                                SamplingParams(max_new_tokens=STEPS, ignore_eos=True,
+                                               top_logprobs=k))
+            for (p, imgs), k in zip(picked, (5, 0, 20), strict=True)]
+    outs = eng.generate(reqs)
+    eng.check_integrity()
+    assert outs[1].top_logprobs == []
+    for (p, imgs), out, k in ((picked[0], outs[0], 5), (picked[2], outs[2], 20)):
+        tokens, logits = hf_greedy(hf_tiny, p, preprocess_images(imgs, cfg), STEPS)
+        assert out.token_ids == tokens and len(out.top_logprobs) == STEPS
+        ref = torch.log_softmax(logits.double(), dim=-1).topk(k)
+        for t, alternatives in enumerate(out.top_logprobs):
+            ids, lps = zip(*alternatives, strict=True)
+            assert list(ids) == ref.indices[t].tolist()
+            torch.testing.assert_close(torch.tensor(lps, dtype=torch.float64), ref.values[t],
+                                       atol=1e-4, rtol=0)
+            assert alternatives[0] == (out.token_ids[t], pytest.approx(out.logprobs[t]))

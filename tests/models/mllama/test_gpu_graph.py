@@ -115,3 +115,31 @@ def test_chat_filters_in_sampling_graphs_equal_eager(tiny_folder):
         assert ids == ref_ids
         for got, want in zip(lps, ref_lps, strict=True):
             assert got == pytest.approx(want, abs=1e-3)
+
+
+def test_top_logprobs_in_sampling_graphs_equal_eager(tiny_folder):
+    """Rows asking for top_logprobs (k = 3 and 5, beside rows asking none) get the same
+    alternatives with graphs (their top-k inside the sampling graphs, the rows' places copied
+    into the graph's static index) as eagerly, and as on the CPU."""
+    def run(device, graph):
+        kw = dict(device=device, dtype="float32", context_length=64, max_running_requests=8)
+        if device == "cuda":
+            kw.update(encoder_kv="flat", page_size="16", attention_backend="triton",
+                      cuda_graph=graph, cuda_graph_max_bs=8, max_total_tokens=8192)
+        eng = build_engine(model=str(save_word_tokenizer(tiny_folder)), **kw)
+        reqs = [make_mllama_request(eng.model, prompt, images, SamplingParams(
+            max_new_tokens=STEPS, ignore_eos=True, top_logprobs=(0, 3, 5)[i % 3]))
+            for i, (prompt, images) in enumerate(mixed_cases())]
+        outs = eng.generate(reqs)
+        eng.check_integrity()
+        return [o.token_ids for o in outs], [o.top_logprobs for o in outs]
+
+    ref_ids, ref_tops = run("cpu", False)
+    assert any(ref_tops) and not all(ref_tops)
+    for graph in (False, True):
+        ids, tops = run("cuda", graph)
+        assert ids == ref_ids
+        for got, want in zip(tops, ref_tops, strict=True):
+            assert [[t for t, _ in step] for step in got] == [[t for t, _ in s] for s in want]
+            assert [lp for step in got for _, lp in step] == \
+                pytest.approx([lp for s in want for _, lp in s], abs=1e-3)
