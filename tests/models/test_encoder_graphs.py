@@ -16,8 +16,8 @@ from edserve.runtime import build_engine
 
 def test_captured_sizes():
     assert encoder_graph_sizes(1) == [1]
-    assert encoder_graph_sizes(8) == [1, 2, 4, 8]
-    assert encoder_graph_sizes(12) == [1, 2, 4, 8, 12]
+    assert encoder_graph_sizes(8) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert encoder_graph_sizes(12) == list(range(1, 13))
     with pytest.raises(ValueError):
         encoder_graph_sizes(0)
 
