@@ -61,6 +61,7 @@ class CandidatePlan:
     draw_temperature: torch.Tensor | None  # [D] float32
     draw_top_p: torch.Tensor | None  # [D] float32; None: all top-p 1 (or no draws)
     draw_generators: list[torch.Generator | None]  # [D]
+    top_rows: frozenset[int] = frozenset()  # host: plain rows asking for top_logprobs
 
 
 def plan_sampling(reqs: list[Req], device: torch.device,
@@ -81,8 +82,9 @@ def _plan_candidates(reqs: list[Req], device: torch.device, first_step: list[boo
     asks = [(i, r, r.group.candidates(r, first_step[i])) for i, r in enumerate(reqs)
             if r.group is not None]
     topk = [(i, c.topk) for i, r, c in asks if c.topk]
-    topk += [(i, r.request.sampling.top_logprobs) for i, r in enumerate(reqs)
-             if r.group is None and r.request.sampling.top_logprobs]
+    tops = [(i, r.request.sampling.top_logprobs) for i, r in enumerate(reqs)
+            if r.group is None and r.request.sampling.top_logprobs]
+    topk += tops
     draws = [(i, r, c.draws) for i, r, c in asks if c.draws]
     if not topk and not draws:
         return None
@@ -101,7 +103,8 @@ def _plan_candidates(reqs: list[Req], device: torch.device, first_step: list[boo
     up = (lambda v, dt: to_device(v, dt, device) if v else None)
     return CandidatePlan(layout, up([i for i, _ in topk], torch.int64), k,
                          up(draw_rows, torch.int64), up(temps, torch.float32),
-                         up(top_ps, torch.float32) if _nucleus(top_ps) else None, gens)
+                         up(top_ps, torch.float32) if _nucleus(top_ps) else None, gens,
+                         frozenset(i for i, _ in tops))
 
 
 def _nucleus(top_ps: list[float]) -> bool:
@@ -250,15 +253,16 @@ def _topk_rows(logits: torch.Tensor, rows: torch.Tensor, k: int
     return torch.topk(logits.index_select(0, rows), k, dim=-1)
 
 
-def row_candidates(plan: CandidatePlan | None, cands: tuple[list[int], list[float]] | None
-                   ) -> dict[int, list[tuple[int, float]]]:
-    """Per batch row that asked for candidates: its ``(token, log-prob)`` pairs, from the
-    step's flat host lists (:meth:`~edserve.engine.step.StepOutput.fetch_candidates`)."""
+def row_candidates(plan: CandidatePlan | None, cands: tuple[list[int], list[float]] | None,
+                   rows: frozenset[int] | None = None) -> dict[int, list[tuple[int, float]]]:
+    """Per batch row that asked for candidates (only ``rows``, when given): its ``(token,
+    log-prob)`` pairs, from the step's flat host lists
+    (:meth:`~edserve.engine.step.StepOutput.fetch_candidates`)."""
     if plan is None or cands is None:
         return {}
     toks, lps = cands
     return {i: list(zip(toks[off:off + n], lps[off:off + n], strict=True))
-            for i, off, n in plan.layout}
+            for i, off, n in plan.layout if rows is None or i in rows}
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:

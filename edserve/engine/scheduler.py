@@ -258,8 +258,9 @@ class Scheduler(RowGroupSteps):
         if sched.beams is not None:
             self._update_device_groups(sched, output, no_speech)
         checks = output.fetch_checks()
-        tops = row_candidates(sched.sampling.candidates, output.fetch_candidates()) \
-            if sched.sampling.candidates is not None else {}  # top_logprobs rows (and groups)
+        cp = sched.sampling.candidates  # rows asking for top_logprobs: their alternatives
+        tops = row_candidates(cp, output.fetch_candidates(), cp.top_rows) \
+            if cp is not None and cp.top_rows else {}
         ending: list[tuple[Req, FinishReason, str | None, list[int]]] = []  # finished together
         for i, (req, tok, lp, ns) in enumerate(zip(sched.reqs, tokens, logprobs, no_speech,
                                                    strict=True)):
@@ -278,7 +279,7 @@ class Scheduler(RowGroupSteps):
                 continue
             req.output_ids.append(tok)
             req.logprobs.append(lp)
-            top = tops.get(i) if sp.top_logprobs else None
+            top = tops.get(i)
             if top is not None:
                 req.top_logprobs.append(top)
             self.num_generated_tokens += 1
