@@ -16,6 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
+#   w33-guess (~3 min: the default server at 32 clients, its language guesses counted; then with language=en given)
 #   w33-graphs (~4 min: encoder graph tests; the default server at 32 clients vs --encoder-cuda-graph-max-bs 16, py-spy of the engine)
 #   w32-serve (~5 min: the default server at 1 and 32 clients, CPU by role: the engine process's stepping thread busy share, py-spy of it at 32)
 #   w30-final (~7 min: GPU tests of the graph runners' step(), then serve-full), w30-real (~5 min: the real path, with HF then twice without)
@@ -398,6 +399,10 @@ for part in "$@"; do
              (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 --py-spy 4 \
              --py-spy-at 32 --py-spy-target engine --serve-flags= --serve-flags='--encoder-cuda-graph-max-bs 16' \
              --json "$OUT/w33_graphs.json" 2>&1 | tee "$OUT/w33_graphs.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    w33-guess) (cd benchmarks && timeout 200 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 \
+             --json "$OUT/w33_guess.json" 2>&1 | tee "$OUT/w33_guess.log" | grep -v "^Writing")
+             (cd benchmarks && timeout 200 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 \
+             --bench-field language=en --json "$OUT/w33_en.json" 2>&1 | tee "$OUT/w33_en.log" | grep -v "^Writing") ;;
     w32-serve) (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 1 32 --longform 0 --py-spy 4 \
              --py-spy-at 32 --py-spy-target engine --json "$OUT/w32_serve.json" 2>&1 | tee "$OUT/w32_serve.log" \
              | grep -v "^#   [a-z_]* .*(n=") ;;

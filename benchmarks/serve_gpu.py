@@ -46,7 +46,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(  # the server subprocess runs this c
 from edserve.audio.decode import load_audio  # noqa: E402
 from edserve.bench.client import BenchTarget, LoadPlan, run_load  # noqa: E402
 from edserve.bench.load import AudioItem  # noqa: E402
-from edserve.bench.report import scrape, stage_delta, step_delta, summarize  # noqa: E402
+from edserve.bench.report import (  # noqa: E402
+    scrape,
+    scrape_guesses,
+    stage_delta,
+    step_delta,
+    summarize,
+)
 
 DATA = ROOT / "tests" / "data"
 CONTEXT = 34  # decoder positions: n_ctx // 2 = 17 new tokens per window
@@ -150,9 +156,10 @@ def long_files(folder: Path, n: int, seconds: float) -> list[tuple[Path, np.ndar
     return out
 
 
-def bench(url: str, items: list[AudioItem], concurrency: int, pid: int) -> dict:
-    target = BenchTarget(url, timeout=1800)
-    (before, steps0), cpu0 = scrape(url), thread_cpu(pid)
+def bench(url: str, items: list[AudioItem], concurrency: int, pid: int,
+          fields: tuple[tuple[str, str], ...] = ()) -> dict:
+    target = BenchTarget(url, timeout=1800, fields=fields)
+    (before, steps0), cpu0, guesses0 = scrape(url), thread_cpu(pid), scrape_guesses(url)
     client0 = time.process_time()
     results, wall = asyncio.run(run_load(target, LoadPlan(items, concurrency)))
     client_cpu = time.process_time() - client0
@@ -161,6 +168,9 @@ def bench(url: str, items: list[AudioItem], concurrency: int, pid: int) -> dict:
     s = summarize(results, wall, {"concurrency": concurrency, "num_requests": len(items)},
                   stage_delta(before, after), step_delta(steps0, steps1, wall), client_cpu)
     s.update(cpu_figures(cpu, len(items), wall))
+    guesses1 = scrape_guesses(url)
+    s["language_guesses"] = None if guesses0 is None or guesses1 is None else \
+        {k: int(v - guesses0.get(k, 0.0)) for k, v in guesses1.items()}
     return s
 
 
@@ -177,14 +187,15 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
     out: dict = {"serve": {}}
     try:
         short = AudioItem("jfk.wav", clip_path.read_bytes(), len(clip) / 16000)
-        bench(url, [short] * max(8, args.rows), min(8, args.rows), proc.pid)  # warm-up
+        fields = tuple(tuple(f.split("=", 1)) for f in args.bench_field)
+        bench(url, [short] * max(8, args.rows), min(8, args.rows), proc.pid, fields)  # warm-up
         print("conc  req/s  x engine  %floor  p50 ms  p99 ms  api CPU ms/req  audio CPU ms/req  "
               "failed", flush=True)
         for c in args.concurrency:
             spied = engine_pid(proc.pid) if args.py_spy_target == "engine" else proc.pid
             spy = pyspy_top.record(spied, args.py_spy, work / "serve.spy") \
                 if args.py_spy and c == (args.py_spy_at or max(args.concurrency)) else None
-            s = bench(url, [short] * args.requests, c, proc.pid)
+            s = bench(url, [short] * args.requests, c, proc.pid, fields)
             if spy is not None:
                 _, err = spy.communicate(timeout=args.py_spy + 60)
                 if (work / "serve.spy").is_file():
@@ -208,6 +219,9 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
                   f"process {s['engine_proc_cpu_ms_per_request']:.2f} ms/req; client "
                   f"{s['client_cpu_ms_per_request']:.2f} ms/req, busy "
                   f"{100 * s['client_busy']:.0f} % of a core")
+            if s["language_guesses"]:  # a wrong guess: a second prefill for its window
+                print(f"#   language guesses: right {s['language_guesses'].get('right', 0)}, "
+                      f"wrong {s['language_guesses'].get('wrong', 0)}")
             for kind, d in (s["engine_steps"] or {}).items():
                 print(f"#   steps {kind:8s} {d['steps_per_s']:7.1f}/s {d['ms_per_step']:7.2f} ms "
                       f"rows {d['rows_per_step']:5.1f} new {d['new_rows_per_step']:5.1f} "
@@ -262,6 +276,9 @@ def main() -> None:
     ap.add_argument("--fp8", action="store_true",
                     help="the engine figure and every server with --encoder-dtype fp8 "
                     "--kv-cache-dtype fp8")
+    ap.add_argument("--bench-field", action="append", default=[], metavar="K=V",
+                    help="an extra form field on every short-clip request (repeatable), e.g. "
+                    "language=en (no language detection, so no guess)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dry-run", action="store_true", help="toy model on the CPU, few requests")
     args = ap.parse_args()

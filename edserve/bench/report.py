@@ -16,6 +16,7 @@ STAGE_METRIC = "edserve_request_stage_seconds"
 STEP_METRICS = {"edserve_engine_steps": "steps", "edserve_engine_step_rows": "rows",
                 "edserve_engine_step_new_rows": "new_rows",
                 "edserve_engine_step_seconds": "seconds"}
+GUESS_METRIC = "edserve_language_guesses"
 PERCENTILES = (50, 95, 99)
 
 
@@ -50,6 +51,16 @@ def scrape_stages(base_url: str, headers: dict[str, str] | None = None
     """``stage -> (sum seconds, count)`` from the server's ``/metrics``; None when the server
     has no such endpoint or histogram (vLLM, Speaches, ...)."""
     return _stages(_families(base_url, headers) or [])
+
+
+def scrape_guesses(base_url: str, headers: dict[str, str] | None = None
+                   ) -> dict[str, float] | None:
+    """edserve's ``edserve_language_guesses_total`` by result (``right`` / ``wrong``: a wrong
+    guess costs its window a second prefill); None when the server has none."""
+    out = {s.labels["result"]: s.value for family in _families(base_url, headers) or []
+           if family.name == GUESS_METRIC for s in family.samples
+           if s.name.endswith("_total") and "result" in s.labels}
+    return out or None
 
 
 def _stages(families: list) -> dict[str, tuple[float, float]] | None:

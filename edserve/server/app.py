@@ -120,7 +120,7 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     app.state.features = features
     app.state.language_guess = LanguageGuess()  # detecting windows guess the last language
     app.state.config = config
-    app.state.metrics = metrics = ServerMetrics(client)
+    app.state.metrics = metrics = ServerMetrics(client, app.state.language_guess)
     app.state.pending = PendingBudget(config.max_pending_audio_bytes,
                                       config.pending_wait_seconds)
     debug_limiter = RateLimiter(config.debug_rate_limit)

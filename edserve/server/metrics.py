@@ -52,6 +52,22 @@ class EngineCollector:
         yield from step_metrics(s.steps)
 
 
+class GuessCollector:
+    """The language guesses of detecting windows (:class:`~edserve.whisper.language.
+    LanguageGuess`): each wrong one costs its window a second prefill."""
+
+    def __init__(self, guess: Any) -> None:
+        self.guess = guess
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily("edserve_language_guesses", "Windows that guessed their "
+                                  "language, by whether the prefill confirmed it (a wrong "
+                                  "guess decodes the window again).", labels=["result"])
+        fam.add_metric(["right"], self.guess.right)
+        fam.add_metric(["wrong"], self.guess.wrong)
+        yield fam
+
+
 def step_metrics(steps: dict[str, Any]) -> Iterator[Metric]:
     """The engine's step totals by kind (``decode``, ``prefill``, ``mixed``; see
     :mod:`edserve.engine.step_stats`) as four counters."""
@@ -73,9 +89,11 @@ def step_metrics(steps: dict[str, Any]) -> Iterator[Metric]:
 
 
 class ServerMetrics:
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, language_guess: Any = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(client))
+        if language_guess is not None:
+            self.registry.register(GuessCollector(language_guess))
         self.requests = Counter("edserve_http_requests", "HTTP requests by endpoint and status.",
                                 ("endpoint", "status"), registry=self.registry)
         self.latency = Histogram("edserve_request_latency_seconds",

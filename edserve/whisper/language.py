@@ -143,10 +143,23 @@ def detection_chain(tokenizer: WhisperTokenizer, tail: list[int],
 class LanguageGuess:
     """The language a detecting window guesses: the last one detected (``initial`` before
     any). One is shared by the tasks of a server or of a run; a plain attribute, so tasks on
-    other threads read some recently detected language, which is all a guess needs."""
+    other threads read some recently detected language, which is all a guess needs.
+    ``right`` / ``wrong`` count the checked guesses (a wrong one costs the window a second
+    prefill: the server exports them as ``edserve_language_guesses_total``)."""
 
     def __init__(self, initial: str = "en") -> None:
         self.code = initial
+        self.right = 0
+        self.wrong = 0
+
+    def learn(self, guessed: str, detected: str) -> None:
+        """A window guessed ``guessed`` and its prefill detected ``detected``: the next
+        windows guess ``detected``."""
+        self.code = detected
+        if guessed == detected:
+            self.right += 1
+        else:
+            self.wrong += 1
 
 
 def language_check(tokenizer: WhisperTokenizer, sot_at: int) -> PromptCheck:

@@ -217,7 +217,7 @@ class LongformTask:
         if self._detecting and out.prompt_check is not None:
             token, logprob = out.prompt_check
             self._set_language(self.tok.language_code(token), logprob)
-            self.guess.code = self.language
+            self.guess.learn(self._guessed, self.language)
             if self.language != self._guessed:
                 return []  # decoded again with the detected language (encoder kept: _held)
         segments = self._feed(out)

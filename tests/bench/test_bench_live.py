@@ -110,3 +110,13 @@ def test_json_to_stdout_and_unauthorized_counted(server, capsys):
     assert args.func(args) == 1  # nothing succeeded
     s = json.loads(capsys.readouterr().out)
     assert s["failures"] == {"401": 2} and s["latency_ms"] is None
+
+
+def test_language_guesses_scraped(server):
+    """``scrape_guesses`` reads edserve's guess counters (tiny.en is English-only: no window
+    detects, so both are 0, exported from the start); a server without /metrics gives None."""
+    from edserve.bench.report import scrape_guesses
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    assert scrape_guesses(server, headers) == {"right": 0.0, "wrong": 0.0}
+    assert scrape_guesses("http://127.0.0.1:9", headers) is None

@@ -52,7 +52,7 @@ def test_a_wrong_guess_retries_on_the_worker_with_its_encoder(client):
     got = asyncio.run(run())
     assert (got.text, got.language) == (ref.text, ref.language) == (ref.text, "de")
     assert got.language_probability == pytest.approx(ref.language_probability, abs=1e-5)
-    assert guess.code == "de"
+    assert guess.code == "de" and (guess.right, guess.wrong) == (0, 1)
     assert [len(o.token_ids) > 0 for o in outputs] == [False, True]  # rejected, then decoded
     after = client.supervisor.call(client.workers[0], "encoder").result(60)
     assert after["encoded"] == encoded + 1 and after["held"] == 0

@@ -3,6 +3,9 @@ language in verbose_json, through the official ``openai`` client."""
 
 from __future__ import annotations
 
+import re
+
+import httpx
 import pytest
 
 from edserve.config import EngineConfig
@@ -43,7 +46,21 @@ def test_translation_is_english_in_every_format(base_client, fmt):
         assert result.segments and result.segments[0].end > result.segments[0].start
 
 
+def _guesses(client) -> dict[str, float]:
+    """``edserve_language_guesses_total`` by result, from the server's /metrics."""
+    url = str(client.base_url).rstrip("/").removesuffix("/v1") + "/metrics"
+    text = httpx.get(url, headers={"Authorization": f"Bearer {API_KEY}"}).text
+    found = dict(re.findall(r'^edserve_language_guesses_total\{result="(\w+)"\} (\S+)$', text,
+                            re.M))
+    return {k: float(v) for k, v in found.items()}
+
+
 def test_transcription_reports_the_detected_language(base_client):
+    """The detected language in verbose_json; each detecting window's guess is counted on
+    /metrics (jfk then the German clip: the second guesses English, detected by the first,
+    and is wrong)."""
+    before = _guesses(base_client)
+    assert set(before) == {"right", "wrong"}
     with open(DATA / "jfk.wav", "rb") as f:
         result = base_client.audio.transcriptions.create(model="whisper-1", file=f,
                                                          response_format="verbose_json")
@@ -53,3 +70,6 @@ def test_transcription_reports_the_detected_language(base_client):
         result = base_client.audio.transcriptions.create(model="whisper-1", file=f,
                                                          response_format="verbose_json")
     assert result.language == "german" and result.text.startswith("Guten Morgen")
+    after = _guesses(base_client)
+    assert after["right"] + after["wrong"] == before["right"] + before["wrong"] + 2
+    assert after["wrong"] >= before["wrong"] + 1

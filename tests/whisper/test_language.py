@@ -149,6 +149,7 @@ def test_a_guessed_language_is_checked_by_the_prefill(base_engine, audios, name)
         assert enc == 1 and shared.code == CLIPS[name]
         forced = len(base_engine.tokenizer.sot_sequence(CLIPS[name], "transcribe", False)) - 1
         right = guess == CLIPS[name]
+        assert (shared.right, shared.wrong) == ((1, 0) if right else (0, 1))
         # in-row: the language and the rest of the sot sequence take decode steps; a right
         # guess none of them; a wrong one as many as a right one
         assert steps == inrow_steps - forced, (guess, steps, inrow_steps)
