@@ -16,7 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
-#   w33-guess (~3 min: the default server at 32 clients, its language guesses counted; then with language=en given)
+#   w33-guess (~4 min: the wave's GPU tests, the default server at 32 clients, its language guesses counted; then with language=en given)
 #   w33-graphs (~4 min: encoder graph tests; the default server at 32 clients vs --encoder-cuda-graph-max-bs 16, py-spy of the engine)
 #   w32-serve (~5 min: the default server at 1 and 32 clients, CPU by role: the engine process's stepping thread busy share, py-spy of it at 32)
 #   w30-final (~7 min: GPU tests of the graph runners' step(), then serve-full), w30-real (~5 min: the real path, with HF then twice without)
@@ -395,11 +395,15 @@ for part in "$@"; do
              | grep -v "^#   [a-z_]* .*(n=") ;;
     # issue 18's whole protocol on the default server: 1, 32, 64, 128 clients and 16 x 10-minute files (~5 min)
     w33-graphs) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_encoder_graphs.py \
-             "tests/models/mllama/test_gpu_graph.py::test_top_logprobs_in_sampling_graphs_equal_eager" 2>&1 | tail -2
+             "tests/models/mllama/test_gpu_graph.py::test_top_logprobs_in_sampling_graphs_equal_eager" 2>&1 \
+             | tee "$OUT/w33_tests.log" | tail -2
              (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 --py-spy 4 \
              --py-spy-at 32 --py-spy-target engine --serve-flags= --serve-flags='--encoder-cuda-graph-max-bs 16' \
              --json "$OUT/w33_graphs.json" 2>&1 | tee "$OUT/w33_graphs.log" | grep -v "^#   [a-z_]* .*(n=") ;;
-    w33-guess) (cd benchmarks && timeout 200 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 \
+    w33-guess) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_encoder_graphs.py \
+             "tests/models/mllama/test_gpu_graph.py::test_top_logprobs_in_sampling_graphs_equal_eager" 2>&1 \
+             | tee "$OUT/w33_tests.log" | tail -2
+             (cd benchmarks && timeout 200 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 \
              --json "$OUT/w33_guess.json" 2>&1 | tee "$OUT/w33_guess.log" | grep -v "^Writing")
              (cd benchmarks && timeout 200 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 \
              --bench-field language=en --json "$OUT/w33_en.json" 2>&1 | tee "$OUT/w33_en.log" | grep -v "^Writing") ;;
