@@ -16,6 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
+#   w33-last (~2-3 min: the default server at 32 clients with its language guesses counted, then the wave's GPU tests)
 #   w33-guess (~4 min: the wave's GPU tests, the default server at 32 clients, its language guesses counted; then with language=en given)
 #   w33-graphs (~4 min: encoder graph tests; the default server at 32 clients vs --encoder-cuda-graph-max-bs 16, py-spy of the engine)
 #   w32-serve (~5 min: the default server at 1 and 32 clients, CPU by role: the engine process's stepping thread busy share, py-spy of it at 32)
@@ -400,6 +401,11 @@ for part in "$@"; do
              (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 --py-spy 4 \
              --py-spy-at 32 --py-spy-target engine --serve-flags= --serve-flags='--encoder-cuda-graph-max-bs 16' \
              --json "$OUT/w33_graphs.json" 2>&1 | tee "$OUT/w33_graphs.log" | grep -v "^#   [a-z_]* .*(n=") ;;
+    w33-last) (cd benchmarks && timeout 150 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 --requests 192 \
+             --json "$OUT/w33_guess.json" 2>&1 | tee "$OUT/w33_guess.log" | grep -v "^Writing")
+             timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_encoder_graphs.py \
+             "tests/models/mllama/test_gpu_graph.py::test_top_logprobs_in_sampling_graphs_equal_eager" 2>&1 \
+             | tee "$OUT/w33_tests.log" | tail -2 ;;
     w33-guess) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_encoder_graphs.py \
              "tests/models/mllama/test_gpu_graph.py::test_top_logprobs_in_sampling_graphs_equal_eager" 2>&1 \
              | tee "$OUT/w33_tests.log" | tail -2
