@@ -88,17 +88,23 @@ def test_mixed_decode_step_syncs_at_most_once(tiny_folder, strategy, page_size):
     eng.check_integrity()
 
 
+def _graph_or_cpu_engine(tiny_folder, device: str, graph: bool):
+    """The tiny Mllama on the CPU (the reference), or on CUDA (flat/16, Triton attention)
+    with or without decode + sampling graphs."""
+    kw = dict(device=device, dtype="float32", context_length=64, max_running_requests=8)
+    if device == "cuda":
+        kw.update(encoder_kv="flat", page_size="16", attention_backend="triton",
+                  cuda_graph=graph, cuda_graph_max_bs=8, max_total_tokens=8192)
+    return build_engine(model=str(save_word_tokenizer(tiny_folder)), **kw)
+
+
 def test_chat_filters_in_sampling_graphs_equal_eager(tiny_folder):
     """logit_bias and the penalties (capturable chat filters) give the same greedy tokens and
     log-probabilities with graphs (decode + sampling graphs) as eagerly, and as on the CPU."""
     from edserve.chat.sampling_filters import chat_filters
 
     def run(device, graph):
-        kw = dict(device=device, dtype="float32", context_length=64, max_running_requests=8)
-        if device == "cuda":
-            kw.update(encoder_kv="flat", page_size="16", attention_backend="triton",
-                      cuda_graph=graph, cuda_graph_max_bs=8, max_total_tokens=8192)
-        eng = build_engine(model=str(save_word_tokenizer(tiny_folder)), **kw)
+        eng = _graph_or_cpu_engine(tiny_folder, device, graph)
         sp = SamplingParams(max_new_tokens=STEPS, ignore_eos=True)
         reqs = []
         for i, (prompt, images) in enumerate(mixed_cases()):
@@ -122,11 +128,7 @@ def test_top_logprobs_in_sampling_graphs_equal_eager(tiny_folder):
     alternatives with graphs (their top-k inside the sampling graphs, the rows' places copied
     into the graph's static index) as eagerly, and as on the CPU."""
     def run(device, graph):
-        kw = dict(device=device, dtype="float32", context_length=64, max_running_requests=8)
-        if device == "cuda":
-            kw.update(encoder_kv="flat", page_size="16", attention_backend="triton",
-                      cuda_graph=graph, cuda_graph_max_bs=8, max_total_tokens=8192)
-        eng = build_engine(model=str(save_word_tokenizer(tiny_folder)), **kw)
+        eng = _graph_or_cpu_engine(tiny_folder, device, graph)
         reqs = [make_mllama_request(eng.model, prompt, images, SamplingParams(
             max_new_tokens=STEPS, ignore_eos=True, top_logprobs=(0, 3, 5)[i % 3]))
             for i, (prompt, images) in enumerate(mixed_cases())]
