@@ -104,6 +104,10 @@ class ChatResult:
     prompt_tokens: int
     completion_tokens: int
     token_ids: list[int] = field(default_factory=list)
+    # each completion token's log-probability (as GenerateOutput.logprobs) and, with
+    # top_logprobs, its most likely alternatives ((token id, log-prob), best first)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
     @property
     def usage(self) -> dict[str, int]:
@@ -159,19 +163,21 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
          temperature: float = 0.0, seed: int | None = None,
          stop: str | Sequence[str] | None = None, top_p: float = 1.0,
          date_string: str = DEFAULT_DATE, logit_bias: Mapping[int, float] | None = None,
-         frequency_penalty: float = 0.0, presence_penalty: float = 0.0) -> ChatResult:
+         frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+         top_logprobs: int = 0) -> ChatResult:
     """Run one chat completion on a (synchronous) :class:`~edserve.engine.engine.Engine`.
 
     ``messages`` as in :func:`~edserve.chat.mllama_chat.render_chat` (images may also be
     PIL images, bytes or file paths here). ``max_tokens`` None: the engine's
     ``max_new_tokens``. ``temperature`` 0 is greedy; ``seed`` makes sampling reproducible;
-    ``logit_bias`` and the penalties as in OpenAI's API (:mod:`.sampling_filters`).
-    Bad input raises ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
+    ``logit_bias`` and the penalties as in OpenAI's API (:mod:`.sampling_filters`);
+    ``top_logprobs``: each completion token's most likely alternatives in the result. Bad
+    input raises ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
     """
     request, tok = prepare_chat(engine, messages, max_tokens, temperature, seed, top_p,
                                 date_string, logit_bias=logit_bias,
                                 frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty)
+                                presence_penalty=presence_penalty, top_logprobs=top_logprobs)
     decoder = ChatDecoder(tok, normalize_stop(stop))
     done: list[GenerateOutput | None] = []
 
@@ -188,5 +194,6 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
         engine.step()
     reason = finish_reason(done[0], decoder)
     decoder.flush()
-    return ChatResult(decoder.text, reason, len(request.prompt_ids), len(decoder.token_ids),
-                      list(decoder.token_ids))
+    n, out = len(decoder.token_ids), done[0]  # a stop string may have cut tokens
+    return ChatResult(decoder.text, reason, len(request.prompt_ids), n, list(decoder.token_ids),
+                      list(out.logprobs[:n]), list(out.top_logprobs[:n]))

@@ -181,6 +181,9 @@ def test_top_logprobs_are_the_engines_alternatives(client, local, messages):
                 for e in c.choices[0].logprobs.content]
     assert [[a.token for a in e.top_logprobs] for e in streamed] == \
         [[a.token for a in e.top_logprobs] for e in content]
+    py = chat(local, messages, max_tokens=6, top_logprobs=3)  # the Python API returns them
+    assert py.token_ids == out.token_ids and py.top_logprobs == out.top_logprobs
+    assert py.logprobs == out.logprobs
 
 
 def test_logprobs_end_with_the_stop_string(client, local):
@@ -190,6 +193,9 @@ def test_logprobs_end_with_the_stop_string(client, local):
     content = res.choices[0].logprobs.content
     assert res.choices[0].finish_reason == "stop"
     assert len(content) == res.usage.completion_tokens and content[-1].token == stop
+    py = chat(local, TEXT_MSG, max_tokens=12, stop=stop, top_logprobs=2)
+    assert len(py.logprobs) == len(py.top_logprobs) == py.completion_tokens == len(content)
+    assert py.logprobs == pytest.approx([e.logprob for e in content], abs=1e-5)
 
 
 def test_logit_bias_and_penalties(client, local):
