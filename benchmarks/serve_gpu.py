@@ -11,8 +11,10 @@ the same files. Prints the ratios, each level's share of the floor (``whisper_gp
 at that concurrency: encoder FLOPs at the measured matmul rate, decode steps' weights and K/V
 at the copy rate), the server's stage breakdown, CPU time per request by role (the API
 process, the audio workers, the engine's stepping thread with its busy share of the run, the
-rest of an engine process) and writes a JSON summary. ``--serve-flags`` (repeatable) measures
-server variants in one run; ``--py-spy-target engine`` profiles the stepping process.
+rest of an engine process), the GPU's busy share during each level (``gpu_busy.py``: NVML's
+utilization, the engine being in another process), the language guesses right and wrong, and
+writes a JSON summary. ``--serve-flags`` (repeatable) measures server variants in one run;
+``--py-spy-target engine`` profiles the stepping process; ``--bench-field`` adds form fields.
 
   python benchmarks/serve_gpu.py --json /tmp/out/serve_gpu.json          # H200
   python benchmarks/serve_gpu.py --dry-run                               # toy model, CPU
@@ -35,6 +37,7 @@ import numpy as np
 import pyspy_top
 import torch
 import whisper_gpu as wg
+from gpu_busy import GpuBusy
 from proc_stats import cpu_delta, cpu_figures, engine_pid, thread_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,7 +164,8 @@ def bench(url: str, items: list[AudioItem], concurrency: int, pid: int,
     target = BenchTarget(url, timeout=1800, fields=fields)
     (before, steps0), cpu0, guesses0 = scrape(url), thread_cpu(pid), scrape_guesses(url)
     client0 = time.process_time()
-    results, wall = asyncio.run(run_load(target, LoadPlan(items, concurrency)))
+    with GpuBusy() as busy:  # the driver's view: the engine may be in another process
+        results, wall = asyncio.run(run_load(target, LoadPlan(items, concurrency)))
     client_cpu = time.process_time() - client0
     cpu = cpu_delta(cpu0, thread_cpu(pid))
     after, steps1 = scrape(url)
@@ -171,6 +175,7 @@ def bench(url: str, items: list[AudioItem], concurrency: int, pid: int,
     guesses1 = scrape_guesses(url)
     s["language_guesses"] = None if guesses0 is None or guesses1 is None else \
         {k: int(v - guesses0.get(k, 0.0)) for k, v in guesses1.items()}
+    s["gpu_busy"] = busy.share
     return s
 
 
@@ -219,6 +224,9 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
                   f"process {s['engine_proc_cpu_ms_per_request']:.2f} ms/req; client "
                   f"{s['client_cpu_ms_per_request']:.2f} ms/req, busy "
                   f"{100 * s['client_busy']:.0f} % of a core")
+            if s["gpu_busy"] is not None:
+                print(f"#   GPU busy {100 * s['gpu_busy']:.0f} % of the level (nvidia-smi "
+                      "utilization.gpu, 100 ms samples)")
             if s["language_guesses"]:  # a wrong guess: a second prefill for its window
                 print(f"#   language guesses: right {s['language_guesses'].get('right', 0)}, "
                       f"wrong {s['language_guesses'].get('wrong', 0)}")
