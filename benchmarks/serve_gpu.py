@@ -225,8 +225,8 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
                   f"{s['client_cpu_ms_per_request']:.2f} ms/req, busy "
                   f"{100 * s['client_busy']:.0f} % of a core")
             if s["gpu_busy"] is not None:
-                print(f"#   GPU busy {100 * s['gpu_busy']:.0f} % of the level (nvidia-smi "
-                      "utilization.gpu, 100 ms samples)")
+                print(f"#   GPU busy {100 * s['gpu_busy']:.0f} % of the level (NVML "
+                      "utilization, 100 ms samples)")
             if s["language_guesses"]:  # a wrong guess: a second prefill for its window
                 print(f"#   language guesses: right {s['language_guesses'].get('right', 0)}, "
                       f"wrong {s['language_guesses'].get('wrong', 0)}")

@@ -89,11 +89,10 @@ def step_metrics(steps: dict[str, Any]) -> Iterator[Metric]:
 
 
 class ServerMetrics:
-    def __init__(self, client: Any, language_guess: Any = None) -> None:
+    def __init__(self, client: Any, language_guess: Any) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(client))
-        if language_guess is not None:
-            self.registry.register(GuessCollector(language_guess))
+        self.registry.register(GuessCollector(language_guess))
         self.requests = Counter("edserve_http_requests", "HTTP requests by endpoint and status.",
                                 ("endpoint", "status"), registry=self.registry)
         self.latency = Histogram("edserve_request_latency_seconds",
