@@ -16,15 +16,18 @@ import torch
 import torch.nn.functional as F
 
 from edserve.audio.compact_mel import CompactMel
+from edserve.audio.frames import (  # noqa: F401 (re-exported: the audio stack's constants)
+    CHUNK_LENGTH,
+    HOP_LENGTH,
+    N_FFT,
+    N_FRAMES,
+    N_SAMPLES,
+    SAMPLE_RATE,
+)
 from edserve.audio.held_mel import HeldMel, MelWindowRef
+from edserve.audio.pcm_window import PcmMel, PcmWindow
 from edserve.config import MEL_PADDINGS
 
-SAMPLE_RATE = 16000
-N_FFT = 400
-HOP_LENGTH = 160
-CHUNK_LENGTH = 30
-N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000 samples in a 30 s window
-N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 frames in a 30 s window
 # Appended zeros after which a frame's window (N_FFT samples around its centre, reflected at the
 # signal's end) holds only zeros: the last computed frame ends >= N_FFT // 2 + 1 zeros before
 # the end, and every frame after it starts past the audio.
@@ -182,19 +185,23 @@ def host_contiguous(t: torch.Tensor) -> torch.Tensor:
 # A window layout: (log-mel of the whole audio + N_SAMPLES zeros [n_mels, content + N_FRAMES]:
 # a tensor, a CompactMel or a HeldMel, sliced as mel[:, a:b], first frame, real frames) -> the
 # encoder input [n_mels, N_FRAMES] (a HeldMel's: a MelWindowRef, written out by its worker).
-Mel = torch.Tensor | CompactMel | HeldMel
-Window = torch.Tensor | CompactMel | MelWindowRef
+Mel = torch.Tensor | CompactMel | HeldMel | PcmMel
+Window = torch.Tensor | CompactMel | MelWindowRef | PcmWindow
 WindowLayout = Callable[[Mel, int, int], Window]
 
 
 def _silence_window(mel: Mel, seek: int, size: int) -> Window:
     # frames past the audio: the appended silence's; a CompactMel's window stays compact
+    if isinstance(mel, PcmMel):  # computed in the prefill step (edserve.audio.pcm_window)
+        return mel.window(seek, size, zero_filled=False)
     if isinstance(mel, (CompactMel, HeldMel)):
         return mel.window(seek, seek + N_FRAMES)
     return mel[:, seek:seek + N_FRAMES]
 
 
 def _zero_filled_window(mel: Mel, seek: int, size: int) -> Window:
+    if isinstance(mel, PcmMel):
+        return mel.window(seek, size, zero_filled=True)
     if isinstance(mel, HeldMel):  # the same zeros, written by the worker holding it
         return mel.window(seek, seek + size, N_FRAMES)
     return pad_or_trim(mel[:, seek:seek + size], N_FRAMES)  # frames past the audio: 0.0
@@ -216,7 +223,9 @@ def window_features(mel: Mel, seek: int, size: int, padding: str) -> Window:
     ``silence`` window of one is a CompactMel itself, which the model writes out when the
     request is staged: see :mod:`edserve.models.mel_staging`) or as a
     :class:`~edserve.audio.held_mel.HeldMel` kept by an engine worker (its windows are
-    :class:`~edserve.audio.held_mel.MelWindowRef`, written out by that worker). The layouts
+    :class:`~edserve.audio.held_mel.MelWindowRef`, written out by that worker) or as a
+    :class:`~edserve.audio.pcm_window.PcmMel` (a short clip whose windows, a
+    :class:`~edserve.audio.pcm_window.PcmWindow`, the engine computes). The layouts
     differ only in a window shorter than 30 s (``size < N_FRAMES``: a clip under 30 s, the
     last window of long audio):
 
@@ -227,7 +236,8 @@ def window_features(mel: Mel, seek: int, size: int, padding: str) -> Window:
     * ``zeros``: those frames are 0.0 (openai-whisper's ``transcribe`` decoding and
       faster-whisper: ``pad_or_trim(mel[:, seek:seek + size], N_FRAMES)``).
 
-    Returns a contiguous tensor (:func:`host_contiguous`), a CompactMel or a MelWindowRef.
+    Returns a contiguous tensor (:func:`host_contiguous`), a CompactMel, a MelWindowRef or a
+    PcmWindow.
     ``padding`` is a name of :data:`WINDOW_LAYOUTS` (validated where options are built:
     :func:`edserve.config.check_mel_padding`).
     """
@@ -235,4 +245,5 @@ def window_features(mel: Mel, seek: int, size: int, padding: str) -> Window:
         raise ValueError(f"window of {size} frames at {seek} does not fit a log-mel of "
                          f"{mel.shape[-1]} frames (content + {N_FRAMES} frames of silence)")
     window = WINDOW_LAYOUTS[padding](mel, seek, size)
-    return window if isinstance(window, (CompactMel, MelWindowRef)) else host_contiguous(window)
+    return window if isinstance(window, (CompactMel, MelWindowRef, PcmWindow)) \
+        else host_contiguous(window)

@@ -24,6 +24,7 @@ from edserve.audio.decode import DECLARED_DURATION_SLACK, load_audio
 from edserve.audio.errors import DecodeCancelled, NonFiniteAudioError
 from edserve.audio.held_mel import HeldMel
 from edserve.audio.mel import N_SAMPLES, SAMPLE_RATE
+from edserve.audio.pcm_window import PcmMel, fits_step
 from edserve.audio.wav_pcm import pcm16_to_float, read_pcm_wav
 
 
@@ -34,12 +35,14 @@ class PreparedAudio:
     ``mel``: ``[n_mels, num_samples // HOP_LENGTH + N_FRAMES]`` float32, the log-mel of the
     samples followed by ``N_SAMPLES`` zeros (:func:`longform_mel`): a tensor, or after
     crossing a process boundary a :class:`CompactMel` (sliced the same way), or a
-    :class:`~edserve.audio.held_mel.HeldMel` kept by the engine worker that computed it;
+    :class:`~edserve.audio.held_mel.HeldMel` kept by the engine worker that computed it, or
+    a :class:`~edserve.audio.pcm_window.PcmMel` (a short clip whose log-mel the engine's
+    prefill step computes: :func:`step_features`);
     ``num_samples``: 16 kHz
     samples decoded; ``decode_s`` / ``features_s``: seconds the two steps took where they ran.
     """
 
-    mel: torch.Tensor | CompactMel | HeldMel
+    mel: torch.Tensor | CompactMel | HeldMel | PcmMel
     num_samples: int
     decode_s: float = 0.0
     features_s: float = 0.0
@@ -52,8 +55,8 @@ class PreparedAudio:
         """Across processes (an audio worker's answer) as numpy, not torch storage, and
         without the constant tail of the appended silence (:class:`CompactMel`: ~73 % of an
         11 s clip's frames, sent as one value). It arrives as a :class:`CompactMel`; a
-        :class:`HeldMel` crosses as its id."""
-        if isinstance(self.mel, HeldMel):
+        :class:`HeldMel` crosses as its id, a :class:`PcmMel` as its samples."""
+        if isinstance(self.mel, (HeldMel, PcmMel)):
             return (PreparedAudio, (self.mel, self.num_samples, self.decode_s, self.features_s))
         mel = self.mel if isinstance(self.mel, CompactMel) else CompactMel.of(self.mel.numpy())
         return (_rebuild, (mel.head, mel.fill, mel.frames, self.num_samples, self.decode_s,
@@ -98,6 +101,15 @@ def longform_compact_mel(audio: np.ndarray | torch.Tensor, n_mels: int) -> Compa
 def longform_mel(audio: np.ndarray | torch.Tensor, n_mels: int) -> torch.Tensor:
     """:func:`longform_compact_mel` as one ``[n_mels, frames]`` tensor."""
     return longform_compact_mel(audio, n_mels).full()
+
+
+def step_features(audio: DecodedAudio, n_mels: int) -> PreparedAudio | None:
+    """``audio`` ready for a window whose log-mel the engine computes in its prefill step
+    (:mod:`edserve.audio.pcm_window`: the samples travel, not a log-mel), or None when the
+    clip is empty or longer than one step takes (:func:`~edserve.audio.pcm_window.fits_step`)."""
+    if not fits_step(audio.num_samples):
+        return None
+    return PreparedAudio(PcmMel(audio.samples, n_mels), audio.num_samples, audio.decode_s, 0.0)
 
 
 def _check_finite(audio: np.ndarray) -> None:
