@@ -29,17 +29,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edserve.audio.compact_mel import CompactMel
 from edserve.layers.add_norm import AddNormOps, add_norm_ops
 from edserve.layers.attention.base import Attention
 from edserve.layers.forward_batch import ForwardBatch
 from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
 from edserve.models.encoder_graphs import EncoderGraphs
-from edserve.models.mel_staging import MelStager, host_finite, mels_to_device
 from edserve.models.vocab_projection import pad_rows, vocab_logits
 from edserve.models.weights.fused import FusedLinear, load_hf_tensors
 from edserve.models.whisper_config import WhisperConfig
 from edserve.models.whisper_encoder import SelfAttention, WhisperEncoder
+from edserve.models.whisper_inputs import WhisperInputs
 
 __all__ = ["WhisperConfig", "WhisperForConditionalGeneration"]
 
@@ -160,7 +159,8 @@ class WhisperForConditionalGeneration(nn.Module):
         self.encoder_graphs: EncoderGraphs | None = None  # capture_encoder_graphs
         # The decoder's add + norm ops; None: chosen by the stream's device (add_norm_ops)
         self.add_norm: AddNormOps | None = None
-        self.mel_stager = MelStager()  # page-locked log-mels at submission (CUDA)
+        # encoder inputs: checks, page-locked staging (CUDA), the step's upload / log-mels
+        self.inputs = WhisperInputs(cfg.num_mel_bins, 2 * cfg.max_source_positions)
         self.vocab_rows: torch.Tensor | None = None  # [P, d] padded embedding (align_vocabulary)
 
     # Sizes the engine needs to lay out the KV pool.
@@ -190,35 +190,22 @@ class WhisperForConditionalGeneration(nn.Module):
         return self.config.vocab_size
 
     def encoder_len(self, encoder_input: Any) -> int:
-        """Encoder tokens for one request; validates the log-mel (raises ValueError).
+        """Encoder tokens for one request; validates the input (raises ValueError): a log-mel
+        or a short clip's samples (:class:`~edserve.models.whisper_inputs.WhisperInputs`).
 
         Shape and dtype only for a device tensor (reading its values would make the host wait
-        for the device); a host tensor is also checked for NaN/inf (host work, no sync).
+        for the device); host values are also checked for NaN/inf (host work, no sync).
         Audio is refused earlier when it has non-finite samples (``edserve.audio``)."""
         if encoder_input is None:
             return 0
-        self._check_mel(encoder_input)
-        on_host = isinstance(encoder_input, CompactMel) or encoder_input.device.type == "cpu"
-        if on_host and not host_finite(encoder_input):
-            raise ValueError("Whisper log-mel contains NaN or infinite values")
+        self.inputs.check(encoder_input)
         return self.config.max_source_positions
 
-    def _check_mel(self, mel: Any) -> None:
-        """A tensor, or a CompactMel window (:mod:`edserve.models.mel_staging`)."""
-        expected = (self.config.num_mel_bins, 2 * self.config.max_source_positions)
-        compact = isinstance(mel, CompactMel)
-        if not (compact or torch.is_tensor(mel)) or tuple(mel.shape) != expected \
-                or not (mel.dtype.kind == "f" if compact else mel.dtype.is_floating_point):
-            got = f"{list(mel.shape)} {mel.dtype}" if compact or torch.is_tensor(mel) \
-                else type(mel).__name__
-            raise ValueError(f"Whisper expects a floating-point log-mel tensor of shape "
-                             f"{list(expected)}, got {got}")
-
-    def stage_encoder_input(self, mel: Any) -> Any:
-        """A validated log-mel, ready for a fast upload (any thread, at submission): on CUDA a
-        page-locked copy (:class:`~edserve.models.mel_staging.MelStager`), else ``mel`` (a
-        CompactMel window written out as a tensor)."""
-        return self.mel_stager.stage(mel, next(self.parameters()).device)
+    def stage_encoder_input(self, x: Any) -> Any:
+        """A validated input, ready for a fast upload (any thread, at submission): on CUDA a
+        page-locked copy (:meth:`WhisperInputs.stage`), else ``x`` (a CompactMel window
+        written out as a tensor)."""
+        return self.inputs.stage(x, next(self.parameters()).device)
 
     def warm_encoder(self, max_bs: int) -> None:
         """``--encoder-warmup-max-bs`` (:meth:`Engine.warm_up`): the encoder once at every batch
@@ -227,23 +214,22 @@ class WhisperForConditionalGeneration(nn.Module):
         p = next(self.parameters())
         mel = torch.zeros(self.config.num_mel_bins, 2 * self.config.max_source_positions,
                           device=p.device)
+        self.inputs.filters(p.device)  # the step log-mels' filterbank, uploaded now
         with torch.inference_mode():
             for n in range(1, max_bs + 1):
                 self.encode([mel] * n)
 
-    def encode(self, encoder_inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Log-mels ``[n_mels, 3000]`` per request -> encoder states ``[1500, d]`` per request.
+    def encode(self, encoder_inputs: list[Any]) -> list[torch.Tensor]:
+        """Log-mels ``[n_mels, 3000]`` (or PCM windows, whose log-mels are computed here, on
+        the device, together) per request -> encoder states ``[1500, d]`` per request.
 
         No host<->device sync: inputs are checked by shape only (values were checked at
-        submission, :meth:`encoder_len`) and host log-mels go up in one page-locked,
-        non-blocking copy; the model dtype conversion runs on the device."""
+        submission, :meth:`encoder_len`) and host inputs go up by page-locked,
+        non-blocking copies; the model dtype conversion runs on the device."""
         if not encoder_inputs:
             return []
         p = next(self.parameters())
-        for m in encoder_inputs:
-            self._check_mel(m)
-        # [N, n_mels, 3000]
-        mel = mels_to_device(encoder_inputs, p.device, self.mel_stager.is_staged)
+        mel = self.inputs.to_device(encoder_inputs, p.device)  # [N, n_mels, 3000]
         graphs = self.encoder_graphs
         out = graphs.run(mel) if graphs is not None else None  # [N, 1500, d] or None
         enc, dec = self.model.encoder, self.model.decoder

@@ -144,10 +144,10 @@ def test_staged_and_unstaged_give_the_same_encoder_output_and_tokens(random_whis
     engine = build_engine(model=str(random_whisper), device="cuda", max_running_requests=3)
     model, mels = engine.model, _mels(3, seed=1)
     staged = [model.stage_encoder_input(m) for m in mels]
-    assert all(s.is_pinned() and model.mel_stager.is_staged(s) for s in staged)
+    assert all(s.is_pinned() and model.inputs.stager.is_staged(s) for s in staged)
     with torch.inference_mode():
         assert all(torch.equal(x, y) for x, y in zip(model.encode(staged), model.encode(mels),
                                                      strict=True))
     with_staging = _tokens(engine, mels)
-    model.mel_stager.max_bytes = 0  # nothing staged: the step's own page-locked stack
+    model.inputs.stager.max_bytes = 0  # nothing staged: the step's own page-locked stack
     assert _tokens(engine, mels) == with_staging

@@ -1,0 +1,97 @@
+"""The log-mels of a prefill step's short clips, computed together on the model's device.
+
+A :class:`~edserve.audio.pcm_window.PcmWindow` carries a clip's samples (at most
+:data:`~edserve.audio.pcm_window.MAX_STEP_SAMPLES`) instead of its log-mel. The step puts every
+such clip into one zero-padded ``[N, N_SAMPLES]`` signal and runs the long-form log-mel's ops
+on all rows at once (:func:`window_log_mels`): the reflect padding, one batched STFT, the
+filterbank product, ``log10``, each row's floor (its maximum - 8) and the ``(x + 4) / 4``
+scale, in the order :func:`~edserve.audio.chunked_mel.chunked_log_mel` runs them, so the
+values equal the host's long-form log-mel within float32 rounding (tested). No host<->device
+sync: the samples come from page-locked memory (:func:`stage_pcm`), the windows' offsets too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from edserve.audio.frames import HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES
+from edserve.audio.pcm_window import PcmWindow
+from edserve.audio.wav_pcm import PCM16_SCALE
+
+
+def float_samples(samples: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """``[num_samples]`` as a float32 CPU tensor (int16 scaled by 2**-15, exact)."""
+    if torch.is_tensor(samples):
+        return samples.float()
+    if samples.dtype == np.int16:
+        return torch.from_numpy(samples.astype(np.float32) * PCM16_SCALE)
+    return torch.from_numpy(samples)
+
+
+def stage_pcm(window: PcmWindow, pinned: bool) -> PcmWindow:
+    """``window`` with its samples as a float32 CPU tensor, page-locked when ``pinned`` (a
+    CUDA model: the step then uploads them by one non-blocking copy)."""
+    if torch.is_tensor(window.samples):
+        return window
+    samples = window.samples
+    if not pinned:
+        return dataclasses.replace(window, samples=float_samples(samples))
+    out = torch.empty(len(samples), dtype=torch.float32, pin_memory=True)
+    if samples.dtype == np.int16:
+        np.multiply(samples, PCM16_SCALE, out=out.numpy(), dtype=np.float32)
+    else:
+        out.numpy()[...] = samples
+    return dataclasses.replace(window, samples=out)
+
+
+def _upload(windows: list[PcmWindow], device: torch.device) -> torch.Tensor:
+    """``[N, N_SAMPLES]`` float32 on ``device``: each clip's samples, then zeros."""
+    signal = torch.zeros(len(windows), N_SAMPLES, dtype=torch.float32, device=device)
+    for row, w in zip(signal, windows, strict=True):
+        samples = w.samples if torch.is_tensor(w.samples) else float_samples(w.samples)
+        if device.type == "cuda" and not samples.is_pinned():
+            samples = samples.pin_memory()
+        row[:len(samples)].copy_(samples, non_blocking=True)
+    return signal
+
+
+def _offsets(values: list[int], device: torch.device) -> torch.Tensor:
+    host = torch.tensor(values, dtype=torch.int64)  # [N]
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def window_log_mels(windows: list[PcmWindow], filters: torch.Tensor) -> torch.Tensor:
+    """The encoder inputs ``[N, n_mels, N_FRAMES]`` float32 of ``windows`` on the device of
+    ``filters`` (:func:`~edserve.audio.mel.mel_filters` ``[n_mels, 201]``, made once by the
+    caller: making it uploads from pageable memory, a sync) (each: columns ``seek ..`` of its
+    clip's long-form log-mel, columns from ``zeros_from`` on 0.0)."""
+    n, n_mels, device = len(windows), filters.shape[0], filters.device
+    signal = _upload(windows, device)  # [N, N_SAMPLES]
+    half = N_FFT // 2
+    padded = F.pad(signal[:, None], (half, half), mode="reflect")[:, 0]  # [N, N_SAMPLES + N_FFT]
+    window = torch.hann_window(N_FFT, device=device)
+    stft = torch.stft(padded, N_FFT, HOP_LENGTH, window=window, center=False,
+                      return_complex=True)  # [N, 201, N_FRAMES + 1]
+    power = stft[..., :N_FRAMES].abs() ** 2  # [N, 201, N_FRAMES]
+    log_spec = torch.matmul(filters, power)  # [N, n_mels, N_FRAMES]
+    log_spec.clamp_(min=1e-10).log10_()
+    floor = log_spec.amax(dim=(1, 2), keepdim=True) - 8.0  # [N, 1, 1]
+    torch.maximum(log_spec, floor, out=log_spec).add_(4.0).div_(4.0)
+    out = log_spec
+    if any(w.seek for w in windows):  # a later window: shifted left, then the silence's value
+        zeros = torch.zeros(n, 1, 1, dtype=floor.dtype, device=device)
+        silence = (torch.maximum(torch.clamp(zeros, min=1e-10).log10(), floor) + 4.0) / 4.0
+        cols = torch.arange(N_FRAMES, device=device) + _offsets(
+            [w.seek for w in windows], device)[:, None]  # [N, N_FRAMES] source columns
+        index = cols.clamp(max=N_FRAMES - 1)[:, None].expand(n, n_mels, N_FRAMES)
+        out = torch.where((cols < N_FRAMES)[:, None], out.gather(2, index), silence)
+    if any(w.zeros_from < N_FRAMES for w in windows):  # the zeros layout
+        limit = _offsets([w.zeros_from for w in windows], device)[:, None, None]  # [N, 1, 1]
+        out = out.masked_fill(torch.arange(N_FRAMES, device=device) >= limit, 0.0)
+    return out
