@@ -104,7 +104,8 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
         else InProcessClient(engine, config.served_model_name)
     docs = config.openapi_docs
     features = FeaturePolicy(config.device_features_threshold(client.device_type),
-                             config.device_features_idle_max(client.device_type))
+                             config.device_features_idle_max(client.device_type),
+                             bool(config.step_features))
     audio = make_preparer(config.audio_workers, client.n_mels or 80)
 
     @asynccontextmanager

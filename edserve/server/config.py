@@ -109,6 +109,14 @@ class ServerConfig:
         "device and process for its steps. Needs log-mels on the device "
         "(--device-features-above-s not negative). auto: 2 on a CUDA engine, 0 on the CPU; "
         "0: off.", auto=True)
+    step_features: bool | None = _f(
+        None, "Compute a short upload's log-mel inside the engine's prefill step: the upload "
+        "is only decoded (a 16 kHz 16-bit WAV in the API process, else on an audio worker), "
+        "a clip that fits one 30 s window travels to the engine as its samples, and each "
+        "prefill step computes the log-mels of the clips it admits together on the engine's "
+        "device (one batched STFT); longer uploads get theirs on the device "
+        "(--device-features-above-s, 30 when unset). Default (unset): off; "
+        "--no-step-features: off.")
     data_parallel_size: int = _f(
         1, "Engine worker processes behind this server (data parallelism): on CUDA one per "
         "visible GPU (pinned with CUDA_VISIBLE_DEVICES), on CPU the cores split between them; "
@@ -141,6 +149,10 @@ class ServerConfig:
             raise ValueError(f"--audio-workers must be auto or >= 0, got {self.audio_workers}")
         if self.held_log_mel_mb < 0:
             raise ValueError(f"--held-log-mel-mb must be >= 0, got {self.held_log_mel_mb}")
+        if self.step_features and self.device_features_above_s is not None \
+                and self.device_features_above_s < 0:
+            raise ValueError("--step-features needs log-mels of longer uploads on the device: "
+                             "drop the negative --device-features-above-s")
         if self.device_features_idle is not None and self.device_features_idle < 0:
             raise ValueError(f"--device-features-idle must be auto or >= 0, got "
                              f"{self.device_features_idle}")
@@ -154,7 +166,8 @@ class ServerConfig:
         """Seconds above which an upload's log-mel goes to the engine (None: never)."""
         above = self.device_features_above_s
         if above is None:
-            return AUTO_DEVICE_FEATURES_S if device_type == "cuda" else None
+            return AUTO_DEVICE_FEATURES_S if device_type == "cuda" or self.step_features \
+                else None
         return None if above < 0 else above
 
     def device_features_idle_max(self, device_type: str) -> int:

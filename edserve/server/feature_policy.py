@@ -1,6 +1,12 @@
-"""Where an upload's log-mel is computed: on an audio worker (host) or on the engine's device.
+"""Where an upload's log-mel is computed: on an audio worker (host), on the engine's device
+beside its steps, or inside the engine's prefill step.
 
-Two settings decide (:class:`~edserve.server.config.ServerConfig`):
+Three settings decide (:class:`~edserve.server.config.ServerConfig`):
+
+- ``--step-features``: every upload is only decoded (a 16 kHz 16-bit WAV in the API process,
+  anything else on an audio worker); a clip that fits one window travels to the engine as its
+  samples, and the prefill step that admits it computes its log-mel together with the other
+  clips' (:mod:`edserve.audio.pcm_window`); longer uploads get theirs on the device;
 
 - ``--device-features-above-s``: uploads longer than that always get their log-mel on the
   device (a 10-minute file: milliseconds there against ~1 s of a worker's CPU);
@@ -26,13 +32,18 @@ from contextlib import contextmanager
 class FeaturePolicy:
     """``above_s``: the long-upload threshold (None: the device never computes log-mels, and
     ``idle_max`` is ignored); ``idle_max``: in-flight requests up to which every upload's
-    log-mel goes to the device (0: never for that reason)."""
+    log-mel goes to the device (0: never for that reason); ``in_step``: short clips' log-mels
+    are computed in the prefill step (needs ``above_s``: longer uploads go to the device)."""
 
-    def __init__(self, above_s: float | None, idle_max: int) -> None:
+    def __init__(self, above_s: float | None, idle_max: int, in_step: bool = False) -> None:
         if idle_max < 0:
             raise ValueError(f"idle_max must be >= 0, got {idle_max}")
+        if in_step and above_s is None:
+            raise ValueError("log-mels in the prefill step need the device's log-mels for "
+                             "longer uploads (a threshold, not None)")
         self.above_s = above_s
         self.idle_max = idle_max if above_s is not None else 0
+        self.in_step = in_step
         self.in_flight = 0  # transcription requests between their start and their response
 
     def defer_above_s(self) -> float | None:
@@ -40,7 +51,7 @@ class FeaturePolicy:
         (0.0: any length; None: never)."""
         if self.above_s is None:
             return None
-        return 0.0 if self.in_flight <= self.idle_max else self.above_s
+        return 0.0 if self.in_step or self.in_flight <= self.idle_max else self.above_s
 
     @contextmanager
     def track(self) -> Iterator[None]:

@@ -35,6 +35,7 @@ from edserve.audio.prepare import (
     decode_long_wav,
     may_hold,
     prepare_samples,
+    step_features,
 )
 from edserve.engine.errors import RequestFailed
 from edserve.engine.request import SamplingParams
@@ -154,8 +155,10 @@ async def prepare(app_state: Any, params: TranscriptionParams, task: str,
     except BaseException:
         cancel.set()
         raise
-    if isinstance(audio, DecodedAudio):
-        audio = await _device_features(client, audio)
+    if isinstance(audio, DecodedAudio):  # a short clip's log-mel in the prefill step, or
+        step = step_features(audio, client.n_mels or 80) if app_state.features.in_step \
+            else None
+        audio = step or await _device_features(client, audio)  # the device's, beside it
     waited = time.perf_counter() - started - audio.decode_s - audio.features_s
     metrics.stage("audio_wait", max(0.0, waited))
     metrics.stage("audio_decode", audio.decode_s)
