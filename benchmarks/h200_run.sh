@@ -401,12 +401,14 @@ for part in "$@"; do
              (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 --py-spy 4 \
              --py-spy-at 32 --py-spy-target engine --serve-flags= --serve-flags='--encoder-cuda-graph-max-bs 16' \
              --json "$OUT/w33_graphs.json" 2>&1 | tee "$OUT/w33_graphs.log" | grep -v "^#   [a-z_]* .*(n=") ;;
-    # wave 34: the step log-mels' GPU test (no syncs, fp32 tolerance), then the default server vs --step-features at 1 and 32 clients (~7 min)
-    w34-step) timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_step_mel.py 2>&1 \
+    # wave 34: the step log-mels' GPU test, then at 1 and 32 clients the default server, --step-features, and
+    # both with a 4-clip prefill budget (mixed steps that fit the encoder graphs) (~8 min)
+    w34-step) timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_step_mel.py 2>&1 \
              | tee "$OUT/w34_tests.log" | tail -2
-             (cd benchmarks && timeout 450 python3 -W ignore serve_gpu.py --concurrency 1 32 --longform 0 \
-             --serve-flags= --serve-flags=--step-features --json "$OUT/w34_step.json" 2>&1 \
-             | tee "$OUT/w34_step.log" | grep -v "^Writing") ;;
+             (cd benchmarks && timeout 480 python3 -W ignore serve_gpu.py --concurrency 1 32 --requests 192 --longform 0 \
+             --serve-flags= --serve-flags=--step-features --serve-flags='--step-features --max-prefill-tokens 6144' \
+             --serve-flags='--max-prefill-tokens 6144' --json "$OUT/w34_step.json" 2>&1 \
+             | tee "$OUT/w34_step.log" | grep -v "^Writing" | grep -v "^#   [a-z_]* .*(n=") ;;
     w33-last) (cd benchmarks && timeout 150 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 --requests 192 \
              --json "$OUT/w33_guess.json" 2>&1 | tee "$OUT/w33_guess.log" | grep -v "^Writing")
              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_encoder_graphs.py \
