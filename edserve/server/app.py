@@ -105,7 +105,7 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     docs = config.openapi_docs
     features = FeaturePolicy(config.device_features_threshold(client.device_type),
                              config.device_features_idle_max(client.device_type),
-                             bool(config.step_features))
+                             config.step_features_on(client.device_type))
     audio = make_preparer(config.audio_workers, client.n_mels or 80)
 
     @asynccontextmanager

@@ -12,6 +12,8 @@ HTTP_IMPLS = ("auto", "httptools", "h11")
 #: ``--device-features-above-s auto`` on a CUDA engine: uploads longer than one window.
 AUTO_DEVICE_FEATURES_S = 30.0
 AUTO_DEVICE_FEATURES_IDLE = 2  # --device-features-idle auto on CUDA
+#: ``--step-features`` unset: on for these engine device types.
+AUTO_STEP_FEATURES: frozenset[str] = frozenset()
 
 
 DEFAULT_MODEL_NAME = "whisper-1"  # what OpenAI's audio clients send; always accepted for audio
@@ -166,9 +168,15 @@ class ServerConfig:
         """Seconds above which an upload's log-mel goes to the engine (None: never)."""
         above = self.device_features_above_s
         if above is None:
-            return AUTO_DEVICE_FEATURES_S if device_type == "cuda" or self.step_features \
-                else None
+            return AUTO_DEVICE_FEATURES_S \
+                if device_type == "cuda" or self.step_features_on(device_type) else None
         return None if above < 0 else above
+
+    def step_features_on(self, device_type: str) -> bool:
+        """Whether short uploads' log-mels are computed in the prefill step."""
+        if self.step_features is None:
+            return device_type in AUTO_STEP_FEATURES
+        return self.step_features
 
     def device_features_idle_max(self, device_type: str) -> int:
         """In-flight requests up to which every upload's log-mel goes to the engine."""
