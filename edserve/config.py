@@ -179,6 +179,16 @@ class EngineConfig:
         "With --mixed-steps it is also the most encoder work a decoding row waits for per "
         "token. Default: 65536 on CPU, 262144 on CUDA (fewer, larger encoder batches).",
     )
+    max_mixed_prefill_tokens: int | None = _f(
+        None,
+        "Most encoder + prompt tokens admitted in a step while rows are running (a mixed "
+        "step, or a prefill step they wait for): every decoding row waits for that step's "
+        "encoder work. Default: 6144 on CUDA (four 30 s Whisper windows, which the encoder's "
+        "CUDA graphs cover; on the H200 edserve serve gave 117.5-121.0 short requests/s at 32 "
+        "clients with it against 96.0-98.4 without, 16 concurrent 10-minute files 0.85-0.89x "
+        "the engine against 0.94-0.96x: benchmarks/RESULTS.md, wave 34), --max-prefill-tokens "
+        "on CPU. A step with no running row takes --max-prefill-tokens.",
+    )
     mixed_steps: bool = _f(
         True,
         "Mixed steps (chunked prefill for encoder-decoder): while newly admitted requests "

@@ -38,6 +38,9 @@ def check_engine_config(c: Any) -> None:
         raise ValueError(f"--beam-choice must be auto, triton or ops, got {c.beam_choice!r}")
     if c.cpu_compile not in ("auto", "on", "off"):
         raise ValueError(f"--cpu-compile must be auto, on or off, got {c.cpu_compile!r}")
+    for name in ("max_prefill_tokens", "max_mixed_prefill_tokens"):
+        if getattr(c, name) is not None and getattr(c, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(c, name)}")
     if c.threads is not None and c.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {c.threads}")
     if c.tensor_parallel_size < 1:

@@ -3,7 +3,8 @@
 :func:`admit` takes waiting requests in arrival order while their worst case fits: rows free
 (beam/best_of groups take ``group.size`` rows), KV slots free after what running requests were
 promised and have not taken yet (:func:`outstanding`), and at most ``max_prefill_tokens``
-encoder + prompt tokens in one step (one request is always admitted). The first request that
+encoder + prompt tokens in one step, ``max_mixed_prefill_tokens`` when rows are running (their
+decoding waits for the step: a mixed step); one request is always admitted. The first request that
 does not fit stops admission (no overtaking: arrival order is kept).
 
 Admission batching (:class:`AdmissionPolicy`): hold arrivals briefly while rows decode, so they
@@ -83,13 +84,15 @@ def admit(waiting: deque, running: Sequence[Any], pools: Any, limits: Any) -> li
     if limits.admission.hold(waiting, len(running), rows):
         return []
     tokens = 0
+    limit = min(limits.max_prefill_tokens, limits.max_mixed_prefill_tokens) if running \
+        else limits.max_prefill_tokens
     admitted: list[Any] = []
     while waiting:
         req = waiting[0]
         need = req.enc_region + len(req.prompt_ids)
         size = req.group.size if req.group is not None else 1
         if size > rows or req.reserved_slots > budget or (
-                admitted and tokens + need > limits.max_prefill_tokens):
+                admitted and tokens + need > limit):
             break  # back-pressure: wait for running requests to free KV
         admitted.append(waiting.popleft())
         budget -= req.reserved_slots

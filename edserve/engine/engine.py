@@ -48,6 +48,7 @@ class Engine:
         limits = SchedulerLimits(
             max_running_requests=self.pools.req_to_token_pool.size,
             max_prefill_tokens=parts.max_prefill_tokens,
+            max_mixed_prefill_tokens=parts.max_mixed_prefill_tokens,
             eos_token_id=self.model.config.eos_token_id,
             max_decoder_len=self.max_decoder_len,
             mixed_steps=self.config.mixed_steps,

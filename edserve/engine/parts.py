@@ -32,5 +32,6 @@ class EngineParts:
     pools: Pools
     max_decoder_len: int  # decoder positions per request
     max_prefill_tokens: int  # encoder + prompt tokens admitted in one prefill step
+    max_mixed_prefill_tokens: int  # the same in a step while rows are running
     # captured decode graphs (CUDA) or compiled decode steps (CPU)
     graphs: DecodeGraphRunner | CompiledDecodeRunner | None = None

@@ -68,6 +68,8 @@ class SchedulerLimits:
     beam_graph: bool = True  # that choice as a CUDA-graph replay on CUDA (beam_graph.py)
     beam_choice: str | None = None  # BeamBatch's choice: "triton", "ops"; None: by device
     admission: AdmissionPolicy = AdmissionPolicy()  # hold arrivals to batch their prefill
+    # the same while rows are running (they wait for the step); default: no lower bound
+    max_mixed_prefill_tokens: int = 1 << 62
 
 
 class Scheduler(RowGroupSteps):

@@ -37,6 +37,10 @@ logger = logging.getLogger("edserve")
 
 DEFAULT_MAX_CONTEXT = 8192  # decoder positions when --context-length is not given
 DEFAULT_PREFILL_TOKENS = {False: 65536, True: 262144}  # by "on CUDA"
+# --max-mixed-prefill-tokens unset, for Whisper on CUDA: this many windows (the encoder graphs'
+# batches) with prompts up to MIXED_PROMPT_TOKENS each; elsewhere --max-prefill-tokens
+MIXED_WINDOWS_AUTO = 4
+MIXED_PROMPT_TOKENS = 128
 # --encoder-cuda-graph-max-bs unset, on CUDA: batches up to 4 clips are launch-bound (large-v3,
 # H200: batch 1 9.3 -> 5.7 ms per clip, batch 16 unchanged; benchmarks/RESULTS.md)
 ENCODER_GRAPH_MAX_BS_AUTO = 4
@@ -89,6 +93,7 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
     max_row = backend.encoder_region(model.max_encoder_len) + max_decoder_len
     sizing = build_pools(config, s, model, backend, max_row)
     running = sizing.max_running_requests
+    prefill, mixed = prefill_budgets(config, s, model, backend, max_row)
     graphs = None
     if use_cuda_graph(config, s):
         graphs = DecodeGraphRunner(model, sizing.pools,
@@ -105,9 +110,19 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         device=s.device, dtype=s.dtype,
         threads=s.threads, page_size=s.page_size, model=model, tokenizer=tokenizer,
         pools=sizing.pools, max_decoder_len=max_decoder_len,
-        max_prefill_tokens=max(config.max_prefill_tokens or DEFAULT_PREFILL_TOKENS[s.on_cuda],
-                               max_row),
-        graphs=graphs))
+        max_prefill_tokens=prefill, max_mixed_prefill_tokens=mixed, graphs=graphs))
+
+
+def prefill_budgets(config: EngineConfig, s: RuntimeSettings, model: Any, backend: Any,
+                    max_row: int) -> tuple[int, int]:
+    """``(--max-prefill-tokens, --max-mixed-prefill-tokens)`` resolved; each admits at least
+    one request of the longest kind (``max_row`` tokens)."""
+    prefill = max(config.max_prefill_tokens or DEFAULT_PREFILL_TOKENS[s.on_cuda], max_row)
+    mixed = config.max_mixed_prefill_tokens
+    if mixed is None and s.on_cuda and getattr(model, "model_type", None) == "whisper":
+        mixed = MIXED_WINDOWS_AUTO * (backend.encoder_region(model.max_encoder_len)
+                                      + MIXED_PROMPT_TOKENS)
+    return prefill, min(prefill, max(mixed or prefill, max_row))
 
 
 def encoder_graph_max_bs(config: EngineConfig, s: RuntimeSettings, whisper: bool) -> int:

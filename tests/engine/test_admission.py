@@ -42,9 +42,9 @@ def _requests(n: int) -> list[GenerateRequest]:
             for i in range(n)]
 
 
-def _run(engine, reqs):
-    """r0 alone; after 2 steps r1; after 2 more r2 and r3. Returns outputs and, per step, the
-    rids it admitted."""
+def _run(engine, reqs, arrivals=None):
+    """By default r0 alone; after 2 steps r1; after 2 more r2 and r3 (``arrivals``: step ->
+    requests). Returns outputs and, per step, the rids it admitted."""
     outs, admitted = {}, []
 
     def submit(r):
@@ -52,7 +52,7 @@ def _run(engine, reqs):
                            lambda d: outs.__setitem__(d.rid, d.output) if d.finished else None,
                            stream=False)
 
-    arrivals = {0: [reqs[0]], 2: [reqs[1]], 4: reqs[2:]}
+    arrivals = arrivals or {0: [reqs[0]], 2: [reqs[1]], 4: reqs[2:]}
     step = 0
     while step in arrivals or engine.has_work():
         for r in arrivals.get(step, []):
@@ -86,3 +86,29 @@ def test_arrivals_share_a_prefill_and_outputs_do_not_change(random_whisper):
         assert steps["prefill"].steps + steps["mixed"].steps == admissions
         assert steps["decode"].new_rows == 0 and steps["decode"].steps > 0
         assert steps["idle"].steps == 0 and steps["idle"].seconds == 0  # Engine.step only
+
+
+def test_a_step_with_running_rows_admits_at_most_the_mixed_budget(random_whisper):
+    """``--max-mixed-prefill-tokens``: while rows run, a step admits at most that much encoder
+    work (here one window: the bound never goes below one request); a step with nothing
+    running takes the whole --max-prefill-tokens (a cold start's batch). Tokens unchanged."""
+    reqs = _requests(4)
+    runs = {}
+    for mixed in (None, 1):
+        engine = build_engine(model=str(random_whisper), page_size="16", encoder_kv="flat",
+                              max_running_requests=8, max_mixed_prefill_tokens=mixed)
+        limits = engine.scheduler.limits
+        assert (limits.max_mixed_prefill_tokens < limits.max_prefill_tokens) == (mixed == 1)
+        runs[mixed] = (_run(engine, reqs),
+                       _run(engine, reqs, {0: reqs[:3], 1: [reqs[3]]}))
+    (plain, plain_adm), (cold, cold_adm) = runs[None]
+    (bound, bound_adm), (bound_cold, bound_cold_adm) = runs[1]
+    assert [a for a in plain_adm if a] == [["r0"], ["r1"], ["r2", "r3"]]
+    assert [a for a in bound_adm if a] == [["r0"], ["r1"], ["r2"], ["r3"]]
+    assert [a for a in cold_adm if a] == [a for a in bound_cold_adm if a] \
+        == [["r0", "r1", "r2"], ["r3"]]  # nothing ran at step 0: the full budget
+    for r in reqs:
+        assert bound[r.rid].token_ids == plain[r.rid].token_ids
+        assert bound_cold[r.rid].token_ids == cold[r.rid].token_ids == plain[r.rid].token_ids
+    with pytest.raises(ValueError, match="--max-mixed-prefill-tokens"):
+        build_engine(model="tiny.en", max_mixed_prefill_tokens=0)

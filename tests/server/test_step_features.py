@@ -82,6 +82,8 @@ def test_the_policy_decodes_every_upload_and_needs_device_log_mels():
     with pytest.raises(ValueError, match="prefill step"):
         FeaturePolicy(None, 0, in_step=True)
     assert ServerConfig(step_features=True).device_features_threshold("cpu") == 30.0
+    assert ServerConfig().step_features_on("cuda") and not ServerConfig().step_features_on("cpu")
+    assert not ServerConfig(step_features=False).step_features_on("cuda")
     assert ServerConfig().device_features_threshold("cpu") is None
     with pytest.raises(ValueError, match="--step-features"):
         ServerConfig(step_features=True, device_features_above_s=-1)
