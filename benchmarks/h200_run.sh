@@ -409,6 +409,14 @@ for part in "$@"; do
              --serve-flags= --serve-flags=--step-features --serve-flags='--step-features --max-prefill-tokens 6144' \
              --serve-flags='--max-prefill-tokens 6144' --json "$OUT/w34_step.json" 2>&1 \
              | tee "$OUT/w34_step.log" | grep -v "^Writing" | grep -v "^#   [a-z_]* .*(n=") ;;
+    # wave 34's new defaults (step log-mels, four windows per mixed step): 32 clients + 16 long files, the real
+    # path at 64 (no HF), arrivals at the default budget (~4.5 min)
+    w34-defaults) (cd benchmarks && timeout 170 python3 -W ignore serve_gpu.py --concurrency 32 --requests 192 \
+             --json "$OUT/w34_defaults.json" 2>&1 | tee "$OUT/w34_defaults.log" | grep -v "^Writing" \
+             | grep -v "^#   [a-z_]* .*(n=" | grep -v "language guesses")
+             realpath_ab w34_real 110 "after large-v3 64"
+             timeout 100 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 \
+             | tee "$OUT/w34_arrivals_default.log" | tail -4 ;;
     w33-last) (cd benchmarks && timeout 150 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 --requests 192 \
              --json "$OUT/w33_guess.json" 2>&1 | tee "$OUT/w33_guess.log" | grep -v "^Writing")
              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_encoder_graphs.py \
