@@ -62,18 +62,28 @@ class MelStager:
                 or id(mel) in self._staged:
             return as_tensor(mel)
         dtype = torch.from_numpy(mel.head[:0, :0]).dtype if compact else mel.dtype
-        n = mel.shape[0] * mel.shape[1] * dtype.itemsize
-        with self._lock:
-            if self.staged_bytes + n > self.max_bytes:
-                return as_tensor(mel)
-            self.staged_bytes += n
-        pinned = torch.empty(mel.shape, dtype=dtype, pin_memory=True)
+        pinned = self.pinned_empty(tuple(mel.shape), dtype)
+        if pinned is None:
+            return as_tensor(mel)
         if compact:
             mel.write_to(pinned.numpy())  # the window written out once, here
         elif mel.dtype in (torch.float32, torch.float16):
             pinned.numpy()[...] = mel.numpy()  # one memcpy on this thread (no intra-op team)
         else:
             pinned.copy_(mel)
+        return pinned
+
+    def pinned_empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """A new page-locked tensor counted against ``max_bytes`` until it is dropped (and
+        then :meth:`is_staged`), or None when the budget has no room for it."""
+        n = dtype.itemsize
+        for d in shape:
+            n *= d
+        with self._lock:
+            if self.staged_bytes + n > self.max_bytes:
+                return None
+            self.staged_bytes += n
+        pinned = torch.empty(shape, dtype=dtype, pin_memory=True)
         with self._lock:
             self._staged.add(id(pinned))
         weakref.finalize(pinned, self._release, id(pinned), n)

@@ -72,7 +72,7 @@ class WhisperInputs:
         :class:`~edserve.models.mel_staging.MelStager`; a PCM window: its samples), elsewhere
         ``x`` (a CompactMel written out, PCM samples as float32)."""
         if isinstance(x, PcmWindow):
-            return stage_pcm(x, pinned=device.type == "cuda")
+            return stage_pcm(x, self.stager if device.type == "cuda" else None)
         return self.stager.stage(x, device)
 
     def to_device(self, inputs: list[Any], device: torch.device) -> torch.Tensor:
@@ -82,7 +82,8 @@ class WhisperInputs:
             for m in inputs:
                 self.check_mel(m)
             return mels_to_device(inputs, device, self.stager.is_staged)
-        computed = window_log_mels([inputs[i] for i in pcm], self.filters(device))
+        computed = window_log_mels([inputs[i] for i in pcm], self.filters(device),
+                                   self.stager.is_staged)
         if len(pcm) == len(inputs):
             return computed  # [N, n_mels, frames]
         taken = set(pcm)

@@ -14,6 +14,7 @@ from edserve.audio.decode import load_audio
 from edserve.audio.mel import N_FRAMES, mel_filters, window_features
 from edserve.audio.pcm_window import MAX_STEP_SAMPLES, PcmMel, PcmWindow, fits_step
 from edserve.audio.prepare import longform_compact_mel
+from edserve.models.mel_staging import MelStager
 from edserve.models.step_mel import stage_pcm, window_log_mels
 from edserve.models.whisper_inputs import WhisperInputs
 
@@ -63,9 +64,13 @@ def test_batched_window_log_mels_equal_the_host_windows(jfk):
 
 def test_staged_samples_are_float_and_equal(jfk):
     pcm = _clip(jfk, 16000, pcm16=True)
-    staged = stage_pcm(PcmWindow(pcm, 80), pinned=False)
+    staged = stage_pcm(PcmWindow(pcm, 80), None)
     assert staged.samples.dtype == torch.float32
     assert torch.equal(staged.samples, torch.from_numpy(pcm.astype(np.float32) / 32768))
+    full = MelStager(max_bytes=0)  # no room: the samples stay pageable (the step pins them)
+    assert not torch.is_tensor(staged.samples) or not full.is_staged(staged.samples)
+    unpinned = stage_pcm(PcmWindow(pcm, 80), full)
+    assert torch.equal(unpinned.samples, staged.samples) and full.staged_bytes == 0
     one = window_log_mels([staged], mel_filters(80))
     torch.testing.assert_close(one[0], _host_window(pcm, 80, 0, "silence"), rtol=0, atol=2e-5)
 
@@ -114,7 +119,8 @@ def test_on_cuda_without_syncs_within_fp32_tolerance(jfk):
     clips = [PcmMel(_clip(jfk, n, True), 128).window(s, min(N_FRAMES, n // 160 - s), z)
              for n, s, z in [(176000, 0, False), (300000, 40, True), (8000, 0, True)]]
     staged = [inputs.stage(c, dev) for c in clips]
-    assert all(s.samples.is_pinned() for s in staged)
+    assert all(s.samples.is_pinned() and inputs.stager.is_staged(s.samples) for s in staged)
+    assert inputs.stager.staged_bytes == 4 * sum(c.num_samples for c in clips)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
