@@ -51,6 +51,13 @@ def _serve(cfg: ServerConfig, uploads: dict[str, bytes]) -> tuple[dict[str, str]
                               data={"model": "whisper-1"})
                 assert r.status_code == 200, r.text
                 texts[name] = r.json()["text"]
+            r = http.post("/v1/audio/transcriptions", files={"file": ("jfk.wav", uploads["jfk"])},
+                          data={"model": "whisper-1", "response_format": "verbose_json",
+                                "timestamp_granularities[]": ["word", "segment"]})
+            assert r.status_code == 200, r.text
+            body = r.json()  # word times read from the cross-attention of the window's K/V
+            texts["words"] = [(w["word"], w["start"], w["end"]) for w in body["words"]]
+            texts["segments"] = [(s["start"], s["end"], s["text"]) for s in body["segments"]]
         return texts, calls, asyncio.run(app.state.engine.integrity())
     finally:
         server.stop()
@@ -69,7 +76,7 @@ def test_short_uploads_are_featurized_in_the_step_with_the_host_texts(uploads, h
                                                                       engine_process):
     cfg = ServerConfig(step_features=True, audio_workers=1, engine_process=engine_process)
     texts, calls, report = _serve(cfg, uploads)
-    assert texts == host_texts and all(texts.values())
+    assert texts == host_texts and all(texts.values()) and len(texts["words"]) > 10
     assert len(calls) == 1 and calls[0] > 30 * 16000  # only the long upload, on the device
     assert report["ok"] and report["kv_slots_used"] == 0
 
