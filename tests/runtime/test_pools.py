@@ -96,3 +96,33 @@ def test_encoder_graphs_default_to_small_batches_where_decode_graphs_run():
         assert encoder_graph_max_bs(config, s, whisper) == 0, config
     assert encoder_graph_max_bs(base.replace(encoder_cuda_graph_max_bs=0), gpu, True) == 0
     assert encoder_graph_max_bs(base.replace(encoder_cuda_graph_max_bs=8), cpu, True) == 8
+
+
+def test_mixed_steps_admit_four_whisper_windows_on_cuda_the_whole_budget_elsewhere():
+    from types import SimpleNamespace
+
+    from edserve.runtime.build import (
+        DEFAULT_PREFILL_TOKENS,
+        MIXED_PROMPT_TOKENS,
+        MIXED_WINDOWS_AUTO,
+        prefill_budgets,
+    )
+    from edserve.runtime.settings import RuntimeSettings
+
+    def settings(device: str) -> RuntimeSettings:
+        return RuntimeSettings(torch.device(device), torch.float32, None, "torch", 128,
+                               torch.float32)
+
+    whisper = SimpleNamespace(model_type="whisper", max_encoder_len=1500)
+    mllama = SimpleNamespace(model_type="mllama", max_encoder_len=6404)
+    flat = SimpleNamespace(encoder_region=lambda n: n)  # the flat strategy's region
+    base, row = EngineConfig(), 1948
+    window = 1500 + MIXED_PROMPT_TOKENS
+    assert prefill_budgets(base, settings("cuda"), whisper, flat, row) \
+        == (DEFAULT_PREFILL_TOKENS[True], MIXED_WINDOWS_AUTO * window) == (262144, 6512)
+    assert prefill_budgets(base, settings("cpu"), whisper, flat, row) == (65536, 65536)
+    assert prefill_budgets(base, settings("cuda"), mllama, flat, 14596) == (262144, 262144)
+    given = base.replace(max_prefill_tokens=3000, max_mixed_prefill_tokens=100)
+    assert prefill_budgets(given, settings("cuda"), whisper, flat, row) == (3000, row)  # >= a row
+    assert prefill_budgets(base.replace(max_mixed_prefill_tokens=10 ** 6), settings("cuda"),
+                           whisper, flat, row) == (262144, 262144)  # never above the budget
