@@ -175,9 +175,13 @@ class ServerConfig:
         return None if above < 0 else above
 
     def step_features_on(self, device_type: str) -> bool:
-        """Whether short uploads' log-mels are computed in the prefill step."""
+        """Whether short uploads' log-mels are computed in the prefill step (unset: on for
+        :data:`AUTO_STEP_FEATURES`, unless a negative --device-features-above-s keeps every
+        log-mel on the audio workers)."""
         if self.step_features is None:
-            return device_type in AUTO_STEP_FEATURES
+            host_only = self.device_features_above_s is not None \
+                and self.device_features_above_s < 0
+            return device_type in AUTO_STEP_FEATURES and not host_only
         return self.step_features
 
     def device_features_idle_max(self, device_type: str) -> int:

@@ -91,6 +91,9 @@ def test_the_policy_decodes_every_upload_and_needs_device_log_mels():
     assert ServerConfig(step_features=True).device_features_threshold("cpu") == 30.0
     assert ServerConfig().step_features_on("cuda") and not ServerConfig().step_features_on("cpu")
     assert not ServerConfig(step_features=False).step_features_on("cuda")
+    host_only = ServerConfig(device_features_above_s=-1)  # every log-mel on the workers
+    assert not host_only.step_features_on("cuda")
+    assert host_only.device_features_threshold("cuda") is None
     assert ServerConfig().device_features_threshold("cpu") is None
     with pytest.raises(ValueError, match="--step-features"):
         ServerConfig(step_features=True, device_features_above_s=-1)
