@@ -112,3 +112,26 @@ def test_a_step_with_running_rows_admits_at_most_the_mixed_budget(random_whisper
         assert bound_cold[r.rid].token_ids == cold[r.rid].token_ids == plain[r.rid].token_ids
     with pytest.raises(ValueError, match="--max-mixed-prefill-tokens"):
         build_engine(model="tiny.en", max_mixed_prefill_tokens=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_mixed_steps_take_four_windows_by_default_with_unchanged_tokens(random_whisper):
+    """The CUDA default (four windows while rows run; CUDA graphs on): six arrivals while two
+    rows decode are admitted four, then two; the tokens equal an unbounded engine's."""
+    reqs = _requests(8)
+    arrivals = {0: reqs[:2], 2: reqs[2:]}
+    runs = {}
+    for mixed in (None, 1 << 20):
+        engine = build_engine(model=str(random_whisper), device="cuda", dtype="float32",
+                              page_size="16", encoder_kv="flat", max_running_requests=8,
+                              max_mixed_prefill_tokens=mixed,
+                              max_total_tokens=65536)  # leave the GPU to the other tests
+        runs[mixed] = _run(engine, reqs, arrivals), engine.scheduler.limits
+    (bound, bound_adm), limits = runs[None]
+    (free, free_adm), _ = runs[1 << 20]
+    assert limits.max_mixed_prefill_tokens < limits.max_prefill_tokens
+    assert [len(a) for a in bound_adm if a] == [2, 4, 2]
+    assert [len(a) for a in free_adm if a] == [2, 6]
+    for r in reqs:
+        assert bound[r.rid].token_ids == free[r.rid].token_ids
