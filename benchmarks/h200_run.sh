@@ -410,8 +410,10 @@ for part in "$@"; do
              --serve-flags='--max-prefill-tokens 6144' --json "$OUT/w34_step.json" 2>&1 \
              | tee "$OUT/w34_step.log" | grep -v "^Writing" | grep -v "^#   [a-z_]* .*(n=") ;;
     # wave 34's new defaults (step log-mels, four windows per mixed step): 32 clients + 16 long files, the real
-    # path at 64 (no HF), arrivals at the default budget (~4.5 min)
-    w34-defaults) (cd benchmarks && timeout 170 python3 -W ignore serve_gpu.py --concurrency 32 --requests 192 \
+    # path at 64 (no HF), arrivals at the default budget, after the two GPU tests of wave 34 (~5 min)
+    w34-defaults) timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_admission.py \
+             tests/models/test_step_mel.py 2>&1 | tee "$OUT/w34_tests.log" | tail -2
+             (cd benchmarks && timeout 170 python3 -W ignore serve_gpu.py --concurrency 32 --requests 192 \
              --json "$OUT/w34_defaults.json" 2>&1 | tee "$OUT/w34_defaults.log" | grep -v "^Writing" \
              | grep -v "^#   [a-z_]* .*(n=" | grep -v "language guesses")
              realpath_ab w34_real 110 "after large-v3 64"
