@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from edserve.audio.frames import HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES
 from edserve.audio.pcm_window import PcmWindow
-from edserve.audio.wav_pcm import PCM16_SCALE
+from edserve.audio.wav_pcm import PCM16_SCALE, pcm16_to_float
 from edserve.models.mel_staging import MelStager
 
 
@@ -30,7 +30,7 @@ def float_samples(samples: np.ndarray | torch.Tensor) -> torch.Tensor:
     if torch.is_tensor(samples):
         return samples.float()
     if samples.dtype == np.int16:
-        return torch.from_numpy(samples.astype(np.float32) * PCM16_SCALE)
+        return torch.from_numpy(pcm16_to_float(samples))
     return torch.from_numpy(samples)
 
 
