@@ -11,8 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edserve.chat.grammar_filter import GrammarFilter
 from edserve.chat.mllama_chat import DEFAULT_DATE, ChatFormatError, ChatTokenizer, chat_prompt_ids
 from edserve.chat.mllama_request import make_mllama_request
+from edserve.chat.response_format import response_grammar
 from edserve.chat.sampling_filters import chat_filters
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput
@@ -119,12 +121,15 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
                  temperature: float = 0.0, seed: int | None = None, top_p: float = 1.0,
                  date_string: str = DEFAULT_DATE, allow_local_images: bool = True,
                  logit_bias: Mapping[int, float] | None = None, frequency_penalty: float = 0.0,
-                 presence_penalty: float = 0.0, top_logprobs: int = 0
+                 presence_penalty: float = 0.0, top_logprobs: int = 0,
+                 response_format: Mapping[str, Any] | None = None
                  ) -> tuple[GenerateRequest, ChatTokenizer]:
     """Template, tokenize and preprocess images into a :class:`GenerateRequest` whose
     ``stop_token_ids`` are the chat's end-of-turn tokens; ``logit_bias`` and the penalties
-    become its logits filters (:mod:`edserve.chat.sampling_filters`); ``top_logprobs``: each
-    output token's most likely alternatives (:attr:`GenerateOutput.top_logprobs`).
+    become its logits filters (:mod:`edserve.chat.sampling_filters`), and a
+    ``response_format`` asking for JSON a grammar filter after them
+    (:mod:`edserve.chat.response_format`); ``top_logprobs``: each output token's most likely
+    alternatives (:attr:`GenerateOutput.top_logprobs`).
 
     Raises ``ValueError`` subclasses: ``ChatFormatError`` (messages), ``ImageInputError``
     (images), or ``ValueError`` (not an Mllama engine, bad sampling values).
@@ -133,6 +138,7 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
         raise ValueError("chat needs a Llama-3.2-Vision (Mllama) model; this engine serves "
                          f"{type(getattr(engine, 'model', None)).__name__}")
     tok = ChatTokenizer.for_model(engine.model, engine.tokenizer)
+    grammar = response_grammar(response_format)  # checked before any image is decoded
     ids, images = chat_prompt_ids(tok, messages, date_string, allow_local_images)
     sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed,
                               max_new_tokens=max_tokens, stop_token_ids=tok.stop_token_ids,
@@ -144,6 +150,8 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
                               f"(0..{vocab - 1})", "logit_bias")
     request = make_mllama_request(engine.model, ids, images, sampling)
     request.logits_processors = chat_filters(logit_bias, frequency_penalty, presence_penalty)
+    if grammar is not None:
+        request.logits_processors.append(GrammarFilter(grammar, tok.stop_token_ids))
     return request, tok
 
 
@@ -164,7 +172,8 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
          stop: str | Sequence[str] | None = None, top_p: float = 1.0,
          date_string: str = DEFAULT_DATE, logit_bias: Mapping[int, float] | None = None,
          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-         top_logprobs: int = 0) -> ChatResult:
+         top_logprobs: int = 0, response_format: Mapping[str, Any] | None = None
+         ) -> ChatResult:
     """Run one chat completion on a (synchronous) :class:`~edserve.engine.engine.Engine`.
 
     ``messages`` as in :func:`~edserve.chat.mllama_chat.render_chat` (images may also be
@@ -177,7 +186,8 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
     request, tok = prepare_chat(engine, messages, max_tokens, temperature, seed, top_p,
                                 date_string, logit_bias=logit_bias,
                                 frequency_penalty=frequency_penalty,
-                                presence_penalty=presence_penalty, top_logprobs=top_logprobs)
+                                presence_penalty=presence_penalty, top_logprobs=top_logprobs,
+                                response_format=response_format)
     decoder = ChatDecoder(tok, normalize_stop(stop))
     done: list[GenerateOutput | None] = []
 

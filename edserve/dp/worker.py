@@ -43,6 +43,7 @@ from edserve.os_names import ENGINE_THREAD, name_os_thread
 logger = logging.getLogger("edserve.dp")
 PARENT_CHECK_S = 1.0
 IDLE_STATS_S = 1.0
+MAX_INTERNED_FILTERS = 4096  # distinct value-typed filters kept for sharing (then cleared)
 
 
 def _sendable(delta: Any) -> Any:
@@ -144,7 +145,13 @@ class WorkerLoop:
                 "encoded": self.engine.runner.num_encoded_inputs, "mels": len(self.mels)}
 
     def _intern(self, f: Any) -> Any:
-        """One instance per distinct filter, so the sampler's per-filter caches are shared."""
+        """One instance per distinct value-typed filter, so the sampler's per-filter caches
+        are shared. Identity-equal filters (one per request, e.g. a grammar) pass through:
+        kept here they would never be found again, only held forever."""
+        if type(f).__hash__ is object.__hash__:
+            return f
+        if len(self._filters) >= MAX_INTERNED_FILTERS:  # distinct settings keep coming
+            self._filters.clear()
         try:
             return self._filters.setdefault(f, f)
         except TypeError:  # unhashable

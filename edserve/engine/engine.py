@@ -117,6 +117,8 @@ class Engine:
             raise ValueError(f"beam_size/best_of {sp.group_size} needs as many KV rows, but the "
                              f"engine runs at most {self.pools.req_to_token_pool.size} "
                              "(raise --max-running-requests)")
+        for f in request.logits_processors:  # a grammar compiles against our tokenizer
+            f.bind(self.tokenizer, sp.group_size)
         held = request.encoder_kv
         if held is not None and (held.encoder_len != enc_len or held.enc_region != enc_region):
             raise ValueError(f"encoder_kv holds {held.encoder_len} encoder tokens but the "

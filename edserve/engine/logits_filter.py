@@ -5,6 +5,8 @@ groups the batch's rows by their filter list (lists that compare equal share a g
 each filter of a group once, in list order, on that group's ``[n, V]`` logits. Filters are
 therefore written as tensor ops over rows: no Python loop per request and no host<->device sync
 (never ``if tensor:``, ``.item()``, ``.tolist()``, or ``t[idx] = python_scalar`` on a device).
+The one exception is a grammar (:mod:`edserve.chat.grammar_filter`): its matcher lives on the
+host and must see each sampled token, so it reads its row once per step (never capturable).
 
 Value-typed filters (frozen dataclasses whose fields are the settings) compare equal across
 requests, so every Whisper window of every request that uses the same settings is filtered in
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -50,6 +53,12 @@ class LogitsFilter(ABC):
     @abstractmethod
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         """In place; tensor ops only (see the module doc)."""
+
+    def bind(self, tokenizer: Any, rows: int) -> None:  # noqa: B027 (optional hook)
+        """Called by the engine each time the request is validated or added, before it is
+        queued, with the engine's tokenizer and the request's row count (its beams or
+        ``best_of``): a filter that needs the vocabulary (a grammar) prepares itself here and
+        raises ``ValueError`` to refuse the request. Default: nothing to prepare."""
 
 
 def filter_cache() -> dict:

@@ -5,12 +5,13 @@ Request fields: ``model``, ``messages`` (text and ``image_url`` parts with ``dat
 ``top_p``, ``seed``, ``stop`` (string or list), ``stream``, ``stream_options.include_usage``,
 ``n`` (1 only), ``logprobs`` and ``top_logprobs`` (each token's log-probability and its
 most likely alternatives: :mod:`.chat_logprobs`), ``logit_bias``, ``frequency_penalty`` and
-``presence_penalty`` (logits filters: :mod:`edserve.chat.sampling_filters`). Fields that would
-change the output and are not implemented (a ``response_format`` other than text, tools and
-functions) -> 400 when set, not ignored. Bad input -> 4xx in OpenAI's error shape, before any
-work is queued. Templating and image decoding run in a worker thread; tokens come from the
-shared AsyncEngine, so chat requests batch with each other. A client that disconnects aborts
-its request (KV freed), and so does a matched ``stop`` string.
+``presence_penalty`` (logits filters: :mod:`edserve.chat.sampling_filters`),
+``response_format`` (``json_object`` / ``json_schema``: grammar-constrained output,
+:mod:`edserve.chat.response_format`). Fields that would change the output and are not
+implemented (tools and functions) -> 400 when set, not ignored. Bad input -> 4xx in OpenAI's
+error shape, before any work is queued. Templating and image decoding run in a worker thread;
+tokens come from the shared AsyncEngine, so chat requests batch with each other. A client that
+disconnects aborts its request (KV freed), and so does a matched ``stop`` string.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class ChatParams:
     logit_bias: dict[int, float] | None = None  # token id -> added logit
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    response_format: Any = None  # OpenAI's object; compiled when the request is prepared
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float,
@@ -89,7 +91,6 @@ def _int(body: dict, name: str, lo: int, hi: int = 2**31 - 1) -> int | None:
 # refused when set to anything but their no-op value, never silently ignored.
 # (field, is its value a no-op?)
 UNSUPPORTED: tuple[tuple[str, Any], ...] = (
-    ("response_format", lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text")),
     ("tool_choice", lambda v: v in (None, "none")),
     ("functions", lambda v: not v),
     ("function_call", lambda v: v in (None, "none")),
@@ -155,7 +156,8 @@ def parse_params(body: Any) -> ChatParams:
         logprobs=logprobs, top_logprobs=top_logprobs,
         logit_bias=_logit_bias(body.get("logit_bias")),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
-        presence_penalty=_number(body, "presence_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT))
+        presence_penalty=_number(body, "presence_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
+        response_format=body.get("response_format"))
 
 
 def _logit_bias(value: Any) -> dict[int, float] | None:
@@ -186,7 +188,8 @@ def _prepare(client: Any, p: ChatParams):
                                  p.top_p, allow_local_images=False, logit_bias=p.logit_bias,
                                  frequency_penalty=p.frequency_penalty,
                                  presence_penalty=p.presence_penalty,
-                                 top_logprobs=p.top_logprobs)
+                                 top_logprobs=p.top_logprobs,
+                                 response_format=p.response_format)
     client.validate(request)  # ValueError: prompt too long, or can never fit the KV cache
     room = client.max_decoder_len - len(request.prompt_ids)
     if p.max_tokens is not None and p.max_tokens > room:  # as vLLM / OpenAI: not cut silently

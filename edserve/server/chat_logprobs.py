@@ -7,14 +7,16 @@ model's logits before temperature and top-p (vLLM's default ``raw_logprobs``), a
 request's ``logit_bias`` and penalties (:mod:`edserve.chat.sampling_filters`). With
 ``top_logprobs: k`` each entry lists the ``k`` most likely tokens at that position, best first,
 in the same shape (:attr:`GenerateOutput.top_logprobs`: the sampler's top-k of the same
-log-softmax; the chosen token need not be among them when sampling), else ``[]``. ``token`` is
-the token decoded alone (a byte-level piece of a multi-byte character shows as U+FFFD, as in vLLM)
-and ``bytes`` its UTF-8 encoding. Entries cover the tokens the response counts as completion
-tokens: up to the one that completed a stop string, none after it.
+log-softmax; the chosen token need not be among them when sampling; tokens a grammar rules out
+(``-inf``) are not alternatives and are left out, so a list may be shorter), else ``[]``.
+``token`` is the token decoded alone (a byte-level piece of a multi-byte character shows as
+U+FFFD, as in vLLM) and ``bytes`` its UTF-8 encoding. Entries cover the tokens the response
+counts as completion tokens: up to the one that completed a stop string, none after it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +30,8 @@ def entries(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float],
                          f"{len(top)} lists of alternatives")
     out = []
     for i, (t, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
-        alternatives = [_entry(tokenizer, a, alp) for a, alp in top[i]] if top else []
+        alternatives = [_entry(tokenizer, a, alp) for a, alp in top[i]
+                        if alp > -math.inf] if top else []
         out.append({**_entry(tokenizer, t, lp), "top_logprobs": alternatives})
     return out
 

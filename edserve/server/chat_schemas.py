@@ -39,11 +39,27 @@ class StreamOptions(BaseModel):
     include_usage: bool = Field(False, description="Send one last chunk with `usage`.")
 
 
+class JsonSchemaFormat(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema", description=(
+        "The JSON Schema the output follows (default: any JSON object). Enforced whatever "
+        "`strict` says; keywords the grammar engine does not implement are refused (400)."))
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"] = Field(description=(
+        "`json_object`: the output is one JSON object; `json_schema`: one JSON value valid "
+        "against `json_schema.schema` (grammar-constrained decoding)."))
+    json_schema: JsonSchemaFormat | None = Field(None, description="For `json_schema`.")
+
+
 class ChatRequest(BaseModel):
     """The JSON body. Fields not listed are ignored, except those that would change the
     output and are not implemented, refused with 400 when set (`tools`, `tool_choice`,
-    `functions`, `function_call`, a `response_format` other than text). A Whisper server
-    answers every chat request with 400 (`unsupported_task`)."""
+    `functions`, `function_call`). A Whisper server answers every chat request with 400
+    (`unsupported_task`)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -68,6 +84,7 @@ class ChatRequest(BaseModel):
         "Subtracted from a token's logit once it was generated. Default 0."))
     logprobs: bool | None = Field(None, description="Each generated token's log-probability "
                                   "(before temperature and top-p).")
+    response_format: ResponseFormat | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
         "With `logprobs: true`: at each token, this many most likely tokens and their "
         "log-probabilities. Default 0."))

@@ -46,6 +46,47 @@ def save_chat_tokenizer(folder: Path, vocab_size: int = 128) -> Path:
     return folder
 
 
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (what byte-level BPE vocabularies spell)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+BYTE_MERGES = ('{"', '":', '",', '"}')  # multi-character tokens the JSON tests cross
+
+
+def save_byte_chat_tokenizer(folder: Path, vocab_size: int = 128) -> Path:
+    """A byte-level BPE ``tokenizer.json`` (as Llama 3's, in miniature): the specials, one
+    token per printable ASCII character and newline, :data:`BYTE_MERGES`, then filler tokens;
+    any ASCII text round-trips, so grammar-constrained output (JSON) can be spelled."""
+    from tokenizers import AddedToken, Tokenizer, decoders
+    from tokenizers.models import BPE
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    chars = _byte_chars()
+    vocab = {t: i for t, i in SPECIAL.items() if t != "<|image|>"}
+    for b in [*range(32, 127), 10]:
+        vocab[chars[b]] = len(vocab)
+    merges = [(chars[ord(m[0])], chars[ord(m[1])]) for m in BYTE_MERGES]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"<|filler_{len(vocab)}|>"] = len(vocab)
+    vocab["<|image|>"] = vocab_size
+    tok = Tokenizer(BPE(vocab, merges))
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in sorted(SPECIAL, key=vocab.get)])
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
 def save_chat_model(folder: Path) -> Path:
     """The facts' tiny model (gates randomised) + the chat tokenizer, as an HF folder."""
     save_hf_tiny(build_hf_tiny(), folder)

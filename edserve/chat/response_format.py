@@ -1,0 +1,78 @@
+"""OpenAI's ``response_format`` for chat completions -> the grammar the output must follow.
+
+* absent, or ``{"type": "text"}``: free text (no grammar);
+* ``{"type": "json_object"}`` (JSON mode): one JSON object;
+* ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}``
+  (structured outputs): one JSON value valid against ``schema`` (a JSON object schema when
+  ``schema`` is absent). The schema is enforced whatever ``strict`` says; a keyword llguidance
+  does not implement is refused, not ignored.
+
+JSON may carry whitespace between tokens, as vLLM's default (``whitespace_flexible``); the
+output ends right after the value (only the chat's stop tokens may follow it). Malformed values
+raise :class:`~edserve.chat.mllama_chat.ChatFormatError` naming ``response_format`` (a 400 from
+the server). The grammar is llguidance's text, compiled per request by
+:class:`~edserve.chat.grammar_filter.GrammarFilter`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from edserve.chat.grammar_filter import llguidance
+from edserve.chat.mllama_chat import ChatFormatError
+
+FORMATS = ("text", "json_object", "json_schema")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.name
+MAX_SCHEMA_BYTES = 64 * 1024  # a schema this large is refused (compile time grows with it)
+
+
+def _fail(message: str) -> ChatFormatError:
+    return ChatFormatError(message, "response_format")
+
+
+def schema_grammar(schema: dict) -> str:
+    """llguidance's grammar for one JSON value valid against ``schema`` (ChatFormatError when
+    llguidance cannot use the schema)."""
+    llg = llguidance()
+    try:
+        grammar = llg.LLMatcher.grammar_from_json_schema(schema)
+    except ValueError as exc:
+        raise _fail(f"invalid JSON schema: {exc}") from None
+    error = llg.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise _fail(f"unsupported JSON schema: {error}")
+    return grammar
+
+
+def response_grammar(response_format: Any) -> str | None:
+    """The grammar ``response_format`` asks for; None for free text."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
+        raise _fail("'response_format' must be an object with a 'type'")
+    kind = response_format["type"]
+    if kind not in FORMATS:
+        raise _fail(f"'response_format.type' must be one of {', '.join(FORMATS)}; got {kind!r}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return schema_grammar({"type": "object"})
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise _fail("'response_format.json_schema' is required for type json_schema: an "
+                    "object with 'name' and 'schema'")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise _fail("'response_format.json_schema.name' must be 1-64 letters, digits, '_' or "
+                    f"'-'; got {name!r}")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise _fail("'response_format.json_schema.strict' must be a boolean")
+    schema = spec.get("schema")
+    schema = {"type": "object"} if schema is None else schema
+    if not isinstance(schema, dict):
+        raise _fail("'response_format.json_schema.schema' must be a JSON Schema object")
+    if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
+        raise _fail(f"'response_format.json_schema.schema' is over {MAX_SCHEMA_BYTES} bytes")
+    return schema_grammar(schema)

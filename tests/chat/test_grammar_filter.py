@@ -1,0 +1,178 @@
+"""Grammar-constrained chat output on the tiny random Mllama with a byte-level tokenizer.
+
+Oracle: llguidance's matcher run independently over the same tokens. Every chosen token must be
+the argmax (greedy) of the unconstrained logits restricted to the tokens the grammar allowed
+at that step (recorded before the grammar filter), every sampled token must be allowed, and a
+finished output must parse as JSON valid against its schema."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from edserve.chat.chat_api import chat, prepare_chat
+from edserve.chat.grammar_filter import GrammarFilter
+from edserve.chat.response_format import response_grammar
+from edserve.engine.logits_filter import FilterContext, LogitsRecorder
+from edserve.engine.request import FinishReason, SamplingParams
+
+pytest.importorskip("transformers")
+llguidance = pytest.importorskip("llguidance")
+jsonschema = pytest.importorskip("jsonschema")
+
+from tests.models.mllama.chat_tiny import (  # noqa: E402
+    STOP_IDS,
+    save_byte_chat_tokenizer,
+    save_chat_model,
+)
+from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny, synthetic_image  # noqa: E402
+
+SPACE, NEWLINE = 8, 103  # the byte vocabulary's " " and "\n"
+NO_WHITESPACE = {SPACE: -100.0, NEWLINE: -100.0}  # so greedy random weights cannot pad forever
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["kind", "n", "tag"],
+          "properties": {"kind": {"enum": ["cat", "dog"]},
+                         "n": {"type": "integer", "minimum": 0, "maximum": 999},
+                         "tag": {"type": "string", "maxLength": 4}}}
+AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}}
+
+
+def _build(folder):
+    from edserve.runtime import build_engine
+    return build_engine(model=str(folder), device="cpu", dtype="float32", context_length=256,
+                        max_running_requests=8)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("json_chat")
+    save_hf_tiny(build_hf_tiny(), folder)
+    return _build(save_byte_chat_tokenizer(folder))
+
+
+def _messages(text: str = "a pet as json", seed: int = 0) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image", "image": synthetic_image(80, 40, seed)},
+                                         {"type": "text", "text": text}]}]
+
+
+def _allowed(matcher) -> np.ndarray:
+    """[vocab] bool from an independent matcher's bitmask (bit t%8 of byte t//8)."""
+    return np.unpackbits(np.frombuffer(matcher.compute_bitmask(), np.uint8),
+                         bitorder="little").astype(bool)
+
+
+def _oracle(engine, grammar: str):
+    tok = engine.tokenizer
+    vocab = llguidance.LLTokenizer(tok.to_str(), n_vocab=tok.get_vocab_size(True),
+                                   eos_token=list(STOP_IDS))
+    return llguidance.LLMatcher(vocab, grammar)
+
+
+def _run(engine, messages, response_format, record: bool = False, **kw):
+    request, tok = prepare_chat(engine, messages, response_format=response_format, **kw)
+    rec = LogitsRecorder()
+    if record:  # before the grammar filter: the logits it is shown
+        request.logits_processors.insert(len(request.logits_processors) - 1, rec)
+    return request, rec
+
+
+def test_greedy_tokens_are_the_argmax_over_what_the_grammar_allows(engine):
+    grammar = response_grammar(AS_SCHEMA)
+    request, rec = _run(engine, _messages(), AS_SCHEMA, record=True, max_tokens=60,
+                        logit_bias=NO_WHITESPACE)
+    out = engine.generate([request])[0]
+    assert out.finish_reason == FinishReason.STOP, "the schema is bounded: it must finish"
+    assert len(rec.rows) == len(out.token_ids) + 1  # the last step chose a stop token
+    oracle = _oracle(engine, grammar)
+    for step, logits in enumerate(rec.rows):
+        allowed = _allowed(oracle)[:logits.numel()]
+        masked = logits.clone()
+        masked[~torch.from_numpy(allowed)] = float("-inf")
+        chosen = int(masked.argmax())
+        if step == len(out.token_ids):
+            assert chosen in STOP_IDS and oracle.is_accepting()
+            break
+        assert chosen == out.token_ids[step], f"step {step}"
+        assert oracle.consume_token(chosen)
+    text = engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert all(np.isfinite(out.logprobs))
+    # the same through the Python chat API
+    res = chat(engine, _messages(), max_tokens=60, logit_bias=NO_WHITESPACE,
+               response_format=AS_SCHEMA)
+    assert res.text == text and res.finish_reason == "stop"
+
+
+def test_sampled_rows_stay_in_the_grammar_and_leave_other_rows_alone(engine):
+    grammar = response_grammar(AS_SCHEMA)
+    free, _ = _run(engine, _messages("hello"), None, max_tokens=12)
+    solo = engine.generate([free])[0].token_ids
+    free, _ = _run(engine, _messages("hello"), None, max_tokens=12)
+    rows = [_run(engine, _messages(seed=s), AS_SCHEMA, max_tokens=60, temperature=1.0, seed=s,
+                 logit_bias=NO_WHITESPACE)[0] for s in range(4)]
+    outs = engine.generate(rows + [free])
+    assert outs[-1].token_ids == solo
+    texts = set()
+    for out in outs[:-1]:
+        oracle = _oracle(engine, grammar)
+        for token in out.token_ids:
+            assert _allowed(oracle)[token] and oracle.consume_token(token)
+        assert out.finish_reason == FinishReason.STOP and oracle.is_accepting()
+        text = engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        jsonschema.validate(json.loads(text), SCHEMA)
+        texts.add(text)
+    assert len(texts) > 1  # the seeds sample different values inside the schema
+
+
+def test_filter_rolls_back_and_ends_a_row_that_left_the_grammar(engine):
+    grammar = response_grammar(AS_SCHEMA)
+    f = GrammarFilter(grammar, STOP_IDS)
+    f.bind(engine.tokenizer, 1)
+    ids = engine.tokenizer.encode('{"kind":"cat"', add_special_tokens=False).ids
+    vocab = 128
+
+    def step(tokens: list[int]) -> torch.Tensor:
+        logits = torch.zeros(1, vocab)
+        hist = torch.tensor([tokens + [0] * (20 - len(tokens))])
+        f.apply(logits, FilterContext(hist, torch.tensor([len(tokens)]), ("r",)))
+        return torch.isfinite(logits[0])
+
+    oracle = _oracle(engine, grammar)
+    oracle.consume_tokens(ids)
+    assert torch.equal(step(ids), torch.from_numpy(_allowed(oracle)[:vocab]))
+    shorter = _oracle(engine, grammar)
+    shorter.consume_tokens(ids[:2])
+    assert torch.equal(step(ids[:2]), torch.from_numpy(_allowed(shorter)[:vocab]))  # rollback
+    bad = engine.tokenizer.token_to_id("q")
+    only_stops = step(ids[:2] + [bad])  # '{"k' then 'q': no key of the schema
+    assert f.failed and sorted(torch.nonzero(only_stops)[:, 0].tolist()) == sorted(STOP_IDS)
+
+
+def test_pickled_filter_carries_settings_only_and_refuses_groups(engine):
+    f = GrammarFilter(response_grammar({"type": "json_object"}), STOP_IDS)
+    f.bind(engine.tokenizer, 1)
+    g = pickle.loads(pickle.dumps(f))
+    assert g.grammar == f.grammar and g.stop_ids == STOP_IDS and g._matcher is None
+    with pytest.raises(RuntimeError, match="before bind"):
+        g.apply(torch.zeros(1, 128), FilterContext(torch.zeros(1, 4, dtype=torch.long),
+                                                   torch.zeros(1, dtype=torch.long), ("r",)))
+    with pytest.raises(ValueError, match="beam search or best_of"):
+        g.bind(engine.tokenizer, 2)
+    request, _ = _run(engine, _messages(), {"type": "json_object"}, max_tokens=4)
+    request.sampling = SamplingParams(max_new_tokens=4, best_of=2, temperature=1.0,
+                                      stop_token_ids=STOP_IDS)
+    with pytest.raises(ValueError, match="best_of"):
+        engine.make_req(request)
+    with pytest.raises(ValueError, match="at least one stop token"):
+        GrammarFilter(f.grammar, ())
+
+
+def test_tokenizer_llguidance_cannot_read_is_refused_up_front(tmp_path):
+    words = _build(save_chat_model(tmp_path))  # WordLevel, no byte-level decoder
+    with pytest.raises(ValueError, match="cannot use this model's tokenizer"):
+        chat(words, _messages("what is this"), max_tokens=8,
+             response_format={"type": "json_object"})
+    assert chat(words, _messages("what is this"), max_tokens=3).completion_tokens == 3

@@ -1,0 +1,133 @@
+"""``response_format`` (JSON mode and structured outputs) on a live chat server, in process and
+through an engine worker process (the grammar travels as its text; the worker compiles it): the
+official ``openai`` client gets JSON valid against its schema, equal to the Python API's, with
+and without streaming; bad formats are 400s naming the field; the KV cache is whole after."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from edserve.chat.chat_api import chat
+from edserve.config import EngineConfig
+from edserve.runtime import build_engine
+from edserve.server.config import ServerConfig
+from edserve.server.launch import ServerThread, build
+
+pytest.importorskip("transformers")
+pytest.importorskip("llguidance")
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+
+from tests.chat.test_grammar_filter import AS_SCHEMA, NO_WHITESPACE, SCHEMA  # noqa: E402
+from tests.models.mllama.chat_tiny import png_data_url, save_byte_chat_tokenizer  # noqa: E402
+from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny  # noqa: E402
+from tests.server.test_chat import _idle_integrity  # noqa: E402
+
+MODEL = "tiny-json"
+ENGINE = dict(device="cpu", dtype="float32", context_length=256, max_running_requests=4,
+              threads=1)
+BIAS = {str(k): v for k, v in NO_WHITESPACE.items()}
+MESSAGES = [{"role": "user", "content": [
+    {"type": "image_url", "image_url": {"url": png_data_url(80, 40)}},
+    {"type": "text", "text": "a pet as json"}]}]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("json_server")
+    save_hf_tiny(build_hf_tiny(), folder)
+    return save_byte_chat_tokenizer(folder)
+
+
+@pytest.fixture(scope="module")
+def local(folder):
+    return build_engine(model=str(folder), **ENGINE)
+
+
+@pytest.fixture(scope="module", params=["in_process", "engine_process"])
+def server(request, folder):
+    cfg = ServerConfig(served_model_name=MODEL, enable_debug_endpoints=True,
+                       debug_rate_limit=100.0, engine_process=request.param == "engine_process")
+    client, app = build(EngineConfig(model=str(folder), **ENGINE), cfg)
+    srv = ServerThread(app, "127.0.0.1", 0).start()
+    yield srv
+    srv.stop()
+    client.shutdown(5.0)
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
+                       timeout=300) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=300) as c:
+        yield c
+
+
+def test_structured_output_is_valid_and_equals_the_python_api(oai, http, local):
+    ref = chat(local, MESSAGES, max_tokens=60, logit_bias=NO_WHITESPACE,
+               response_format=AS_SCHEMA)
+    jsonschema.validate(json.loads(ref.text), SCHEMA)
+    res = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=60,
+                                      temperature=0, logit_bias=BIAS, response_format=AS_SCHEMA,
+                                      logprobs=True, top_logprobs=5)
+    choice = res.choices[0]
+    assert choice.message.content == ref.text and choice.finish_reason == "stop"
+    entries = choice.logprobs.content
+    assert len(entries) == res.usage.completion_tokens == ref.completion_tokens
+    # tokens the grammar ruled out (-inf) are no alternatives: every value is a finite float
+    assert all(len(e.top_logprobs) <= 5 for e in entries)
+    assert all(a.logprob > -1e30 for e in entries for a in e.top_logprobs)
+    chunks = list(oai.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=60, temperature=0, logit_bias=BIAS,
+        response_format=AS_SCHEMA, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
+    _idle_integrity(http)
+
+
+def test_json_mode_and_concurrent_rows(oai, http, local):
+    """Sampled JSON-mode rows beside free rows: each grammar row's text is an object when it
+    finishes, and the free rows equal their solo answers."""
+    free = chat(local, MESSAGES, max_tokens=8)
+    bodies = [dict(response_format={"type": "json_object"}, temperature=1.0, seed=s,
+                   logit_bias=BIAS, max_tokens=40) for s in range(3)] + [dict(max_tokens=8)] * 2
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        outs = list(pool.map(lambda kw: oai.chat.completions.create(
+            model=MODEL, messages=MESSAGES, **{"temperature": 0, **kw}), bodies))
+    for out in outs[:3]:
+        if out.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(out.choices[0].message.content), dict)
+        else:  # cut by max_tokens: still a prefix the grammar allowed
+            assert out.choices[0].message.content.startswith("{")
+    assert [o.choices[0].message.content for o in outs[3:]] == [free.text] * 2
+    _idle_integrity(http)
+
+
+@pytest.mark.parametrize("value,needle", [
+    ({"type": "xml"}, "must be one of text, json_object, json_schema"),
+    ({"type": "json_schema"}, "'response_format.json_schema' is required"),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"not": {}}}},
+     'Unimplemented keys: ["not"]'),
+    ("json", "must be an object"),
+])
+def test_bad_response_format_is_400_naming_the_field(http, value, needle):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES,
+                                                "response_format": value})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "response_format" and needle in err["message"], err
+    assert http.get("/health").status_code == 200
+
+
+def test_best_of_style_fields_still_refused_with_json(http):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "n": 2,
+                                                "response_format": {"type": "json_object"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
