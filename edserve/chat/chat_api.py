@@ -14,8 +14,9 @@ from typing import Any
 from edserve.chat.grammar_filter import GrammarFilter
 from edserve.chat.mllama_chat import DEFAULT_DATE, ChatFormatError, ChatTokenizer, chat_prompt_ids
 from edserve.chat.mllama_request import make_mllama_request
-from edserve.chat.response_format import response_grammar
+from edserve.chat.response_format import response_grammar, schema_grammar
 from edserve.chat.sampling_filters import chat_filters
+from edserve.chat.tools import ToolCall, ToolRequest, call_schema, parse_calls, parse_tools
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput
 from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
@@ -99,7 +100,8 @@ class ChatDecoder:
 @dataclass
 class ChatResult:
     """One chat completion. ``finish_reason``: ``"stop"`` (end-of-turn token or a stop
-    string) or ``"length"`` (``max_tokens`` or the context limit)."""
+    string), ``"length"`` (``max_tokens`` or the context limit) or ``"tool_calls"`` (the
+    answer is ``tool_calls``; ``text`` keeps the model's JSON)."""
 
     text: str
     finish_reason: str
@@ -110,6 +112,7 @@ class ChatResult:
     # top_logprobs, its most likely alternatives ((token id, log-prob), best first)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     @property
     def usage(self) -> dict[str, int]:
@@ -122,14 +125,17 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
                  date_string: str = DEFAULT_DATE, allow_local_images: bool = True,
                  logit_bias: Mapping[int, float] | None = None, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, top_logprobs: int = 0,
-                 response_format: Mapping[str, Any] | None = None
+                 response_format: Mapping[str, Any] | None = None,
+                 tools: ToolRequest | None = None
                  ) -> tuple[GenerateRequest, ChatTokenizer]:
     """Template, tokenize and preprocess images into a :class:`GenerateRequest` whose
     ``stop_token_ids`` are the chat's end-of-turn tokens; ``logit_bias`` and the penalties
     become its logits filters (:mod:`edserve.chat.sampling_filters`), and a
     ``response_format`` asking for JSON a grammar filter after them
     (:mod:`edserve.chat.response_format`); ``top_logprobs``: each output token's most likely
-    alternatives (:attr:`GenerateOutput.top_logprobs`).
+    alternatives (:attr:`GenerateOutput.top_logprobs`); ``tools`` (from
+    :func:`edserve.chat.tools.parse_tools`): the functions are listed in the prompt, and a
+    forced ``tool_choice`` constrains the answer to one call.
 
     Raises ``ValueError`` subclasses: ``ChatFormatError`` (messages), ``ImageInputError``
     (images), or ``ValueError`` (not an Mllama engine, bad sampling values).
@@ -139,7 +145,14 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
                          f"{type(getattr(engine, 'model', None)).__name__}")
     tok = ChatTokenizer.for_model(engine.model, engine.tokenizer)
     grammar = response_grammar(response_format)  # checked before any image is decoded
-    ids, images = chat_prompt_ids(tok, messages, date_string, allow_local_images)
+    shown = tools.shown if tools is not None else ()
+    if grammar is not None and shown:
+        raise ChatFormatError("'response_format' json_object / json_schema cannot be combined "
+                              "with 'tools' (a forced tool_choice already constrains the "
+                              "answer; tool_choice 'none' drops the tools)", "response_format")
+    if tools is not None and tools.forced:
+        grammar = schema_grammar(call_schema(tools))
+    ids, images = chat_prompt_ids(tok, messages, date_string, allow_local_images, shown)
     sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed,
                               max_new_tokens=max_tokens, stop_token_ids=tok.stop_token_ids,
                               top_logprobs=top_logprobs)
@@ -172,22 +185,25 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
          stop: str | Sequence[str] | None = None, top_p: float = 1.0,
          date_string: str = DEFAULT_DATE, logit_bias: Mapping[int, float] | None = None,
          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-         top_logprobs: int = 0, response_format: Mapping[str, Any] | None = None
-         ) -> ChatResult:
+         top_logprobs: int = 0, response_format: Mapping[str, Any] | None = None,
+         tools: Sequence[dict] | None = None, tool_choice: Any = None) -> ChatResult:
     """Run one chat completion on a (synchronous) :class:`~edserve.engine.engine.Engine`.
 
     ``messages`` as in :func:`~edserve.chat.mllama_chat.render_chat` (images may also be
     PIL images, bytes or file paths here). ``max_tokens`` None: the engine's
     ``max_new_tokens``. ``temperature`` 0 is greedy; ``seed`` makes sampling reproducible;
     ``logit_bias`` and the penalties as in OpenAI's API (:mod:`.sampling_filters`);
-    ``top_logprobs``: each completion token's most likely alternatives in the result. Bad
-    input raises ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
+    ``top_logprobs``: each completion token's most likely alternatives in the result;
+    ``response_format`` as OpenAI's (``json_object`` / ``json_schema``: the text is JSON);
+    ``tools`` and ``tool_choice`` as OpenAI's (:mod:`edserve.chat.tools`: calls come back in
+    ``tool_calls``). Bad input raises ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
     """
     request, tok = prepare_chat(engine, messages, max_tokens, temperature, seed, top_p,
                                 date_string, logit_bias=logit_bias,
                                 frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, top_logprobs=top_logprobs,
-                                response_format=response_format)
+                                response_format=response_format,
+                                tools=(wanted := parse_tools(tools, tool_choice)))
     decoder = ChatDecoder(tok, normalize_stop(stop))
     done: list[GenerateOutput | None] = []
 
@@ -205,5 +221,7 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
     reason = finish_reason(done[0], decoder)
     decoder.flush()
     n, out = len(decoder.token_ids), done[0]  # a stop string may have cut tokens
-    return ChatResult(decoder.text, reason, len(request.prompt_ids), n, list(decoder.token_ids),
-                      list(out.logprobs[:n]), list(out.top_logprobs[:n]))
+    calls = parse_calls(decoder.text, wanted) if wanted is not None and wanted.shown else None
+    return ChatResult(decoder.text, "tool_calls" if calls else reason, len(request.prompt_ids),
+                      n, list(decoder.token_ids), list(out.logprobs[:n]),
+                      list(out.top_logprobs[:n]), calls or [])

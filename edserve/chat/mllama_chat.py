@@ -19,7 +19,10 @@ Instruct), rendered to text and tokenized with the special tokens split out, exa
 Message content is a string or a list of parts: ``{"type": "text", "text": ...}``,
 ``{"type": "image_url", "image_url": {"url": "data:..."}}`` (OpenAI) or, from Python only,
 ``{"type": "image", "image": <PIL image | bytes | path | data: URL>}``. Roles: ``system``
-(``developer`` is an alias), ``user``, ``assistant``. Tools are not supported.
+(``developer`` is an alias), ``user``, ``assistant`` (its ``tool_calls`` are written as the
+model's JSON calls), ``tool`` (a function's result, an ``ipython`` turn). With ``tools`` the
+functions are listed before the first user message's content and the system block starts with
+``Environment: ipython`` (Llama 3's JSON tool-calling prompt: :mod:`edserve.chat.tools`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edserve.chat import tools as tool_format
+from edserve.chat.errors import ChatFormatError
 from edserve.multimodal.errors import ImageInputError
 from edserve.multimodal.image_io import ImageSource
 
@@ -36,15 +41,8 @@ HEADER_START, HEADER_END = "<|start_header_id|>", "<|end_header_id|>"
 IMAGE = "<|image|>"
 STOP_TOKENS = ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")  # 128001, 128008, 128009
 DEFAULT_DATE = "26 Jul 2024"
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-class ChatFormatError(ValueError):
-    """Malformed chat messages; ``param`` names the offending field (user-facing)."""
-
-    def __init__(self, message: str, param: str | None = "messages") -> None:
-        super().__init__(message)
-        self.param = param
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "ipython", "ipython": "ipython"}  # a tool's result is an ipython turn
 
 
 class ChatTokenizer:
@@ -110,6 +108,14 @@ def _image_source(part: dict, where: str, allow_local: bool) -> ImageSource:
 
 
 def _content(msg: Any, i: int, images: list[ImageSource], allow_local: bool) -> str:
+    calls = msg.get("tool_calls") if msg.get("role") == "assistant" else None
+    if calls:
+        if not isinstance(calls, list):
+            raise ChatFormatError(f"messages[{i}].tool_calls must be a list",
+                                  f"messages[{i}].tool_calls")
+        text = _content({**msg, "tool_calls": None}, i, images, allow_local)
+        return text + "; ".join(tool_format.history_call(c, f"messages[{i}].tool_calls[{k}]")
+                                for k, c in enumerate(calls))
     content = msg.get("content")
     if isinstance(content, str):
         return content
@@ -136,8 +142,9 @@ def _content(msg: Any, i: int, images: list[ImageSource], allow_local: bool) -> 
 
 
 def render_chat(messages: Sequence[Any], date_string: str = DEFAULT_DATE,
-                allow_local_images: bool = True) -> ChatPrompt:
-    """The Instruct template applied to ``messages`` (with the generation prompt).
+                allow_local_images: bool = True, tools: Sequence[dict] = ()) -> ChatPrompt:
+    """The Instruct template applied to ``messages`` (with the generation prompt);
+    ``tools``: the function objects to list (:func:`edserve.chat.tools.tools_preamble`).
 
     Raises :class:`ChatFormatError` for malformed messages or a system message alongside
     images, :class:`ImageInputError` for a non-``data:`` image URL when
@@ -157,8 +164,8 @@ def render_chat(messages: Sequence[Any], date_string: str = DEFAULT_DATE,
             shown = repr(raw_role) if isinstance(raw_role, str) and len(raw_role) <= 32 \
                 else f"a {type(raw_role).__name__}" if not isinstance(raw_role, str) \
                 else repr(raw_role[:32] + "...")
-            raise ChatFormatError(f"messages[{i}].role must be one of system, user, assistant; "
-                                  f"got {shown}", f"messages[{i}].role")
+            raise ChatFormatError(f"messages[{i}].role must be one of system, user, assistant, "
+                                  f"tool; got {shown}", f"messages[{i}].role")
         turns.append((role, _content(msg, i, images, allow_local_images)))
     system = ""
     if turns[0][0] == "system":
@@ -166,10 +173,16 @@ def render_chat(messages: Sequence[Any], date_string: str = DEFAULT_DATE,
     if images and (system or any(r == "system" and c.strip() for r, c in turns)):
         raise ChatFormatError("Prompting with images is incompatible with system messages: "
                               "put the instructions in the user message")
+    if tools:
+        first = next((k for k, (r, _) in enumerate(turns) if r == "user"), None)
+        if first is None:
+            raise ChatFormatError("'tools' need a user message to list them in")
+        turns[first] = ("user", tool_format.tools_preamble(tools) + turns[first][1])
     parts = [BOT]
     if not images:
-        parts.append(f"{HEADER_START}system{HEADER_END}\n\nCutting Knowledge Date: December "
-                     f"2023\nToday Date: {date_string}\n\n{system}{EOT}")
+        env = tool_format.ENVIRONMENT if tools else ""
+        parts.append(f"{HEADER_START}system{HEADER_END}\n\n{env}Cutting Knowledge Date: "
+                     f"December 2023\nToday Date: {date_string}\n\n{system}{EOT}")
     for role, content in turns:
         parts.append(f"{HEADER_START}{role}{HEADER_END}\n\n{content}{EOT}")
     parts.append(f"{HEADER_START}assistant{HEADER_END}\n\n")
@@ -177,8 +190,8 @@ def render_chat(messages: Sequence[Any], date_string: str = DEFAULT_DATE,
 
 
 def chat_prompt_ids(tokenizer: ChatTokenizer, messages: Sequence[Any],
-                    date_string: str = DEFAULT_DATE,
-                    allow_local_images: bool = True) -> tuple[list[int], list[ImageSource]]:
+                    date_string: str = DEFAULT_DATE, allow_local_images: bool = True,
+                    tools: Sequence[dict] = ()) -> tuple[list[int], list[ImageSource]]:
     """Prompt ids and images of ``messages`` (see :func:`render_chat`)."""
-    prompt = render_chat(messages, date_string, allow_local_images)
+    prompt = render_chat(messages, date_string, allow_local_images, tools)
     return tokenizer.encode(prompt.text), prompt.images

@@ -9,7 +9,7 @@
 
 JSON may carry whitespace between tokens, as vLLM's default (``whitespace_flexible``); the
 output ends right after the value (only the chat's stop tokens may follow it). Malformed values
-raise :class:`~edserve.chat.mllama_chat.ChatFormatError` naming ``response_format`` (a 400 from
+raise :class:`~edserve.chat.errors.ChatFormatError` naming ``response_format`` (a 400 from
 the server). The grammar is llguidance's text, compiled per request by
 :class:`~edserve.chat.grammar_filter.GrammarFilter`.
 """
@@ -20,8 +20,8 @@ import json
 import re
 from typing import Any
 
+from edserve.chat.errors import ChatFormatError
 from edserve.chat.grammar_filter import llguidance
-from edserve.chat.mllama_chat import ChatFormatError
 
 FORMATS = ("text", "json_object", "json_schema")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.name

@@ -28,11 +28,46 @@ class ImagePart(BaseModel):
     image_url: ImageURL
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments: a JSON object, as text.")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"] = Field(
-        description="`developer` is read as `system`.")
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description="`developer` is read as `system`; `tool`: a function's result.")
     content: str | list[TextPart | ImagePart] | None = Field(
         description="A string or a list of parts; null only for `assistant`.")
+    tool_calls: list[ToolCall] | None = Field(None, description=(
+        "`assistant` only: the calls it made (written in the prompt as Llama 3 JSON calls)."))
+    tool_call_id: str | None = Field(None, description="`tool` only (not used by the prompt).")
+
+
+class FunctionSpec(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = Field(None, description=(
+        "JSON Schema of the arguments (absent: none). Forced calls are constrained to it."))
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(BaseModel):
@@ -57,8 +92,8 @@ class ResponseFormat(BaseModel):
 
 class ChatRequest(BaseModel):
     """The JSON body. Fields not listed are ignored, except those that would change the
-    output and are not implemented, refused with 400 when set (`tools`, `tool_choice`,
-    `functions`, `function_call`). A Whisper server answers every chat request with 400
+    output and are not implemented, refused with 400 when set (the deprecated `functions`,
+    `function_call`). A Whisper server answers every chat request with 400
     (`unsupported_task`)."""
 
     model_config = ConfigDict(extra="allow")
@@ -85,6 +120,16 @@ class ChatRequest(BaseModel):
     logprobs: bool | None = Field(None, description="Each generated token's log-probability "
                                   "(before temperature and top-p).")
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(None, max_length=128, description=(
+        "Functions the model may call (Llama 3 JSON tool calling). Not with a JSON "
+        "`response_format`."))
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description=(
+            "`auto` (default with tools): the model decides; `none`: the functions are left "
+            "out of the prompt; `required` / a named function: the answer is forced to one "
+            "call, its arguments valid against the function's `parameters`."))
+    parallel_tool_calls: bool | None = Field(None, description=(
+        "false: at most one call is returned. Default true."))
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
         "With `logprobs: true`: at each token, this many most likely tokens and their "
         "log-probabilities. Default 0."))
@@ -96,9 +141,17 @@ class ChatUsage(_Closed):
     total_tokens: int
 
 
+class OutputToolCall(_Closed):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(_Closed):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="null when the answer is `tool_calls`.")
+    tool_calls: list[OutputToolCall] = Field(None, description="Only when the model called "
+                                             "functions.", json_schema_extra={"type": "array"})
 
 
 class TopLogprob(_Closed):
@@ -125,7 +178,7 @@ class ChatChoice(_Closed):
     index: int
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = Field(description="With `logprobs: true`, else null.")
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
 
 
 class ChatCompletion(_Closed):
@@ -138,9 +191,16 @@ class ChatCompletion(_Closed):
     usage: ChatUsage
 
 
+class StreamedToolCall(OutputToolCall):
+    index: int
+
+
 class ChunkDelta(_Closed):
     role: Literal["assistant"] = "assistant"
     content: str = ""
+    tool_calls: list[StreamedToolCall] = Field(None, description=(
+        "Once, whole, after the answer ended: the calls it made."),
+        json_schema_extra={"type": "array"})
 
 
 class ChunkChoice(_Closed):
@@ -148,7 +208,7 @@ class ChunkChoice(_Closed):
     delta: ChunkDelta = Field(description="The first chunk carries the role, the last none.")
     logprobs: ChoiceLogprobs | None = Field(
         description="With `logprobs: true`: the tokens since the previous chunk, else null.")
-    finish_reason: Literal["stop", "length"] | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
 
 
 class ChatCompletionChunk(_Closed):

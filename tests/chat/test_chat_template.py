@@ -56,7 +56,7 @@ def test_text_prompt_gets_system_block_and_history():
     ([], "non-empty list"),
     ("hello", "non-empty list"),
     (["hello"], "must be an object"),
-    ([{"role": "tool", "content": "x"}], "role must be one of"),
+    ([{"role": "robot", "content": "x"}], "role must be one of"),
     ([{"role": "user", "content": 3}], "string or a list"),
     ([{"role": "user", "content": [{"type": "input_audio"}]}], "unsupported content part"),
     ([{"role": "user", "content": [{"type": "text", "text": 1}]}], "text must be a string"),

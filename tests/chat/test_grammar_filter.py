@@ -40,10 +40,10 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["kind", 
 AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}}
 
 
-def _build(folder):
+def _build(folder, context_length: int = 256):
     from edserve.runtime import build_engine
-    return build_engine(model=str(folder), device="cpu", dtype="float32", context_length=256,
-                        max_running_requests=8)
+    return build_engine(model=str(folder), device="cpu", dtype="float32",
+                        context_length=context_length, max_running_requests=8)
 
 
 @pytest.fixture(scope="module")

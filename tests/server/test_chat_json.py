@@ -1,7 +1,8 @@
-"""``response_format`` (JSON mode and structured outputs) on a live chat server, in process and
-through an engine worker process (the grammar travels as its text; the worker compiles it): the
-official ``openai`` client gets JSON valid against its schema, equal to the Python API's, with
-and without streaming; bad formats are 400s naming the field; the KV cache is whole after."""
+"""``response_format`` (JSON mode and structured outputs) and ``tools`` on a live chat server,
+in process and through an engine worker process (the grammar travels as its text; the worker
+compiles it): the official ``openai`` client gets JSON valid against its schema and tool calls
+whose arguments satisfy the function's parameters, equal to the Python API's, with and without
+streaming; bad fields are 400s naming them; the KV cache is whole after."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 from tests.chat.test_grammar_filter import AS_SCHEMA, NO_WHITESPACE, SCHEMA  # noqa: E402
+from tests.chat.test_tools import CLOCK, WEATHER  # noqa: E402
 from tests.models.mllama.chat_tiny import png_data_url, save_byte_chat_tokenizer  # noqa: E402
 from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny  # noqa: E402
 from tests.server.test_chat import _idle_integrity  # noqa: E402
 
 MODEL = "tiny-json"
-ENGINE = dict(device="cpu", dtype="float32", context_length=256, max_running_requests=4,
-              threads=1)
+ENGINE = dict(device="cpu", dtype="float32", context_length=1536, max_running_requests=4,
+              threads=1)  # a byte a token: the function list alone is ~600 tokens
 BIAS = {str(k): v for k, v in NO_WHITESPACE.items()}
 MESSAGES = [{"role": "user", "content": [
     {"type": "image_url", "image_url": {"url": png_data_url(80, 40)}},
@@ -131,3 +133,76 @@ def test_best_of_style_fields_still_refused_with_json(http):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "n": 2,
                                                 "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _calls(message) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
+
+
+def test_forced_tool_call_streamed_and_not_equals_the_python_api(oai, http, local):
+    ref = chat(local, MESSAGES, max_tokens=80, tools=[WEATHER, CLOCK], tool_choice=NAMED,
+               logit_bias=NO_WHITESPACE)
+    want = [(c.name, json.loads(c.arguments)) for c in ref.tool_calls]
+    assert ref.finish_reason == "tool_calls" and want[0][0] == "get_weather"
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=80, temperature=0, logit_bias=BIAS,
+              tools=[WEATHER, CLOCK], tool_choice=NAMED)
+    res = oai.chat.completions.create(**kw)
+    choice = res.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert _calls(choice.message) == want and choice.message.tool_calls[0].id.startswith("call_")
+    chunks = list(oai.chat.completions.create(stream=True, **kw))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not any(d.content for d in deltas)  # held back, then one tool_calls delta
+    streamed = [t for d in deltas for t in (d.tool_calls or [])]
+    assert [(t.index, t.function.name, json.loads(t.function.arguments)) for t in streamed] \
+        == [(0, *want[0])]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    from tests.server.openapi_check import check_response  # tool calls fit the served schema
+    doc, path = http.get("/openapi.json").json(), "/v1/chat/completions"
+    body = {**kw, "tools": [WEATHER, CLOCK], "logit_bias": BIAS}
+    out = check_response(doc, path, "post", http.post(path, json=body))
+    assert out["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    events = check_response(doc, path, "post", http.post(path, json={**body, "stream": True}))
+    assert any(e["choices"] and e["choices"][0]["delta"].get("tool_calls") for e in events)
+    _idle_integrity(http)
+
+
+def test_auto_tools_and_a_tool_result_turn(oai, http, local):
+    """auto: whatever the (random) model answers, server and Python API read it the same way;
+    a conversation carrying a call and its result is accepted."""
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "-3 C, snow"}]
+    for messages in (MESSAGES, history):
+        ref = chat(local, messages, max_tokens=12, tools=[WEATHER, CLOCK])
+        res = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                          temperature=0, tools=[WEATHER, CLOCK])
+        msg = res.choices[0].message
+        if ref.tool_calls:
+            assert _calls(msg) == [(c.name, json.loads(c.arguments)) for c in ref.tool_calls]
+        else:
+            assert msg.content == ref.text and not msg.tool_calls
+        assert res.choices[0].finish_reason == ref.finish_reason
+    _idle_integrity(http)
+
+
+@pytest.mark.parametrize("fields,param,needle", [
+    (dict(tools=[{"type": "function", "function": {"name": "a b"}}]), "tools", "name must be"),
+    (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "x"}}),
+     "tool_choice", "which 'tools' does not list"),
+    (dict(tool_choice="required"), "tool_choice", "needs 'tools'"),
+    (dict(tools=[WEATHER], response_format={"type": "json_object"}), "response_format",
+     "cannot be combined"),
+    (dict(tools=[WEATHER], parallel_tool_calls="no"), "parallel_tool_calls", "boolean"),
+    (dict(functions=[WEATHER["function"]]), "functions", "not supported"),
+])
+def test_bad_tool_fields_are_400(http, fields, param, needle):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, **fields})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and needle in err["message"], err

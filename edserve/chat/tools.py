@@ -1,0 +1,180 @@
+"""OpenAI function calling (``tools`` / ``tool_choice``) in Llama 3's JSON tool-call format.
+
+Llama 3.x Instruct models call a function by answering with one JSON object
+``{"name": <function>, "parameters": {<argument>: <value>, ...}}`` (several calls separated by
+``;``); they are shown the functions at the start of the first user message, after a fixed
+instruction, and the system block (when there are no images) starts with
+``Environment: ipython``. A tool's result comes back as an ``ipython`` turn. That is the
+prompt :func:`~edserve.chat.mllama_chat.render_chat` writes from a :class:`ToolRequest`.
+
+``tool_choice``:
+
+* ``"none"``: the functions are left out of the prompt; the answer is text;
+* ``"auto"`` (the default with tools): the model decides; an answer that parses as calls of the
+  listed functions becomes ``tool_calls``, anything else stays text (:func:`parse_calls`);
+* ``"required"`` or ``{"type": "function", "function": {"name": ...}}``: the answer is forced
+  to one call (grammar-constrained decoding against :func:`call_schema`): of any listed
+  function, or of the named one, with arguments valid against its ``parameters`` schema.
+
+Malformed fields raise :class:`~edserve.chat.errors.ChatFormatError` naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edserve.chat.errors import ChatFormatError
+
+MAX_TOOLS = 128
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+CHOICES = ("none", "auto", "required")
+PREAMBLE = ("Given the following functions, please respond with a JSON for a function call "
+            "with its proper arguments that best answers the given prompt.\n\n"
+            'Respond in the format {"name": function name, "parameters": dictionary of '
+            "argument name and its value}. Do not use variables.\n\n")
+ENVIRONMENT = "Environment: ipython\n"
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # {} only
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made: ``arguments`` is a JSON object as text (OpenAI's shape)."""
+
+    name: str
+    arguments: str
+    id: str = ""
+
+    def openai(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """Checked ``tools`` + ``tool_choice``. ``functions``: the ``function`` objects as given
+    (shown to the model); ``choice``: none / auto / required / function (then ``name``)."""
+
+    functions: tuple[dict, ...]
+    choice: str
+    name: str | None = None
+
+    @property
+    def shown(self) -> tuple[dict, ...]:
+        """The functions the prompt lists (none for ``tool_choice: "none"``)."""
+        return () if self.choice == "none" else self.functions
+
+    @property
+    def forced(self) -> bool:
+        return self.choice in ("required", "function")
+
+
+def _fail(message: str, param: str) -> ChatFormatError:
+    return ChatFormatError(message, param)
+
+
+def _function(tool: Any, i: int) -> dict:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict) or tool.get("type") != "function" \
+            or not isinstance(tool.get("function"), dict):
+        raise _fail(f"{where} must be {{'type': 'function', 'function': {{...}}}}", "tools")
+    fn = tool["function"]
+    if not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
+        raise _fail(f"{where}.function.name must be 1-64 letters, digits, '_' or '-'", "tools")
+    if fn.get("description") is not None and not isinstance(fn["description"], str):
+        raise _fail(f"{where}.function.description must be a string", "tools")
+    if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+        raise _fail(f"{where}.function.parameters must be a JSON Schema object", "tools")
+    return {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
+
+
+def parse_tools(tools: Any, tool_choice: Any = None) -> ToolRequest | None:
+    """The checked request; None when there is nothing to do (no tools, or no tools and
+    ``tool_choice`` ``"none"``)."""
+    if tools is None or tools == []:
+        if tool_choice not in (None, "none"):
+            raise _fail("'tool_choice' needs 'tools'", "tool_choice")
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise _fail(f"'tools' must be a list of at most {MAX_TOOLS} functions", "tools")
+    functions = tuple(_function(t, i) for i, t in enumerate(tools))
+    names = [f["name"] for f in functions]
+    if len(set(names)) != len(names):
+        raise _fail("'tools' lists a function name twice", "tools")
+    if tool_choice is None or tool_choice in CHOICES:
+        return ToolRequest(functions, tool_choice or "auto")
+    named = tool_choice.get("function") if isinstance(tool_choice, dict) \
+        and tool_choice.get("type") == "function" else None
+    if not isinstance(named, dict) or not isinstance(named.get("name"), str):
+        raise _fail("'tool_choice' must be none, auto, required or {'type': 'function', "
+                    "'function': {'name': ...}}", "tool_choice")
+    if named["name"] not in names:
+        raise _fail(f"'tool_choice' names {named['name'][:64]!r}, which 'tools' does not list",
+                    "tool_choice")
+    return ToolRequest(functions, "function", named["name"])
+
+
+def tools_preamble(functions: Sequence[dict]) -> str:
+    """The text put before the first user message's content."""
+    listed = "".join(json.dumps({"type": "function", "function": f}, indent=4,
+                                ensure_ascii=False) + "\n\n" for f in functions)
+    return PREAMBLE + listed
+
+
+def call_text(name: str, arguments: Any) -> str:
+    """A call as the model writes it (for assistant turns in the history)."""
+    return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+
+
+def call_schema(req: ToolRequest) -> dict:
+    """JSON Schema of one forced call: ``{"name": <const>, "parameters": <its schema>}``."""
+    def one(f: dict) -> dict:
+        params = f.get("parameters") or NO_PARAMETERS
+        return {"type": "object", "additionalProperties": False,
+                "required": ["name", "parameters"],
+                "properties": {"name": {"const": f["name"]}, "parameters": params}}
+    chosen = [f for f in req.functions if req.choice != "function" or f["name"] == req.name]
+    return one(chosen[0]) if len(chosen) == 1 else {"anyOf": [one(f) for f in chosen]}
+
+
+def parse_calls(text: str, req: ToolRequest) -> list[ToolCall] | None:
+    """The calls ``text`` makes (each ``{"name", "parameters" | "arguments"}`` of a listed
+    function, separated by ``;`` or whitespace); None when it is not wholly calls (then it
+    is the answer's text)."""
+    names = {f["name"] for f in req.shown}
+    s, pos, calls = text.strip(), 0, []
+    decoder = json.JSONDecoder()
+    while pos < len(s):
+        try:
+            obj, pos = decoder.raw_decode(s, pos)
+        except ValueError:
+            return None
+        args = obj.get("parameters", obj.get("arguments")) if isinstance(obj, dict) else None
+        if not isinstance(args, dict) or obj.get("name") not in names:
+            return None
+        calls.append(ToolCall(obj["name"], json.dumps(args, ensure_ascii=False),
+                              f"call_{uuid.uuid4().hex[:24]}"))
+        while pos < len(s) and s[pos] in " \t\r\n;":
+            pos += 1
+    return calls or None
+
+
+def history_call(call: Any, where: str) -> str:
+    """An assistant message's ``tool_calls[k]`` (OpenAI's shape, arguments as JSON text)
+    rendered as the model's own call text."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise _fail(f"{where} must be {{'type': 'function', 'function': {{'name', "
+                    "'arguments'}}", where)
+    args = fn.get("arguments", "{}")
+    try:
+        parsed = json.loads(args) if isinstance(args, str) else None
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise _fail(f"{where}.function.arguments must be a JSON object as a string", where)
+    return call_text(fn["name"], parsed)
