@@ -4,11 +4,12 @@ output inside a grammar (a JSON schema, for ``response_format``) may be chosen.
 The matcher is llguidance's (``LLMatcher``, a maintained Rust library; vLLM and SGLang use it
 too): it walks the grammar token by token and gives, per step, a bitmask of the allowed next
 tokens. That state lives on the host and follows the tokens the row has actually sampled, so
-this filter is the one kind that reads the device at each step: it copies its row's new tokens
-to the host (one sync per step while such a row runs; rows without a grammar stay sync-free and
-a batch with none keeps its sampling graphs), feeds them to the matcher, and masks every
-disallowed token's logit to ``-inf``. When the grammar is complete only the stop tokens are
-allowed, so the request ends there.
+this filter is the one kind that reads the device at each step: the rows with a grammar copy
+their new tokens to the host together (one sync per step while such rows run; rows without a
+grammar stay sync-free and a batch with none keeps its sampling graphs), feed them to their
+matchers, get their masks computed in parallel (llguidance's thread pool, one ``[n, W]``
+bitmask), and every disallowed token's logit becomes ``-inf`` in one upload and one masked
+fill. When a grammar is complete only the stop tokens are allowed, so the request ends there.
 
 Life cycle:
 
@@ -17,8 +18,9 @@ Life cycle:
 * :meth:`GrammarFilter.bind`, called by the engine when the request is validated or added,
   compiles the grammar against the engine's tokenizer (``ValueError`` for a grammar it cannot
   use: a 400 before anything is queued) and starts a fresh matcher;
-* :meth:`GrammarFilter.apply`, once per step, one row (a grammar serves a single row: requests
-  with beams or ``best_of`` are refused at ``bind``).
+* :meth:`GrammarFilter.apply_rows`, once per step for all the batch's grammar rows (the
+  sampler groups them: ``per_row``); a grammar serves a single row, so requests with beams or
+  ``best_of`` are refused at ``bind``.
 
 The llguidance view of a tokenizer takes ~1 s to build for a 128k vocabulary, so it is built
 once per (tokenizer, stop tokens) and kept (:func:`grammar_vocab`).
@@ -28,10 +30,13 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
+from edserve.engine.host_copy import to_device
 from edserve.engine.logits_filter import FilterContext, LogitsFilter
 
 log = logging.getLogger(__name__)
@@ -70,8 +75,10 @@ class GrammarFilter(LogitsFilter):
     """Only tokens that continue ``grammar`` (llguidance's grammar text, e.g. from
     ``LLMatcher.grammar_from_json_schema``); once it is complete, only ``stop_ids``.
 
-    One instance per request (identity equality: it is stateful), so each forms its own
-    filter group of one row."""
+    One instance per request (identity equality: it holds the row's matcher); the batch's
+    grammar rows are filtered together by :meth:`apply_rows`."""
+
+    per_row = True
 
     def __init__(self, grammar: str, stop_ids: tuple[int, ...]) -> None:
         if not stop_ids:
@@ -80,7 +87,6 @@ class GrammarFilter(LogitsFilter):
         self.stop_ids = tuple(int(i) for i in stop_ids)
         self._matcher: Any = None  # llguidance.LLMatcher, from bind
         self._consumed = 0  # tokens of the row fed to the matcher
-        self._words: torch.Tensor | None = None  # [W] int32 host bitmask (pinned on CUDA)
         self._n_words = 0  # W: ceil(tokenizer vocabulary / 32), from bind
         self.failed = ""  # the matcher's error, if the row ever left the grammar
 
@@ -103,57 +109,90 @@ class GrammarFilter(LogitsFilter):
         if matcher.is_error():
             raise ValueError(f"the output format cannot be compiled: {matcher.get_error()}")
         self._matcher, self._consumed, self.failed = matcher, 0, ""
-        self._words = None
         self._n_words = (vocab.vocab_size + 31) // 32
 
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
-        """logits [1, V]; reads the row's new tokens to the host (a sync)."""
-        if self._matcher is None:
+        """One row: ``logits`` [1, V]."""
+        type(self).apply_rows([self], logits, ctx)
+
+    @classmethod
+    def apply_rows(cls, filters: Sequence[GrammarFilter], logits: torch.Tensor,
+                   ctx: FilterContext) -> None:
+        """logits [n, V], ``filters[i]`` row ``i``'s; reads the rows' new tokens to the host
+        (one sync), then masks in one upload."""
+        if any(f._matcher is None for f in filters):
             raise RuntimeError("GrammarFilter.apply before bind (the engine binds it when "
                                "the request is added)")
-        self._follow(ctx)
-        words = self._mask_words(logits.device)
-        allowed = _unpack(words.to(logits.device, non_blocking=True), logits.shape[1])
-        logits.masked_fill_(~allowed[None, :], float("-inf"))
+        widths = {f._n_words for f in filters}
+        if len(widths) != 1:
+            raise RuntimeError(f"grammar rows bound to different vocabularies: {widths}")
+        for f, (length, new) in zip(filters, _new_tokens(filters, ctx), strict=True):
+            f._follow(length, new, ctx.rids)
+        words = _masks(filters, widths.pop(), logits.device)  # [n, W] host
+        banned = _banned(words.to(logits.device, non_blocking=True), logits.shape[1])
+        logits.masked_fill_(banned, float("-inf"))
 
     # ---- host side ----------------------------------------------------------------------
-    def _follow(self, ctx: FilterContext) -> None:
-        """Feed the matcher the tokens sampled since the last step (roll back if the row's
-        history got shorter)."""
-        start = self._consumed
-        head = torch.cat((ctx.lengths[:1], ctx.history[0, start:start + _READ])).tolist()
-        length, new = head[0], head[1:]
-        if length < start:
-            self._matcher.rollback(start - length)
-            self._consumed = length
-            return self._follow(ctx)
-        if length - start > len(new):
-            new = ctx.history[0, start:length].tolist()
-        new = new[:length - start]
-        if new and not self.failed:
-            if not self._matcher.consume_tokens(new):
-                self.failed = self._matcher.get_error() or "token outside the grammar"
-                log.warning("grammar-constrained row %s left its grammar: %s; ending it",
-                            ctx.rids[0] if ctx.rids else "?", self.failed)
+    def _follow(self, length: int, new: list[int], rids: Sequence[str]) -> None:
+        """Feed the matcher the row's tokens since the last step (roll back when its history
+        got shorter: the row was retracted and is recomputed)."""
+        if length < self._consumed:
+            self._matcher.rollback(self._consumed - length)
+        elif new and not self.failed and not self._matcher.consume_tokens(new):
+            error = self._matcher.get_error() or "token outside the grammar"
+            self.failed = error.splitlines()[0][:200]  # the rest is a parser state dump
+            log.warning("a grammar-constrained row of %s left its grammar: %s; ending it",
+                        ",".join(rids)[:80], self.failed)
         self._consumed = length
 
-    def _mask_words(self, device: torch.device) -> torch.Tensor:
-        """[W] int32: bit ``t % 32`` of word ``t // 32`` set where token ``t`` is allowed."""
-        if self._words is None:  # one buffer per request; the step's sync frees it for reuse
-            self._words = torch.zeros(self._n_words, dtype=torch.int32,
-                                      pin_memory=device.type == "cuda")
-        words = self._words
-        if self.failed or self._matcher.is_stopped():
-            words.zero_()
-            for t in self.stop_ids:
-                words[t // 32] |= _bit(t % 32)
-            return words
-        self._matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
-        if not bool(words.any()):  # the vocabulary cannot spell what the grammar needs next
-            self.failed = "no token of the vocabulary continues the grammar"
-            log.warning("grammar-constrained row: %s; ending it", self.failed)
-            return self._mask_words(device)
-        return words
+    def _live(self) -> bool:
+        return not self.failed and not self._matcher.is_stopped()
+
+    def _only_stops(self, row: torch.Tensor) -> None:
+        row.zero_()
+        for t in self.stop_ids:
+            row[t // 32] |= _bit(t % 32)
+
+
+def _new_tokens(filters: Sequence[GrammarFilter], ctx: FilterContext
+                ) -> list[tuple[int, list[int]]]:
+    """(history length, tokens from the matcher's position to it) per row: one copy of every
+    row's length and next ``_READ`` tokens (a second, rare, for a row further behind)."""
+    history, device = ctx.history, ctx.history.device  # [n, C]
+    starts = to_device([f._consumed for f in filters], torch.int64, device)  # [n]
+    cols = (starts[:, None] + torch.arange(_READ, device=device)).clamp(max=history.shape[1] - 1)
+    head = torch.cat((ctx.lengths[:, None], history.gather(1, cols)), 1).tolist()  # sync
+    out = []
+    for i, (f, row) in enumerate(zip(filters, head, strict=True)):
+        length, start = row[0], f._consumed
+        new = row[1:1 + max(0, length - start)]
+        if length - start > _READ:
+            new = history[i, start:length].tolist()
+        out.append((length, new))
+    return out
+
+
+def _masks(filters: Sequence[GrammarFilter], words: int, device: torch.device) -> torch.Tensor:
+    """[n, W] int32 host bitmasks (bit ``t % 32`` of word ``t // 32``: token ``t`` allowed);
+    live matchers fill theirs in parallel, the others allow only their stop tokens."""
+    out = torch.empty(len(filters), words, dtype=torch.int32,
+                      pin_memory=device.type == "cuda")  # pinned: cached by torch, not re-pinned
+    live = [(f._matcher, i) for i, f in enumerate(filters) if f._live()]
+    if live:
+        _executor().unsafe_compute_mask_ptr(live, out.data_ptr(), words * 4, len(filters))
+    for i, f in enumerate(filters):
+        if f._live() and not bool(out[i].any()):  # nothing in the vocabulary continues it
+            f.failed = "no token of the vocabulary continues the grammar"
+            log.warning("a grammar-constrained row: %s; ending it", f.failed)
+        if not f._live():
+            f._only_stops(out[i])
+    return out
+
+
+@functools.cache
+def _executor() -> Any:
+    """llguidance's thread pool for computing many rows' masks at once (one per process)."""
+    return llguidance().LLExecutor()
 
 
 def _bit(i: int) -> int:
@@ -161,10 +200,25 @@ def _bit(i: int) -> int:
     return -(1 << 31) if i == 31 else 1 << i
 
 
-def _unpack(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """words [W] int32 -> [vocab] bool (tokens past the mask's end: not allowed)."""
+def _banned(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """words [n, W] int32 (set bit: allowed) -> [n, vocab] bool, True where not allowed
+    (tokens past the masks' end included). On the CPU numpy unpacks the bits (~4x faster than
+    tensor ops at a 128k vocabulary); on a GPU tensor ops do, after a ~16 KB-per-row upload."""
+    unpack = _unpack_numpy if words.device.type == "cpu" else _unpack_torch
+    banned = unpack(~words)  # [n, W * 32]
+    n, bits = banned.shape
+    if bits >= vocab:
+        return banned[:, :vocab]
+    return torch.cat((banned, banned.new_ones(n, vocab - bits)), 1)
+
+
+def _unpack_numpy(words: torch.Tensor) -> torch.Tensor:
+    """[n, W] int32 on the CPU -> [n, W * 32] bool, bit ``j`` of word ``k`` at ``32k + j``."""
+    bits = np.unpackbits(words.numpy().view(np.uint8), axis=1, bitorder="little")
+    return torch.from_numpy(bits.view(np.bool_))
+
+
+def _unpack_torch(words: torch.Tensor) -> torch.Tensor:
+    """As :func:`_unpack_numpy`, on any device."""
     shifts = torch.arange(32, device=words.device, dtype=torch.int32)
-    bits = ((words[:, None] >> shifts) & 1).reshape(-1).bool()  # [W * 32]
-    if bits.numel() >= vocab:
-        return bits[:vocab]
-    return torch.cat((bits, bits.new_zeros(vocab - bits.numel())))
+    return ((words[:, :, None] >> shifts) & 1).reshape(words.shape[0], -1).bool()

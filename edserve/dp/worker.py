@@ -148,7 +148,7 @@ class WorkerLoop:
         """One instance per distinct value-typed filter, so the sampler's per-filter caches
         are shared. Identity-equal filters (one per request, e.g. a grammar) pass through:
         kept here they would never be found again, only held forever."""
-        if type(f).__hash__ is object.__hash__:
+        if f.per_row or type(f).__hash__ is object.__hash__:
             return f
         if len(self._filters) >= MAX_INTERNED_FILTERS:  # distinct settings keep coming
             self._filters.clear()

@@ -50,9 +50,21 @@ class LogitsFilter(ABC):
     #: (:mod:`edserve.engine.sample_graphs`); False (the default) keeps it eager every step.
     capturable: bool = False
 
+    #: True for a filter that holds one request's state (a grammar's matcher). Rows whose
+    #: filter lists differ only in such instances of one class share a group, and that class's
+    #: :meth:`apply_rows` is called once for them with every row's own instance.
+    per_row: bool = False
+
     @abstractmethod
     def apply(self, logits: torch.Tensor, ctx: FilterContext) -> None:
         """In place; tensor ops only (see the module doc)."""
+
+    @classmethod
+    def apply_rows(cls, filters: list[LogitsFilter], logits: torch.Tensor,
+                   ctx: FilterContext) -> None:
+        """``per_row`` filters only: edit ``logits`` ``[n, V]`` of a group in place, where
+        ``filters[i]`` is row ``i``'s instance."""
+        raise NotImplementedError(f"{cls.__name__} sets per_row but has no apply_rows")
 
     def bind(self, tokenizer: Any, rows: int) -> None:  # noqa: B027 (optional hook)
         """Called by the engine each time the request is validated or added, before it is

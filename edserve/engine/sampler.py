@@ -22,6 +22,7 @@ these come back flat, in the order of ``CandidatePlan.layout`` (:func:`row_candi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,9 +34,11 @@ from edserve.engine.token_history import TokenHistory
 
 @dataclass
 class FilterGroup:
-    filters: tuple[LogitsFilter, ...]  # applied in order
+    filters: tuple[LogitsFilter, ...]  # applied in order (the first row's list)
     rows: torch.Tensor | None  # [n] int64 batch rows of the group; None = the whole batch
     rids: tuple[str, ...]
+    # every row's own list (differs from ``filters`` only in ``per_row`` instances)
+    chains: tuple[tuple[LogitsFilter, ...], ...] = ()
 
 
 @dataclass
@@ -113,17 +116,21 @@ def _nucleus(top_ps: list[float]) -> bool:
 
 
 def _plan_tokens(reqs: list[Req], device: torch.device) -> SamplingPlan:
-    by_chain: dict[tuple[LogitsFilter, ...], list[int]] = {}
+    by_chain: dict[tuple[Any, ...], list[int]] = {}  # per_row filters keyed by their class
     sampled: list[int] = []
     for i, r in enumerate(reqs):
-        chain = tuple(r.request.logits_processors)
+        chain = r.request.logits_processors
         if chain:
-            by_chain.setdefault(chain, []).append(i)
+            key = tuple(type(f) if f.per_row else f for f in chain)
+            by_chain.setdefault(key, []).append(i)
         if r.request.sampling.temperature > 0:
             sampled.append(i)
-    groups = [FilterGroup(chain, None if len(rows) == len(reqs) else
-                          to_device(rows, torch.int64, device), tuple(reqs[i].rid for i in rows))
-              for chain, rows in by_chain.items()]
+    groups = []
+    for rows in by_chain.values():
+        chains = tuple(tuple(reqs[i].request.logits_processors) for i in rows)
+        groups.append(FilterGroup(chains[0], None if len(rows) == len(reqs) else
+                                  to_device(rows, torch.int64, device),
+                                  tuple(reqs[i].rid for i in rows), chains))
     if not sampled:
         return SamplingPlan(groups, None, None, None, [])
     sps = [reqs[i].request.sampling for i in sampled]
@@ -148,13 +155,13 @@ def sample(logits: torch.Tensor, plan: SamplingPlan, history: TokenHistory,
         hist, lens = history.view(rows)  # [B, C], [B]
         for g in plan.groups:
             if g.rows is None:
-                _apply(g.filters, logits, FilterContext(hist, lens, g.rids, greedy))
+                _apply(g, logits, FilterContext(hist, lens, g.rids, greedy))
             else:
                 sub = logits.index_select(0, g.rows)
                 sub_greedy = None if greedy is None else greedy.index_select(0, g.rows)
                 ctx = FilterContext(hist.index_select(0, g.rows), lens.index_select(0, g.rows),
                                     g.rids, sub_greedy)
-                _apply(g.filters, sub, ctx)
+                _apply(g, sub, ctx)
                 logits.index_copy_(0, g.rows, sub)
                 if greedy is not None:
                     greedy.index_copy_(0, g.rows, sub_greedy)
@@ -274,9 +281,12 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator | 
     return gen
 
 
-def _apply(filters: tuple[LogitsFilter, ...], logits: torch.Tensor, ctx: FilterContext) -> None:
-    for f in filters:
-        f.apply(logits, ctx)
+def _apply(group: FilterGroup, logits: torch.Tensor, ctx: FilterContext) -> None:
+    for k, f in enumerate(group.filters):
+        if f.per_row:
+            type(f).apply_rows([chain[k] for chain in group.chains], logits, ctx)
+        else:
+            f.apply(logits, ctx)
 
 
 def _draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None,

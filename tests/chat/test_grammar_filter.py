@@ -106,8 +106,12 @@ def test_greedy_tokens_are_the_argmax_over_what_the_grammar_allows(engine):
     assert res.text == text and res.finish_reason == "stop"
 
 
-def test_sampled_rows_stay_in_the_grammar_and_leave_other_rows_alone(engine):
+def test_sampled_rows_stay_in_the_grammar_and_leave_other_rows_alone(engine, monkeypatch):
     grammar = response_grammar(AS_SCHEMA)
+    calls: list[int] = []  # rows per apply_rows call: the batch's grammar rows go together
+    batched = GrammarFilter.apply_rows.__func__
+    monkeypatch.setattr(GrammarFilter, "apply_rows", classmethod(
+        lambda cls, fs, logits, ctx: (calls.append(len(fs)), batched(cls, fs, logits, ctx))))
     free, _ = _run(engine, _messages("hello"), None, max_tokens=12)
     solo = engine.generate([free])[0].token_ids
     free, _ = _run(engine, _messages("hello"), None, max_tokens=12)
@@ -125,6 +129,8 @@ def test_sampled_rows_stay_in_the_grammar_and_leave_other_rows_alone(engine):
         jsonschema.validate(json.loads(text), SCHEMA)
         texts.add(text)
     assert len(texts) > 1  # the seeds sample different values inside the schema
+    assert calls[0] == 4 and max(calls) == 4  # one call a step (+1: the stop token)
+    assert len(calls) <= max(len(o.token_ids) for o in outs) + 1
 
 
 def test_filter_rolls_back_and_ends_a_row_that_left_the_grammar(engine):
@@ -176,3 +182,16 @@ def test_tokenizer_llguidance_cannot_read_is_refused_up_front(tmp_path):
         chat(words, _messages("what is this"), max_tokens=8,
              response_format={"type": "json_object"})
     assert chat(words, _messages("what is this"), max_tokens=3).completion_tokens == 3
+
+
+def test_bit_unpacking_paths_agree():
+    from edserve.chat.grammar_filter import _banned, _unpack_numpy, _unpack_torch
+
+    words = torch.randint(-2**31, 2**31 - 1, (3, 5), dtype=torch.int32,
+                          generator=torch.Generator().manual_seed(0))
+    ref = torch.tensor([[bool(int(w) >> j & 1) for w in row for j in range(32)]
+                        for row in words.tolist()])
+    assert torch.equal(_unpack_numpy(words), ref) and torch.equal(_unpack_torch(words), ref)
+    assert torch.equal(_banned(words, 150), ~ref[:, :150])
+    wide = _banned(words, 170)  # tokens past the mask: never allowed
+    assert torch.equal(wide[:, :160], ~ref) and bool(wide[:, 160:].all())
