@@ -16,6 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
+#   w35-chat (~3 min: grammar rows in CUDA-graph batches, their step cost at vocab 128256 with 1-64 rows; needs llguidance's wheel in .whl/)
 #   w33-last (~2-3 min: the default server at 32 clients with its language guesses counted, then the wave's GPU tests)
 #   w33-guess (~4 min: the wave's GPU tests, the default server at 32 clients, its language guesses counted; then with language=en given)
 #   w33-graphs (~4 min: encoder graph tests; the default server at 32 clients vs --encoder-cuda-graph-max-bs 16, py-spy of the engine)
@@ -411,6 +412,10 @@ for part in "$@"; do
              | tee "$OUT/w34_step.log" | grep -v "^Writing" | grep -v "^#   [a-z_]* .*(n=") ;;
     # wave 34's new defaults (step log-mels, four windows per mixed step): 32 clients + 16 long files, the real
     # path at 64 (no HF), arrivals at the default budget, after the two GPU tests of wave 34 (~5 min)
+    w35-chat) timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/chat/test_grammar_gpu.py \
+             2>&1 | tee "$OUT/w35_tests.log" | tail -2
+             timeout 200 python3 benchmarks/grammar_steps.py --device cuda --rows 1,8,32,64 \
+             --json "$OUT/w35_grammar.json" 2>&1 | grep -v "^Writing" | tee "$OUT/w35_grammar.log" ;;
     w34-defaults) timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_admission.py \
              tests/models/test_step_mel.py 2>&1 | tee "$OUT/w34_tests.log" | tail -2
              (cd benchmarks && timeout 170 python3 -W ignore serve_gpu.py --concurrency 32 --requests 192 \

@@ -103,11 +103,14 @@ class VisionChat(_Model):
 
     def chat(self, messages: Sequence[Any], *, max_tokens: int | None = None,
              temperature: float = 0.0, seed: int | None = None,
-             stop: str | Sequence[str] | None = None, top_p: float = 1.0) -> ChatResult:
+             stop: str | Sequence[str] | None = None, top_p: float = 1.0,
+             **options: Any) -> ChatResult:
         """One chat completion over OpenAI-style ``messages`` (image parts may be ``data:``
-        URLs, PIL images, bytes or file paths). See :func:`edserve.chat.chat_api.chat`."""
+        URLs, PIL images, bytes or file paths). ``options``: the other keywords of
+        :func:`edserve.chat.chat_api.chat` (``response_format``, ``tools``, ``tool_choice``,
+        ``logit_bias``, penalties, ``top_logprobs``)."""
         return chat(self.engine, messages, max_tokens=max_tokens, temperature=temperature,
-                    seed=seed, stop=stop, top_p=top_p)
+                    seed=seed, stop=stop, top_p=top_p, **options)
 
 
 _FRONT_DOORS = {cls.model_type: cls for cls in (Whisper, VisionChat)}
