@@ -11,6 +11,9 @@ token p50/p95 and request latency p50/p95 (client side, wall clock).
   python benchmarks/chat_load.py --save-random /tmp/mllama_small --size small   # ~6.5 GB
   python benchmarks/chat_load.py --serve /tmp/mllama_small --clients 32 --requests 256
   python benchmarks/chat_load.py --dry-run   # CPU server on the tiny chat model, 4 clients
+  # JSON mode (grammar-constrained): the folder needs a byte-level tokenizer llguidance reads
+  python benchmarks/chat_load.py --save-random /tmp/mllama_small_bytes --byte-tokenizer
+  python benchmarks/chat_load.py --serve /tmp/mllama_small_bytes --response-format json_object
 """
 
 from __future__ import annotations
@@ -45,12 +48,14 @@ def image_url(width: int, height: int, seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def bodies(n: int, image_px: int, model: str, max_tokens: int) -> list[dict]:
+def bodies(n: int, image_px: int, model: str, max_tokens: int,
+           response_format: str = "text") -> list[dict]:
     scale = image_px / 560
     urls = [image_url(max(1, int(w * scale)), max(1, int(h * scale)), i)
             for i, (w, h) in enumerate(TILE_SHAPES)]
+    extra = {} if response_format == "text" else {"response_format": {"type": response_format}}
     return [{"model": model, "temperature": 0, "max_tokens": max_tokens, "stream": True,
-             "stream_options": {"include_usage": True},
+             "stream_options": {"include_usage": True}, **extra,
              "messages": [{"role": "user", "content": [
                  {"type": "image_url", "image_url": {"url": urls[i % len(urls)]}},
                  {"type": "text", "text": "describe the image"}]}]} for i in range(n)]
@@ -105,18 +110,20 @@ async def drive(base: str, key: str | None, reqs: list[dict], clients: int) -> d
                 latency_p50=statistics.median(lat), latency_p95=pct(lat, 0.95))
 
 
-def save_random(folder: Path, size: str) -> Path:
-    """A random-weight Mllama of ``size`` (mllama_hf.SIZES) in bf16 + a chat tokenizer."""
+def save_random(folder: Path, size: str, byte_tokenizer: bool = False) -> Path:
+    """A random-weight Mllama of ``size`` (mllama_hf.SIZES) in bf16 + a chat tokenizer
+    (word-level, or byte-level BPE for JSON mode)."""
     import torch
     from mllama_hf import SIZES, build_hf, hf_config
 
-    from tests.models.mllama.chat_tiny import save_chat_tokenizer
+    from tests.models.mllama.chat_tiny import save_byte_chat_tokenizer, save_chat_tokenizer
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     d = SIZES[size]
     model = build_hf(hf_config(d), dev, torch.bfloat16 if dev == "cuda" else torch.float32)
     model.save_pretrained(str(folder), safe_serialization=True)
-    return save_chat_tokenizer(folder, d["vocab"])
+    save = save_byte_chat_tokenizer if byte_tokenizer else save_chat_tokenizer
+    return save(folder, d["vocab"])
 
 
 def serve_in_process(folder: str, args):
@@ -136,6 +143,10 @@ def main(argv=None) -> int:
     ap.add_argument("--serve", help="start a server in this process on this HF folder")
     ap.add_argument("--save-random", help="write a random-weight Mllama folder here and exit")
     ap.add_argument("--size", default="small", choices=("small", "11b", "toy"))
+    ap.add_argument("--byte-tokenizer", action="store_true",
+                    help="--save-random: a byte-level tokenizer (needed by --response-format)")
+    ap.add_argument("--response-format", default="text", choices=("text", "json_object"),
+                    help="json_object: every request in JSON mode (grammar-constrained)")
     ap.add_argument("--model-name", default="mllama")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--clients", type=int, default=32)
@@ -150,15 +161,17 @@ def main(argv=None) -> int:
                     help="CPU server on the tiny chat model, 4 clients, 8 requests")
     args = ap.parse_args(argv)
     if args.save_random:
-        save_random(Path(args.save_random), args.size)
+        save_random(Path(args.save_random), args.size, args.byte_tokenizer)
         print(f"saved {args.save_random}")
         return 0
     tmp = None
     if args.dry_run:
-        from tests.models.mllama.chat_tiny import save_chat_model
+        from tests.models.mllama.chat_tiny import save_byte_chat_tokenizer, save_chat_model
 
         tmp = tempfile.TemporaryDirectory()
         args.serve = str(save_chat_model(Path(tmp.name)))
+        if args.response_format != "text":
+            save_byte_chat_tokenizer(Path(tmp.name))
         args.device, args.image_px, args.max_running = "cpu", 56, 4
         args.clients, args.requests, args.max_tokens = 4, 8, 8
     server = aengine = None
@@ -168,7 +181,8 @@ def main(argv=None) -> int:
     if not args.url:
         ap.error("give --url, --serve or --dry-run")
     try:
-        reqs = bodies(args.requests, args.image_px, args.model_name, args.max_tokens)
+        reqs = bodies(args.requests, args.image_px, args.model_name, args.max_tokens,
+                      args.response_format)
         asyncio.run(drive(args.url, args.api_key, reqs[:args.clients], args.clients))  # warm
         r = asyncio.run(drive(args.url, args.api_key, reqs, args.clients))
     finally:

@@ -26,7 +26,7 @@ def _block(marker: str) -> str:
 def test_every_python_block_is_covered():
     covered = [b for b in BLOCKS if b.startswith("import edserve")
                or b.startswith("import torch") or "openai.OpenAI" in b]
-    assert len(BLOCKS) >= 4 and covered == BLOCKS
+    assert len(BLOCKS) >= 5 and covered == BLOCKS
 
 
 @pytest.mark.parametrize("marker", ["edserve.Whisper()", "edserve.build_engine("])
@@ -74,9 +74,38 @@ def test_chat_client_block(tmp_path, monkeypatch, capsys):
                           ServerConfig(served_model_name="llama-vision"))
     try:
         monkeypatch.chdir(tmp_path)
-        code = _block("chat.completions.create").replace("http://127.0.0.1:8000", srv.url)
+        code = _block("What is in the image?").replace("http://127.0.0.1:8000", srv.url)
         exec(compile(code, "README.md", "exec"), {})
     finally:
         srv.stop()
         aengine.shutdown()
     assert "completion_tokens" in capsys.readouterr().out
+
+
+def test_tools_and_json_block(tmp_path, monkeypatch, capsys):
+    """On the tiny random Mllama with a byte-level tokenizer; compact JSON, so the random
+    weights cannot pad the forced call and the schema's answer with whitespace."""
+    pytest.importorskip("openai")
+    pytest.importorskip("transformers")
+    pytest.importorskip("llguidance")
+    import json
+
+    from tests.models.mllama.chat_tiny import save_byte_chat_tokenizer
+    from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny
+
+    folder = tmp_path / "mllama"
+    save_hf_tiny(build_hf_tiny(), folder)
+    save_byte_chat_tokenizer(folder)
+    aengine, srv = _serve(EngineConfig(model=str(folder), device="cpu", dtype="float32",
+                                       context_length=1024, max_running_requests=2),
+                          ServerConfig(served_model_name="llama-vision", json_whitespace=False))
+    try:
+        code = _block("tool_choice").replace("http://127.0.0.1:8000", srv.url)
+        exec(compile(code, "README.md", "exec"), {})
+    finally:
+        srv.stop()
+        aengine.shutdown()
+    call, answer = capsys.readouterr().out.splitlines()[-2:]
+    name, args = call.split(" ", 1)
+    assert name == "get_weather" and json.loads(args)["city"] in ("Oslo", "Paris")
+    assert isinstance(json.loads(answer)["sum"], int)

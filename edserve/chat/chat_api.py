@@ -126,7 +126,7 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
                  logit_bias: Mapping[int, float] | None = None, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, top_logprobs: int = 0,
                  response_format: Mapping[str, Any] | None = None,
-                 tools: ToolRequest | None = None
+                 tools: ToolRequest | None = None, json_whitespace: bool = True
                  ) -> tuple[GenerateRequest, ChatTokenizer]:
     """Template, tokenize and preprocess images into a :class:`GenerateRequest` whose
     ``stop_token_ids`` are the chat's end-of-turn tokens; ``logit_bias`` and the penalties
@@ -135,7 +135,8 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
     (:mod:`edserve.chat.response_format`); ``top_logprobs``: each output token's most likely
     alternatives (:attr:`GenerateOutput.top_logprobs`); ``tools`` (from
     :func:`edserve.chat.tools.parse_tools`): the functions are listed in the prompt, and a
-    forced ``tool_choice`` constrains the answer to one call.
+    forced ``tool_choice`` constrains the answer to one call; ``json_whitespace`` False makes
+    such grammar-constrained JSON compact.
 
     Raises ``ValueError`` subclasses: ``ChatFormatError`` (messages), ``ImageInputError``
     (images), or ``ValueError`` (not an Mllama engine, bad sampling values).
@@ -144,14 +145,14 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
         raise ValueError("chat needs a Llama-3.2-Vision (Mllama) model; this engine serves "
                          f"{type(getattr(engine, 'model', None)).__name__}")
     tok = ChatTokenizer.for_model(engine.model, engine.tokenizer)
-    grammar = response_grammar(response_format)  # checked before any image is decoded
+    grammar = response_grammar(response_format, json_whitespace)  # before images are decoded
     shown = tools.shown if tools is not None else ()
     if grammar is not None and shown:
         raise ChatFormatError("'response_format' json_object / json_schema cannot be combined "
                               "with 'tools' (a forced tool_choice already constrains the "
                               "answer; tool_choice 'none' drops the tools)", "response_format")
     if tools is not None and tools.forced:
-        grammar = schema_grammar(call_schema(tools))
+        grammar = schema_grammar(call_schema(tools), json_whitespace)
     ids, images = chat_prompt_ids(tok, messages, date_string, allow_local_images, shown)
     sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed,
                               max_new_tokens=max_tokens, stop_token_ids=tok.stop_token_ids,
@@ -186,7 +187,8 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
          date_string: str = DEFAULT_DATE, logit_bias: Mapping[int, float] | None = None,
          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
          top_logprobs: int = 0, response_format: Mapping[str, Any] | None = None,
-         tools: Sequence[dict] | None = None, tool_choice: Any = None) -> ChatResult:
+         tools: Sequence[dict] | None = None, tool_choice: Any = None,
+         json_whitespace: bool = True) -> ChatResult:
     """Run one chat completion on a (synchronous) :class:`~edserve.engine.engine.Engine`.
 
     ``messages`` as in :func:`~edserve.chat.mllama_chat.render_chat` (images may also be
@@ -196,14 +198,16 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
     ``top_logprobs``: each completion token's most likely alternatives in the result;
     ``response_format`` as OpenAI's (``json_object`` / ``json_schema``: the text is JSON);
     ``tools`` and ``tool_choice`` as OpenAI's (:mod:`edserve.chat.tools`: calls come back in
-    ``tool_calls``). Bad input raises ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
+    ``tool_calls``; ``json_whitespace`` False: that JSON compact). Bad input raises
+    ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
     """
     request, tok = prepare_chat(engine, messages, max_tokens, temperature, seed, top_p,
                                 date_string, logit_bias=logit_bias,
                                 frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, top_logprobs=top_logprobs,
                                 response_format=response_format,
-                                tools=(wanted := parse_tools(tools, tool_choice)))
+                                tools=(wanted := parse_tools(tools, tool_choice)),
+                                json_whitespace=json_whitespace)
     decoder = ChatDecoder(tok, normalize_stop(stop))
     done: list[GenerateOutput | None] = []
 

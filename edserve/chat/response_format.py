@@ -7,10 +7,11 @@
   ``schema`` is absent). The schema is enforced whatever ``strict`` says; a keyword llguidance
   does not implement is refused, not ignored.
 
-JSON may carry whitespace between tokens, as vLLM's default (``whitespace_flexible``); the
-output ends right after the value (only the chat's stop tokens may follow it). Malformed values
-raise :class:`~edserve.chat.errors.ChatFormatError` naming ``response_format`` (a 400 from
-the server). The grammar is llguidance's text, compiled per request by
+JSON may carry whitespace between tokens, as vLLM's default (``whitespace_flexible``; the
+server's ``--no-json-whitespace`` makes it compact); the output ends right after the value
+(only the chat's stop tokens may follow it). Malformed values raise
+:class:`~edserve.chat.errors.ChatFormatError` naming ``response_format`` (a 400 from the
+server). The grammar is llguidance's text, compiled per request by
 :class:`~edserve.chat.grammar_filter.GrammarFilter`.
 """
 
@@ -32,12 +33,14 @@ def _fail(message: str) -> ChatFormatError:
     return ChatFormatError(message, "response_format")
 
 
-def schema_grammar(schema: dict) -> str:
+def schema_grammar(schema: dict, whitespace: bool = True) -> str:
     """llguidance's grammar for one JSON value valid against ``schema`` (ChatFormatError when
-    llguidance cannot use the schema)."""
+    llguidance cannot use the schema); ``whitespace`` False: compact JSON (no whitespace
+    between tokens)."""
     llg = llguidance()
     try:
-        grammar = llg.LLMatcher.grammar_from_json_schema(schema)
+        grammar = llg.LLMatcher.grammar_from_json_schema(
+            schema, defaults={"whitespace_flexible": whitespace})
     except ValueError as exc:
         raise _fail(f"invalid JSON schema: {exc}") from None
     error = llg.LLMatcher.validate_grammar(grammar)
@@ -46,8 +49,9 @@ def schema_grammar(schema: dict) -> str:
     return grammar
 
 
-def response_grammar(response_format: Any) -> str | None:
-    """The grammar ``response_format`` asks for; None for free text."""
+def response_grammar(response_format: Any, whitespace: bool = True) -> str | None:
+    """The grammar ``response_format`` asks for; None for free text (``whitespace``: as
+    :func:`schema_grammar`)."""
     if response_format is None:
         return None
     if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
@@ -58,7 +62,7 @@ def response_grammar(response_format: Any) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return schema_grammar({"type": "object"})
+        return schema_grammar({"type": "object"}, whitespace)
     spec = response_format.get("json_schema")
     if not isinstance(spec, dict):
         raise _fail("'response_format.json_schema' is required for type json_schema: an "
@@ -75,4 +79,4 @@ def response_grammar(response_format: Any) -> str | None:
         raise _fail("'response_format.json_schema.schema' must be a JSON Schema object")
     if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
         raise _fail(f"'response_format.json_schema.schema' is over {MAX_SCHEMA_BYTES} bytes")
-    return schema_grammar(schema)
+    return schema_grammar(schema, whitespace)

@@ -45,14 +45,15 @@ from edserve.server.sse import sse_response
 router = APIRouter()
 
 
-def _prepare(client: Any, p: ChatParams):
+def _prepare(client: Any, p: ChatParams, json_whitespace: bool = True):
     """Worker thread: template, tokenize, decode images, dry-run the engine's validation."""
     request, tok = _prepare_chat(client, p.messages, p.max_tokens, p.temperature, p.seed,
                                  p.top_p, allow_local_images=False, logit_bias=p.logit_bias,
                                  frequency_penalty=p.frequency_penalty,
                                  presence_penalty=p.presence_penalty,
                                  top_logprobs=p.top_logprobs,
-                                 response_format=p.response_format, tools=p.tools)
+                                 response_format=p.response_format, tools=p.tools,
+                                 json_whitespace=json_whitespace)
     client.validate(request)  # ValueError: prompt too long, or can never fit the KV cache
     room = client.max_decoder_len - len(request.prompt_ids)
     if p.max_tokens is not None and p.max_tokens > room:  # as vLLM / OpenAI: not cut silently
@@ -64,7 +65,8 @@ def _prepare(client: Any, p: ChatParams):
 
 async def prepare(request: Request, p: ChatParams):
     try:
-        return await asyncio.to_thread(_prepare, request.app.state.engine, p)
+        state = request.app.state
+        return await asyncio.to_thread(_prepare, state.engine, p, state.config.json_whitespace)
     except ImageInputError as exc:
         raise APIError(400, str(exc), "messages", "invalid_image") from None
     except ChatFormatError as exc:

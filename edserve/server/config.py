@@ -139,6 +139,11 @@ class ServerConfig:
         "request then refers to it instead of carrying 1.5 MB: a 10-minute file's log-mel is "
         "30 MB); a log-mel that does not fit is sent back to the API process as before; 0: "
         "none kept.")
+    json_whitespace: bool = _f(
+        True, "Allow whitespace between the tokens of grammar-constrained JSON (chat "
+        "response_format and forced tool calls), as vLLM's default; --no-json-whitespace "
+        "makes that JSON compact, which stops a weak or small model from padding it with "
+        "spaces and newlines until max_tokens.")
     openapi_docs: bool = _f(
         True, "Serve the OpenAPI document at /openapi.json and its Swagger UI at /docs "
         "(no API key needed; the UI loads its scripts from a CDN); --no-openapi-docs turns "

@@ -27,3 +27,15 @@ def test_save_random_then_load(tmp_path):
     assert r["requests"] == 6 and r["clients"] == 3
     assert 0 < r["completion_tokens"] <= 6 * 6
     assert 0 < r["ttft_p50"] <= r["ttft_p95"] and r["ttft_p50"] <= r["latency_p95"]
+
+
+def test_json_mode_dry_run(tmp_path):
+    pytest.importorskip("llguidance")
+    import chat_load
+
+    out = tmp_path / "json.json"
+    assert chat_load.main(["--dry-run", "--response-format", "json_object",
+                           "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["requests"] == 8 and 0 < r["completion_tokens"] <= 8 * 8
+    assert r["ttft_p50"] < r["latency_p95"]  # the "{" arrives before the answer ends

@@ -195,3 +195,16 @@ def test_bit_unpacking_paths_agree():
     assert torch.equal(_banned(words, 150), ~ref[:, :150])
     wide = _banned(words, 170)  # tokens past the mask: never allowed
     assert torch.equal(wide[:, :160], ~ref) and bool(wide[:, 160:].all())
+
+
+def test_compact_json_needs_no_whitespace_ban(engine):
+    """--no-json-whitespace: the greedy random weights cannot pad (the same schema ran into
+    whitespace without the logit_bias ban above)."""
+    res = chat(engine, _messages(), max_tokens=60, response_format=AS_SCHEMA,
+               json_whitespace=False)
+    assert res.finish_reason == "stop"
+    value = json.loads(res.text)
+    jsonschema.validate(value, SCHEMA)
+    assert res.text == json.dumps(value, separators=(",", ":"))  # nothing between tokens
+    padded = chat(engine, _messages(), max_tokens=60, response_format=AS_SCHEMA)
+    assert padded.finish_reason == "length" and not padded.text.startswith(res.text)
