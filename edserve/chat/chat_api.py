@@ -14,7 +14,7 @@ from typing import Any
 from edserve.chat.grammar_filter import GrammarFilter
 from edserve.chat.mllama_chat import DEFAULT_DATE, ChatFormatError, ChatTokenizer, chat_prompt_ids
 from edserve.chat.mllama_request import make_mllama_request
-from edserve.chat.response_format import response_grammar, schema_grammar
+from edserve.chat.response_format import response_grammar, schema_grammar, structured_grammar
 from edserve.chat.sampling_filters import chat_filters
 from edserve.chat.tools import ToolCall, ToolRequest, call_schema, parse_calls, parse_tools
 from edserve.engine.errors import RequestFailed
@@ -126,7 +126,8 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
                  logit_bias: Mapping[int, float] | None = None, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, top_logprobs: int = 0,
                  response_format: Mapping[str, Any] | None = None,
-                 tools: ToolRequest | None = None, json_whitespace: bool = True
+                 tools: ToolRequest | None = None, json_whitespace: bool = True,
+                 structured_outputs: Mapping[str, Any] | None = None
                  ) -> tuple[GenerateRequest, ChatTokenizer]:
     """Template, tokenize and preprocess images into a :class:`GenerateRequest` whose
     ``stop_token_ids`` are the chat's end-of-turn tokens; ``logit_bias`` and the penalties
@@ -136,7 +137,8 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
     alternatives (:attr:`GenerateOutput.top_logprobs`); ``tools`` (from
     :func:`edserve.chat.tools.parse_tools`): the functions are listed in the prompt, and a
     forced ``tool_choice`` constrains the answer to one call; ``json_whitespace`` False makes
-    such grammar-constrained JSON compact.
+    such grammar-constrained JSON compact; ``structured_outputs``: vLLM's object (``json``,
+    ``regex``, ``choice``, ``grammar`` or ``json_object``), instead of ``response_format``.
 
     Raises ``ValueError`` subclasses: ``ChatFormatError`` (messages), ``ImageInputError``
     (images), or ``ValueError`` (not an Mllama engine, bad sampling values).
@@ -146,11 +148,17 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
                          f"{type(getattr(engine, 'model', None)).__name__}")
     tok = ChatTokenizer.for_model(engine.model, engine.tokenizer)
     grammar = response_grammar(response_format, json_whitespace)  # before images are decoded
+    if structured_outputs is not None:
+        if grammar is not None:
+            raise ChatFormatError("give 'response_format' json_object / json_schema or "
+                                  "'structured_outputs', not both", "structured_outputs")
+        grammar = structured_grammar(structured_outputs, json_whitespace)
     shown = tools.shown if tools is not None else ()
     if grammar is not None and shown:
-        raise ChatFormatError("'response_format' json_object / json_schema cannot be combined "
-                              "with 'tools' (a forced tool_choice already constrains the "
-                              "answer; tool_choice 'none' drops the tools)", "response_format")
+        raise ChatFormatError("a constrained answer ('response_format' json_object / "
+                              "json_schema, 'structured_outputs') cannot be combined with "
+                              "'tools' (a forced tool_choice already constrains the answer; "
+                              "tool_choice 'none' drops the tools)", "response_format")
     if tools is not None and tools.forced:
         grammar = schema_grammar(call_schema(tools), json_whitespace)
     ids, images = chat_prompt_ids(tok, messages, date_string, allow_local_images, shown)
@@ -188,7 +196,8 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
          top_logprobs: int = 0, response_format: Mapping[str, Any] | None = None,
          tools: Sequence[dict] | None = None, tool_choice: Any = None,
-         json_whitespace: bool = True) -> ChatResult:
+         json_whitespace: bool = True,
+         structured_outputs: Mapping[str, Any] | None = None) -> ChatResult:
     """Run one chat completion on a (synchronous) :class:`~edserve.engine.engine.Engine`.
 
     ``messages`` as in :func:`~edserve.chat.mllama_chat.render_chat` (images may also be
@@ -198,7 +207,8 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
     ``top_logprobs``: each completion token's most likely alternatives in the result;
     ``response_format`` as OpenAI's (``json_object`` / ``json_schema``: the text is JSON);
     ``tools`` and ``tool_choice`` as OpenAI's (:mod:`edserve.chat.tools`: calls come back in
-    ``tool_calls``; ``json_whitespace`` False: that JSON compact). Bad input raises
+    ``tool_calls``; ``json_whitespace`` False: that JSON compact); ``structured_outputs``:
+    vLLM's (``regex``, ``choice``, ``grammar``, ``json``). Bad input raises
     ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
     """
     request, tok = prepare_chat(engine, messages, max_tokens, temperature, seed, top_p,
@@ -207,7 +217,8 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
                                 presence_penalty=presence_penalty, top_logprobs=top_logprobs,
                                 response_format=response_format,
                                 tools=(wanted := parse_tools(tools, tool_choice)),
-                                json_whitespace=json_whitespace)
+                                json_whitespace=json_whitespace,
+                                structured_outputs=structured_outputs)
     decoder = ChatDecoder(tok, normalize_stop(stop))
     done: list[GenerateOutput | None] = []
 

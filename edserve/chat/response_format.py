@@ -80,3 +80,85 @@ def response_grammar(response_format: Any, whitespace: bool = True) -> str | Non
     if len(json.dumps(schema)) > MAX_SCHEMA_BYTES:
         raise _fail(f"'response_format.json_schema.schema' is over {MAX_SCHEMA_BYTES} bytes")
     return schema_grammar(schema, whitespace)
+
+
+# vLLM's ``structured_outputs`` (and its older ``guided_*`` fields): one constraint each.
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+STRUCTURED_OPTIONS = ("disable_any_whitespace",)
+MAX_CHOICES = 256
+
+
+def structured_grammar(spec: Any, whitespace: bool = True,
+                       param: str = "structured_outputs") -> str | None:
+    """The grammar of vLLM's ``structured_outputs`` object: exactly one of ``json`` (a JSON
+    Schema, as an object or its text), ``regex`` (the whole answer matches it), ``choice``
+    (the answer is one of these strings), ``grammar`` (a Lark grammar, llguidance's dialect),
+    ``json_object: true``; ``disable_any_whitespace: true`` makes JSON compact. None for
+    None. ChatFormatError naming ``param`` otherwise."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise ChatFormatError(f"'{param}' must be an object", param)
+    unknown = sorted(set(spec) - set(STRUCTURED_KINDS) - set(STRUCTURED_OPTIONS))
+    if unknown:
+        raise ChatFormatError(f"'{param}' does not take {unknown[0]!r:.40}; it takes one of "
+                              f"{', '.join(STRUCTURED_KINDS)}", param)
+    kinds = [k for k in STRUCTURED_KINDS if spec.get(k) not in (None, False)]
+    if len(kinds) != 1:
+        raise ChatFormatError(f"'{param}' needs exactly one of {', '.join(STRUCTURED_KINDS)}; "
+                              f"got {len(kinds)}", param)
+    kind, value = kinds[0], spec[kinds[0]]
+    if spec.get("disable_any_whitespace"):
+        whitespace = False
+    try:
+        return _STRUCTURED[kind](value, whitespace)
+    except ChatFormatError as exc:
+        raise ChatFormatError(str(exc).replace("'response_format'", f"'{param}'"),
+                              param) from None
+
+
+def _json(value: Any, whitespace: bool) -> str:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise _fail("'json' must be a JSON Schema (an object or its JSON text)") from None
+    if not isinstance(value, dict):
+        raise _fail("'json' must be a JSON Schema (an object or its JSON text)")
+    return schema_grammar(value, whitespace)
+
+
+def _checked(grammar: str, what: str) -> str:
+    error = llguidance().LLMatcher.validate_grammar(grammar)
+    if error:
+        raise _fail(f"invalid {what}: {' '.join(error.split())[:240]}")
+    return grammar
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_SCHEMA_BYTES:
+        raise _fail(f"'{what}' must be a non-empty string of at most {MAX_SCHEMA_BYTES} "
+                    "characters")
+    return value
+
+
+def _regex(value: Any, whitespace: bool) -> str:
+    matcher = llguidance().LLMatcher
+    return _checked(matcher.grammar_from_regex(_text(value, "regex")), "regex")
+
+
+def _choice(value: Any, whitespace: bool) -> str:
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_CHOICES \
+            or not all(isinstance(c, str) and c for c in value):
+        raise _fail(f"'choice' must be a list of 1 to {MAX_CHOICES} non-empty strings")
+    lark = "start: " + " | ".join(json.dumps(c) for c in value)
+    return _checked(llguidance().LLMatcher.grammar_from_lark(_text(lark, "choice")), "choice")
+
+
+def _lark(value: Any, whitespace: bool) -> str:
+    matcher = llguidance().LLMatcher
+    return _checked(matcher.grammar_from_lark(_text(value, "grammar")), "grammar (Lark)")
+
+
+_STRUCTURED = {"json": _json, "regex": _regex, "choice": _choice, "grammar": _lark,
+               "json_object": lambda _, ws: schema_grammar({"type": "object"}, ws)}

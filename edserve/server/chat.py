@@ -3,18 +3,19 @@
 Request fields: ``model``, ``messages`` (text and ``image_url`` parts with ``data:`` URLs),
 ``max_tokens`` / ``max_completion_tokens``, ``temperature`` in [0, 2] (default 1, as OpenAI),
 ``top_p``, ``seed``, ``stop`` (string or list), ``stream``, ``stream_options.include_usage``,
-``n`` (1 only), ``logprobs`` and ``top_logprobs`` (each token's log-probability and its
-most likely alternatives: :mod:`.chat_logprobs`), ``logit_bias``, ``frequency_penalty`` and
-``presence_penalty`` (logits filters: :mod:`edserve.chat.sampling_filters`),
-``response_format`` (``json_object`` / ``json_schema``: grammar-constrained output,
-:mod:`edserve.chat.response_format`), ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
-(Llama 3 JSON function calling: :mod:`edserve.chat.tools`, :mod:`.chat_tools`); the body is
-parsed by :mod:`.chat_params`. Fields that would change the output and are not implemented
-(the deprecated ``functions`` / ``function_call``) -> 400 when set, not ignored. Bad input ->
-4xx in OpenAI's error shape, before any work is queued. Templating and image decoding run in
-a worker thread; tokens come from the shared AsyncEngine, so chat requests batch with each
-other. A client that disconnects aborts its request (KV freed), and so does a matched
-``stop`` string.
+``n`` (1 only), ``logprobs`` and ``top_logprobs`` (each token's log-probability and its most
+likely alternatives: :mod:`.chat_logprobs`), ``logit_bias``, ``frequency_penalty`` and
+``presence_penalty`` (logits filters: :mod:`edserve.chat.sampling_filters`), ``response_format``
+(``json_object`` / ``json_schema``: grammar-constrained output,
+:mod:`edserve.chat.response_format`; vLLM's ``structured_outputs`` and ``guided_json`` /
+``guided_regex`` / ``guided_choice`` / ``guided_grammar`` too), ``tools`` / ``tool_choice`` /
+``parallel_tool_calls`` (Llama 3 JSON function calling: :mod:`edserve.chat.tools`,
+:mod:`.chat_tools`); the body is parsed by :mod:`.chat_params`. Fields that would change the
+output and are not implemented (the deprecated ``functions`` / ``function_call``) -> 400 when
+set, not ignored. Bad input -> 4xx in OpenAI's error shape, before any work is queued.
+Templating and image decoding run in a worker thread; tokens come from the shared AsyncEngine,
+so chat requests batch with each other. A client that disconnects aborts its request (KV freed),
+and so does a matched ``stop`` string.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def _prepare(client: Any, p: ChatParams, json_whitespace: bool = True):
                                  presence_penalty=p.presence_penalty,
                                  top_logprobs=p.top_logprobs,
                                  response_format=p.response_format, tools=p.tools,
-                                 json_whitespace=json_whitespace)
+                                 json_whitespace=json_whitespace,
+                                 structured_outputs=p.structured_outputs)
     client.validate(request)  # ValueError: prompt too long, or can never fit the KV cache
     room = client.max_decoder_len - len(request.prompt_ids)
     if p.max_tokens is not None and p.max_tokens > room:  # as vLLM / OpenAI: not cut silently

@@ -9,6 +9,7 @@ from typing import Any
 
 from edserve.chat.chat_api import normalize_stop
 from edserve.chat.errors import ChatFormatError
+from edserve.chat.response_format import structured_grammar
 from edserve.chat.sampling_filters import BIAS_LIMIT, PENALTY_LIMIT
 from edserve.chat.tools import ToolRequest, parse_tools
 from edserve.engine.request import MAX_TOP_LOGPROBS
@@ -36,6 +37,7 @@ class ChatParams:
     response_format: Any = None  # OpenAI's object; compiled when the request is prepared
     tools: ToolRequest | None = None  # tools + tool_choice, checked
     parallel_tool_calls: bool = True  # False: at most one call is returned
+    structured_outputs: dict | None = None  # vLLM's object (checked), from it or guided_*
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float,
@@ -64,9 +66,24 @@ def _int(body: dict, name: str, lo: int, hi: int = 2**31 - 1) -> int | None:
 # Fields that change what is generated or returned, which this server does not implement:
 # refused when set to anything but their no-op value, never silently ignored.
 # (field, is its value a no-op?)
+# vLLM's sampling extensions (sent through the openai client's extra_body) are among them:
+# a client that asks for top_k or a repetition penalty must not get plain sampling silently.
 UNSUPPORTED: tuple[tuple[str, Any], ...] = (
     ("functions", lambda v: not v),
     ("function_call", lambda v: v in (None, "none")),
+    ("guided_whitespace_pattern", lambda v: v is None),
+    ("top_k", lambda v: v in (None, -1, 0)),
+    ("min_p", lambda v: v in (None, 0)),
+    ("repetition_penalty", lambda v: v in (None, 1)),
+    ("min_tokens", lambda v: v in (None, 0)),
+    ("ignore_eos", lambda v: v in (None, False)),
+    ("best_of", lambda v: v in (None, 1)),
+    ("use_beam_search", lambda v: v in (None, False)),
+    ("prompt_logprobs", lambda v: v in (None, 0)),
+    ("echo", lambda v: v in (None, False)),
+    ("stop_token_ids", lambda v: not v),
+    ("bad_words", lambda v: not v),
+    ("allowed_token_ids", lambda v: v is None),
 )
 
 
@@ -128,7 +145,31 @@ def parse_params(body: Any) -> ChatParams:
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
         presence_penalty=_number(body, "presence_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
         response_format=body.get("response_format"), tools=_tools(body),
-        parallel_tool_calls=_bool(body, "parallel_tool_calls", True))
+        parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
+        structured_outputs=_structured(body))
+
+
+# vLLM's older per-kind fields -> the key of its ``structured_outputs`` object
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+          "guided_grammar": "grammar"}
+
+
+def _structured(body: dict) -> dict | None:
+    """vLLM's ``structured_outputs`` or one ``guided_*`` field as that object, checked (its
+    grammar compiles: a 400 naming the field otherwise)."""
+    given = [k for k in ("structured_outputs", *GUIDED) if body.get(k) is not None]
+    if len(given) > 1:
+        raise APIError(400, f"give one of {', '.join(given)}", given[1], "invalid_value")
+    if not given:
+        return None
+    name = given[0]
+    spec = body[name] if name == "structured_outputs" else {GUIDED[name]: body[name]}
+    try:
+        structured_grammar(spec, param=name)
+    except ChatFormatError as exc:
+        raise APIError(400, str(exc), exc.param, "invalid_value") from None
+    return spec
+
 
 
 def _bool(body: dict, name: str, default: bool) -> bool:

@@ -130,6 +130,20 @@ class ChatRequest(BaseModel):
             "call, its arguments valid against the function's `parameters`."))
     parallel_tool_calls: bool | None = Field(None, description=(
         "false: at most one call is returned. Default true."))
+    structured_outputs: dict | None = Field(None, description=(
+        "vLLM's constraint object, exactly one of `json` (a JSON Schema), `regex` (the whole "
+        "answer matches it), `choice` (a list of strings: the answer is one of them), "
+        "`grammar` (Lark, llguidance's dialect), `json_object: true`; "
+        "`disable_any_whitespace: true` makes JSON compact. Not with a JSON "
+        "`response_format` or tools."))
+    guided_json: dict | str | None = Field(None, description="vLLM's older form of "
+                                           "`structured_outputs.json`.")
+    guided_regex: str | None = Field(None, description="Older form of "
+                                     "`structured_outputs.regex`.")
+    guided_choice: list[str] | None = Field(None, description="Older form of "
+                                            "`structured_outputs.choice`.")
+    guided_grammar: str | None = Field(None, description="Older form of "
+                                       "`structured_outputs.grammar`.")
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
         "With `logprobs: true`: at each token, this many most likely tokens and their "
         "log-probabilities. Default 0."))

@@ -50,3 +50,36 @@ def test_bad_values_are_refused_naming_the_field(value, needle):
     with pytest.raises(ChatFormatError, match=None) as info:
         response_grammar(value)
     assert needle in str(info.value) and info.value.param == "response_format"
+
+
+# ---- vLLM's structured_outputs / guided_* ----------------------------------------------------
+
+from edserve.chat.response_format import structured_grammar  # noqa: E402
+
+
+@pytest.mark.parametrize("spec", [{"regex": r"\d{3}-[a-z]+"}, {"choice": ["yes", 'say "hi"\n']},
+                                  {"grammar": 'start: "a" /[0-9]+/'},
+                                  {"json": {"type": "integer"}}, {"json": '{"type": "string"}'},
+                                  {"json_object": True, "disable_any_whitespace": True}])
+def test_structured_kinds_compile(spec):
+    assert isinstance(structured_grammar(spec), str)
+    assert structured_grammar(None) is None
+
+
+@pytest.mark.parametrize("spec,needle", [
+    (3, "must be an object"),
+    ({}, "needs exactly one of json, regex, choice, grammar, json_object; got 0"),
+    ({"regex": "a", "choice": ["b"]}, "got 2"),
+    ({"whitespace_pattern": " "}, "does not take 'whitespace_pattern'"),
+    ({"regex": "("}, "invalid regex: "),
+    ({"regex": ""}, "'regex' must be a non-empty string"),
+    ({"choice": []}, "'choice' must be a list of 1 to 256"),
+    ({"choice": ["a", 3]}, "'choice' must be a list"),
+    ({"grammar": "start: foo"}, 'invalid grammar (Lark): at 1(8): unknown name: "foo"'),
+    ({"json": "nope"}, "'json' must be a JSON Schema"),
+    ({"json": {"type": "strnig"}}, "unsupported JSON schema: Invalid type: strnig"),
+])
+def test_bad_structured_outputs_name_the_field(spec, needle):
+    with pytest.raises(ChatFormatError) as info:
+        structured_grammar(spec, param="guided_x")
+    assert needle in str(info.value) and info.value.param == "guided_x"

@@ -206,3 +206,58 @@ def test_bad_tool_fields_are_400(http, fields, param, needle):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and needle in err["message"], err
+
+
+@pytest.mark.parametrize("extra,check", [
+    ({"structured_outputs": {"choice": ["cat", "dog", "red fox"]}},
+     lambda t: t in ("cat", "dog", "red fox")),
+    ({"guided_choice": ["cat", "dog"]}, lambda t: t in ("cat", "dog")),
+    ({"guided_regex": r"[0-9]{3}-[a-c]{2}"},
+     lambda t: len(t) == 6 and t[:3].isdigit() and t[3] == "-" and set(t[4:]) <= set("abc")),
+    ({"structured_outputs": {"grammar": 'start: "id=" /[0-9]{2}/'}},
+     lambda t: t.startswith("id=") and t[3:].isdigit() and len(t) == 5),
+    ({"guided_json": {"type": "object", "required": ["ok"], "additionalProperties": False,
+                      "properties": {"ok": {"type": "boolean"}}},
+      "structured_outputs": None},
+     lambda t: isinstance(json.loads(t)["ok"], bool)),
+])
+def test_vllm_structured_outputs(oai, http, local, extra, check):
+    """vLLM's fields through the openai client's extra_body: each answer matches its
+    constraint and equals the Python API's."""
+    spec = extra.get("structured_outputs") or {
+        {"guided_choice": "choice", "guided_regex": "regex",
+         "guided_json": "json"}[k]: v for k, v in extra.items() if k.startswith("guided")}
+    ref = chat(local, MESSAGES, max_tokens=40, structured_outputs=spec,
+               logit_bias=NO_WHITESPACE)
+    res = oai.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40,
+                                      temperature=0, logit_bias=BIAS, extra_body=extra)
+    text = res.choices[0].message.content
+    assert text == ref.text and res.choices[0].finish_reason == "stop" and check(text), text
+
+
+@pytest.mark.parametrize("fields,param,needle", [
+    (dict(guided_regex="("), "guided_regex", "invalid regex"),
+    (dict(guided_choice=[]), "guided_choice", "'choice' must be a list"),
+    (dict(structured_outputs={"regex": "a", "choice": ["b"]}), "structured_outputs",
+     "exactly one of"),
+    (dict(guided_regex="a", guided_choice=["b"]), "guided_choice", "give one of"),
+    (dict(guided_regex="a", response_format={"type": "json_object"}), "structured_outputs",
+     "not both"),
+    (dict(guided_regex="a", tools=[WEATHER]), "response_format", "cannot be combined"),
+    (dict(top_k=5), "top_k", "not supported"),
+    (dict(repetition_penalty=1.2), "repetition_penalty", "not supported"),
+    (dict(min_p=0.1), "min_p", "not supported"),
+    (dict(guided_whitespace_pattern=" "), "guided_whitespace_pattern", "not supported"),
+])
+def test_bad_structured_and_unimplemented_extensions_are_400(http, fields, param, needle):
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, **fields})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and needle in err["message"], err
+
+
+def test_extensions_at_their_no_op_values_are_accepted(http):
+    r = http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": MESSAGES, "max_tokens": 2, "top_k": -1, "min_p": 0,
+        "repetition_penalty": 1.0, "ignore_eos": False, "guided_decoding_backend": "guidance"})
+    assert r.status_code == 200, r.text
