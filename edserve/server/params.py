@@ -156,6 +156,34 @@ def _check_include(form: FormData) -> None:
                        "include[]", "invalid_value")
 
 
+# Fields other servers take (vLLM's sampling extras, OpenAI's chunking for its newer models)
+# that would change the transcript and are not implemented here: refused unless at their no-op
+# value (numbers: the value itself; text: absent or empty), never silently ignored.
+NO_OP_NUMBERS = {"top_p": (1.0,), "top_k": (-1.0, 0.0), "min_p": (0.0,),
+                 "repetition_penalty": (1.0,), "frequency_penalty": (0.0,),
+                 "presence_penalty": (0.0,)}
+NO_OP_TEXT = {"seed": (), "to_language": (), "chunking_strategy": ("auto",)}
+
+
+def _check_unsupported(form: FormData) -> None:
+    for name, no_ops in NO_OP_NUMBERS.items():
+        raw = _one(form, name)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if value not in no_ops:
+            raise APIError(400, f"'{name}' is not supported by this server (got "
+                           f"{_short(raw)!r}); omit it", name, "unsupported_value")
+    for name, no_ops in NO_OP_TEXT.items():
+        raw = _one(form, name)
+        if raw is not None and raw.strip() and raw.strip() not in no_ops:
+            raise APIError(400, f"'{name}' is not supported by this server (got "
+                           f"{_short(raw)!r}); omit it", name, "unsupported_value")
+
+
 def _granularities(form: FormData) -> tuple[str, ...]:
     """``segment`` and/or ``word`` (word: word timestamps, ``words`` in verbose_json)."""
     values = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
@@ -193,6 +221,7 @@ async def parse_form(form: FormData, max_upload_mb: float,
     if not model:
         raise APIError(400, "'model' is required", "model", "missing_required_parameter")
     _check_include(form)
+    _check_unsupported(form)
     granularities = _granularities(form)
     if granularities and fmt != "verbose_json":  # as OpenAI's API: only verbose_json has them
         raise APIError(400, "'timestamp_granularities[]' requires response_format=verbose_json "

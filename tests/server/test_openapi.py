@@ -112,6 +112,11 @@ def test_stream_events_match_schema(http, doc):
 @pytest.mark.parametrize("fields,status,param", [
     ({"temperature": "2"}, 400, "temperature"),
     ({"include[]": "logprobs"}, 400, "include[]"),
+    # vLLM's / OpenAI's fields this server lacks: refused, not ignored (no-op values pass)
+    ({"top_k": "20"}, 400, "top_k"),
+    ({"repetition_penalty": "1.3"}, 400, "repetition_penalty"),
+    ({"seed": "7"}, 400, "seed"),
+    ({"chunking_strategy": '{"type": "server_vad"}'}, 400, "chunking_strategy"),
     ({"stream": "maybe"}, 400, "stream"),
     # found by the fuzz (were 500s): beam_size * patience overflowing, or rounding to 0
     ({"beam_size": "2", "patience": "1e308"}, 400, "patience"),
@@ -140,3 +145,9 @@ def test_auth_size_and_models_errors_match_schema(base_url, http, doc):
     check_response(doc, "/v1/chat/completions", "post", r)
     check_response(doc, "/health", "get", http.get("/health"))
     integrity(http)
+
+
+def test_other_servers_fields_at_their_no_op_values_are_accepted(http):
+    r = _post(http, {"top_k": "-1", "top_p": "1", "repetition_penalty": "1.0", "seed": "",
+                     "chunking_strategy": "auto", "response_format": "text"})
+    assert r.status_code == 200, r.text
