@@ -32,6 +32,7 @@ from typing import Any
 import zmq
 
 from edserve.audio.held_mel import MelWindowRef
+from edserve.chat.grammar_filter import warm_vocab
 from edserve.dp import protocol as P
 from edserve.dp import wire
 from edserve.dp.features import FeatureService
@@ -257,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         up.close()
         ctx.term()
         return 1
+    warm_vocab(engine)  # chat: the JSON-mode vocabulary, off this (the stepping) thread
     n_mels = getattr(engine.model.config, "num_mel_bins", None)
     features = FeatureService(args.index, ctx, args.up, engine.device, n_mels, store=mels)
     loop = WorkerLoop(args.index, engine, up, down, args.parent_pid, features, mels)

@@ -208,3 +208,14 @@ def test_compact_json_needs_no_whitespace_ban(engine):
     assert res.text == json.dumps(value, separators=(",", ":"))  # nothing between tokens
     padded = chat(engine, _messages(), max_tokens=60, response_format=AS_SCHEMA)
     assert padded.finish_reason == "length" and not padded.text.startswith(res.text)
+
+
+def test_warm_vocab_prepares_what_bind_uses(engine):
+    from edserve.chat.grammar_filter import grammar_vocab, warm_vocab
+
+    grammar_vocab.cache_clear()
+    warm_vocab(engine).join(timeout=60)
+    assert grammar_vocab.cache_info().currsize == 1
+    GrammarFilter(response_grammar({"type": "json_object"}), STOP_IDS).bind(engine.tokenizer, 1)
+    assert grammar_vocab.cache_info().hits == 1  # bind found the warmed vocabulary
+    assert warm_vocab(object()) is None  # not a chat engine
