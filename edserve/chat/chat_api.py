@@ -7,8 +7,9 @@ an engine request, and :class:`ChatDecoder` turns the generated tokens into text
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edserve.chat.grammar_filter import GrammarFilter
@@ -19,9 +20,10 @@ from edserve.chat.sampling_filters import chat_filters
 from edserve.chat.tools import ToolCall, ToolRequest, call_schema, parse_calls, parse_tools
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput
-from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
+from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams, next_rid
 
 MAX_STOP_STRINGS = 16
+SEED_LIMIT = 2**64 - 1  # the largest seed torch.Generator.manual_seed takes
 
 
 def normalize_stop(stop: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -175,6 +177,20 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
     if grammar is not None:
         request.logits_processors.append(GrammarFilter(grammar, tok.stop_token_ids))
     return request, tok
+
+
+def choice_request(request: GenerateRequest, index: int) -> GenerateRequest:
+    """Choice ``index`` of an ``n`` > 1 completion: the same prompt and images as choice 0
+    (``request``), its own request id, ``seed + index`` when seeded (so the choices differ and
+    each is reproducible), fresh state for filters that hold one (a grammar's matcher). Each
+    choice is its own engine request: the image is encoded once per choice."""
+    sp = request.sampling
+    seed = sp.seed
+    if seed is not None:
+        seed = seed + index if seed + index <= SEED_LIMIT else seed - index
+    return replace(request, sampling=replace(sp, seed=seed), rid=next_rid(),
+                   logits_processors=[copy.deepcopy(f) if f.per_row else f
+                                      for f in request.logits_processors])
 
 
 def finish_reason(output: GenerateOutput | None, decoder: ChatDecoder) -> str:

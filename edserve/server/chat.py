@@ -3,19 +3,19 @@
 Request fields: ``model``, ``messages`` (text and ``image_url`` parts with ``data:`` URLs),
 ``max_tokens`` / ``max_completion_tokens``, ``temperature`` in [0, 2] (default 1, as OpenAI),
 ``top_p``, ``seed``, ``stop`` (string or list), ``stream``, ``stream_options.include_usage``,
-``n`` (1 only), ``logprobs`` and ``top_logprobs`` (each token's log-probability and its most
-likely alternatives: :mod:`.chat_logprobs`), ``logit_bias``, ``frequency_penalty`` and
-``presence_penalty`` (logits filters: :mod:`edserve.chat.sampling_filters`), ``response_format``
-(``json_object`` / ``json_schema``: grammar-constrained output,
-:mod:`edserve.chat.response_format`; vLLM's ``structured_outputs`` and ``guided_json`` /
-``guided_regex`` / ``guided_choice`` / ``guided_grammar`` too), ``tools`` / ``tool_choice`` /
-``parallel_tool_calls`` (Llama 3 JSON function calling: :mod:`edserve.chat.tools`,
-:mod:`.chat_tools`); the body is parsed by :mod:`.chat_params`. Fields that would change the
-output and are not implemented (the deprecated ``functions`` / ``function_call``) -> 400 when
-set, not ignored. Bad input -> 4xx in OpenAI's error shape, before any work is queued.
-Templating and image decoding run in a worker thread; tokens come from the shared AsyncEngine,
-so chat requests batch with each other. A client that disconnects aborts its request (KV freed),
-and so does a matched ``stop`` string.
+``n`` (1 to 16 choices, each its own engine request), ``logprobs`` and ``top_logprobs`` (each
+token's log-probability and its most likely alternatives: :mod:`.chat_logprobs`),
+``logit_bias``, ``frequency_penalty`` and ``presence_penalty`` (logits filters:
+:mod:`edserve.chat.sampling_filters`), ``response_format`` (``json_object`` / ``json_schema``:
+grammar-constrained output, :mod:`edserve.chat.response_format`; vLLM's ``structured_outputs``
+and ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` too), ``tools``
+/ ``tool_choice`` / ``parallel_tool_calls`` (Llama 3 JSON function calling:
+:mod:`edserve.chat.tools`, :mod:`.chat_tools`); the body is parsed by :mod:`.chat_params`.
+Fields that would change the output and are not implemented (the deprecated ``functions`` /
+``function_call``) -> 400 when set, not ignored. Bad input -> 4xx in OpenAI's error shape,
+before any work is queued. Templating and image decoding run in a worker thread; tokens come
+from the shared AsyncEngine, so chat requests batch with each other. A client that disconnects
+aborts its request (KV freed), and so does a matched ``stop`` string.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from edserve.chat.chat_api import ChatDecoder, finish_reason
+from edserve.chat.chat_api import ChatDecoder, choice_request, finish_reason
 from edserve.chat.chat_api import prepare_chat as _prepare_chat
 from edserve.chat.errors import ChatFormatError
 from edserve.engine.errors import RequestFailed
@@ -40,6 +41,7 @@ from edserve.server.chat_tools import CallCollector, answer_calls, calls_delta
 from edserve.server.checks import check_auth, check_model, read_json
 from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError
+from edserve.server.merge import merge
 from edserve.server.openapi import chat_operation
 from edserve.server.sse import sse_response
 
@@ -109,8 +111,19 @@ async def _deltas(client: Any, gen_request: Any, decoder: ChatDecoder, result: d
         yield tail, pending
 
 
-def _usage(gen_request: Any, decoder: ChatDecoder) -> dict[str, int]:
-    n, m = len(gen_request.prompt_ids), len(decoder.token_ids)
+@dataclass
+class Choice:
+    """One of a completion's ``n`` answers: its engine request and its detokenizer."""
+
+    index: int
+    request: Any
+    decoder: ChatDecoder
+
+
+def _usage(choices: list[Choice]) -> dict[str, int]:
+    """The prompt once (as OpenAI counts it), every choice's completion tokens."""
+    n = len(choices[0].request.prompt_ids)
+    m = sum(len(c.decoder.token_ids) for c in choices)
     return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
 
 
@@ -123,53 +136,67 @@ async def _complete(client: Any, gen_request: Any, decoder: ChatDecoder,
     return result
 
 
-async def _non_streaming(request: Request, p: ChatParams, gen_request: Any,
-                         decoder: ChatDecoder, head: dict) -> Response:
+async def _non_streaming(request: Request, p: ChatParams, choices: list[Choice],
+                         head: dict) -> Response:
+    engine = request.app.state.engine
     try:
-        result = await unless_disconnected(
-            request, _complete(request.app.state.engine, gen_request, decoder, p.logprobs))
+        results = await unless_disconnected(request, asyncio.gather(
+            *(_complete(engine, c.request, c.decoder, p.logprobs) for c in choices)))
     except ClientGone:
         return Response(status_code=499)  # the client is gone; nobody reads this
     except RequestFailed as exc:
         raise APIError(500, str(exc), None, "engine_error") from None
-    message: dict = {"role": "assistant", "content": decoder.text}
-    calls = answer_calls(decoder.text, p.tools, p.parallel_tool_calls)
+    return JSONResponse({**head, "object": "chat.completion",
+                         "choices": [_choice(p, c, r) for c, r in zip(choices, results,
+                                                                     strict=True)],
+                         "usage": _usage(choices)})
+
+
+def _choice(p: ChatParams, c: Choice, result: dict) -> dict:
+    message: dict = {"role": "assistant", "content": c.decoder.text}
+    calls = answer_calls(c.decoder.text, p.tools, p.parallel_tool_calls)
     if calls:
         message = {"role": "assistant", "content": None,
-                   "tool_calls": [c.openai() for c in calls]}
-    return JSONResponse({**head, "object": "chat.completion", "choices": [
-        {"index": 0, "message": message,
-         "logprobs": chat_logprobs.choice_logprobs(result["logprobs"]),
-         "finish_reason": "tool_calls" if calls else result["finish_reason"]}],
-        "usage": _usage(gen_request, decoder)})
+                   "tool_calls": [call.openai() for call in calls]}
+    return {"index": c.index, "message": message,
+            "logprobs": chat_logprobs.choice_logprobs(result["logprobs"]),
+            "finish_reason": "tool_calls" if calls else result["finish_reason"]}
 
 
-def _chunk(head: dict, delta: dict, finish: str | None, logprobs: list[dict] | None = None
-           ) -> dict:
+def _chunk(head: dict, index: int, delta: dict, finish: str | None,
+           logprobs: list[dict] | None = None) -> dict:
     return {**head, "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta,
+            "choices": [{"index": index, "delta": delta,
                          "logprobs": chat_logprobs.choice_logprobs(logprobs),
                          "finish_reason": finish}]}
 
 
-async def _chunks(client: Any, p: ChatParams, gen_request: Any, decoder: ChatDecoder,
-                  head: dict) -> AsyncIterator[dict]:
-    yield _chunk(head, {"role": "assistant", "content": ""}, None)
+async def _choice_chunks(client: Any, p: ChatParams, c: Choice, head: dict
+                         ) -> AsyncIterator[dict]:
+    yield _chunk(head, c.index, {"role": "assistant", "content": ""}, None)
     result: dict = {}
     calls = CallCollector(p.tools, p.parallel_tool_calls)  # held back while it may be a call
-    async for text, entries in _deltas(client, gen_request, decoder, result, p.logprobs):
+    async for text, entries in _deltas(client, c.request, c.decoder, result, p.logprobs):
         text, entries = calls.feed(text, entries)
         if text or entries:
-            yield _chunk(head, {"content": text}, None, entries)
+            yield _chunk(head, c.index, {"content": text}, None, entries)
     text, entries, made = calls.finish()
     if text or entries:
-        yield _chunk(head, {"content": text}, None, entries)
+        yield _chunk(head, c.index, {"content": text}, None, entries)
     if made:
-        yield _chunk(head, calls_delta(made), None)
-    yield _chunk(head, {}, "tool_calls" if made else result["finish_reason"])
+        yield _chunk(head, c.index, calls_delta(made), None)
+    yield _chunk(head, c.index, {}, "tool_calls" if made else result["finish_reason"])
+
+
+async def _chunks(client: Any, p: ChatParams, choices: list[Choice], head: dict
+                  ) -> AsyncIterator[dict]:
+    """Every choice's chunks, interleaved as they come (each carries its ``index``)."""
+    streams = [_choice_chunks(client, p, c, head) for c in choices]
+    async for chunk in (streams[0] if len(streams) == 1 else merge(streams)):
+        yield chunk
     if p.include_usage:
         yield {**head, "object": "chat.completion.chunk", "choices": [],
-               "usage": _usage(gen_request, decoder)}
+               "usage": _usage(choices)}
 
 
 @router.post("/v1/chat/completions", openapi_extra=chat_operation())
@@ -183,10 +210,10 @@ async def chat_completions(request: Request) -> Response:
     p = parse_params(await read_json(request))
     check_model(request, p.model)
     gen_request, tok = await prepare(request, p)
-    decoder = ChatDecoder(tok, p.stop)
+    choices = [Choice(i, gen_request if i == 0 else choice_request(gen_request, i),
+                      ChatDecoder(tok, p.stop)) for i in range(p.n)]
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": p.model, "system_fingerprint": None}
     if p.stream:
-        return sse_response(_chunks(state.engine, p, gen_request, decoder, head), "generation",
-                            done=True)
-    return await _non_streaming(request, p, gen_request, decoder, head)
+        return sse_response(_chunks(state.engine, p, choices, head), "generation", done=True)
+    return await _non_streaming(request, p, choices, head)

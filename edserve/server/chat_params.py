@@ -38,6 +38,7 @@ class ChatParams:
     tools: ToolRequest | None = None  # tools + tool_choice, checked
     parallel_tool_calls: bool = True  # False: at most one call is returned
     structured_outputs: dict | None = None  # vLLM's object (checked), from it or guided_*
+    n: int = 1  # choices: one engine request each (chat_api.choice_request)
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float,
@@ -107,8 +108,6 @@ def parse_params(body: Any) -> ChatParams:
     if not isinstance(messages, list) or not messages:
         raise APIError(400, "'messages' is required: a non-empty list of messages", "messages",
                        "missing_required_parameter" if messages is None else "invalid_value")
-    if body.get("n") not in (None, 1):
-        raise APIError(400, "only n=1 is supported", "n", "unsupported_value")
     _refuse_unsupported(body)
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
@@ -146,7 +145,10 @@ def parse_params(body: Any) -> ChatParams:
         presence_penalty=_number(body, "presence_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
         response_format=body.get("response_format"), tools=_tools(body),
         parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
-        structured_outputs=_structured(body))
+        structured_outputs=_structured(body), n=_int(body, "n", 1, MAX_N) or 1)
+
+
+MAX_N = 16  # most choices per request
 
 
 # vLLM's older per-kind fields -> the key of its ``structured_outputs`` object

@@ -110,7 +110,9 @@ class ChatRequest(BaseModel):
         f"Non-empty string(s), at most {MAX_STOP_STRINGS}; the text ends before the first."))
     stream: bool | None = Field(None, description="Server-sent chunks, then `data: [DONE]`.")
     stream_options: StreamOptions | None = None
-    n: Literal[1] | None = Field(None, description="Only 1.")
+    n: int | None = Field(None, ge=1, le=16, description=(
+        "Choices (default 1); each is its own engine request (an image is encoded once per "
+        "choice); seeded choices use seed + index."))
     logit_bias: dict[str, float] | None = Field(None, description=(
         "Token id (decimal string) -> a bias in [-100, 100] added to its logit."))
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description=(

@@ -255,7 +255,7 @@ BAD = {
     "bad role": (dict(messages=[{"role": "robot", "content": "hi"}]), "role"),
     "bad part": (dict(messages=[{"role": "user", "content": [{"type": "audio"}]}]),
                  "unsupported content part"),
-    "n=2": (dict(messages=TEXT_MSG, n=2), "n=1"),
+    "n=17": (dict(messages=TEXT_MSG, n=17), "'n' must be an integer in [1, 16]"),
     "stop list": (dict(messages=TEXT_MSG, stop=[""]), "'stop'"),
     "too long": (dict(messages=[{"role": "user", "content": "cat " * 200}]), "positions"),
     "stop number": (dict(messages=TEXT_MSG, stop=5), "'stop' must be a string"),

@@ -129,10 +129,31 @@ def test_bad_response_format_is_400_naming_the_field(http, value, needle):
     assert http.get("/health").status_code == 200
 
 
-def test_best_of_style_fields_still_refused_with_json(http):
-    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "n": 2,
-                                                "response_format": {"type": "json_object"}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+def test_n_choices_each_equal_their_python_api_answer(oai, local):
+    """n=3 seeded JSON-mode sampling: choice i is the Python API's answer with seed + i (its
+    own grammar state), streamed or not; the prompt is counted once in usage."""
+    kw = dict(max_tokens=24, temperature=1.0, response_format=AS_SCHEMA)
+    refs = [chat(local, MESSAGES, seed=5 + i, logit_bias=NO_WHITESPACE, **kw)
+            for i in range(3)]
+    res = oai.chat.completions.create(model=MODEL, messages=MESSAGES, n=3, seed=5,
+                                      logit_bias=BIAS, **kw)
+    assert [c.index for c in res.choices] == [0, 1, 2]
+    assert [c.message.content for c in res.choices] == [r.text for r in refs]
+    assert res.usage.prompt_tokens == refs[0].prompt_tokens
+    assert res.usage.completion_tokens == sum(r.completion_tokens for r in refs)
+    chunks = list(oai.chat.completions.create(
+        model=MODEL, messages=MESSAGES, n=3, seed=5, logit_bias=BIAS, stream=True,
+        stream_options={"include_usage": True}, **kw))
+    texts, finish = ["", "", ""], [None] * 3
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            finish[ch.index] = ch.finish_reason or finish[ch.index]
+    assert texts == [r.text for r in refs] and finish == [r.finish_reason for r in refs]
+    assert chunks[-1].usage.completion_tokens == res.usage.completion_tokens
+    greedy = oai.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, max_tokens=6,
+                                         temperature=0)
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
 
 
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
