@@ -157,8 +157,9 @@ class GrammarFilter(LogitsFilter):
 
     # ---- host side ----------------------------------------------------------------------
     def _follow(self, length: int, new: list[int], rids: Sequence[str]) -> None:
-        """Feed the matcher the row's tokens since the last step (roll back when its history
-        got shorter: the row was retracted and is recomputed)."""
+        """Feed the matcher the row's tokens since the last step. A history that got shorter
+        rolls the matcher back (defensive: only beam groups edit histories today, and a
+        grammar refuses them)."""
         if length < self._consumed:
             self._matcher.rollback(self._consumed - length)
         elif new and not self.failed and not self._matcher.consume_tokens(new):
