@@ -14,36 +14,33 @@ import numpy as np
 import pytest
 import torch
 
-from edserve.chat.chat_api import chat, prepare_chat
+from edserve.chat.chat_api import chat
 from edserve.chat.grammar_filter import GrammarFilter
 from edserve.chat.response_format import response_grammar
-from edserve.engine.logits_filter import FilterContext, LogitsRecorder
+from edserve.engine.logits_filter import FilterContext
 from edserve.engine.request import FinishReason, SamplingParams
 
 pytest.importorskip("transformers")
 llguidance = pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
+from tests.chat.grammar_helpers import (  # noqa: E402
+    AS_SCHEMA,
+    NO_WHITESPACE,
+    SCHEMA,
+    _allowed,
+    _build,
+    _messages,
+    _oracle,
+    _run,
+    is_pet,
+)
 from tests.models.mllama.chat_tiny import (  # noqa: E402
     STOP_IDS,
     save_byte_chat_tokenizer,
     save_chat_model,
 )
-from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny, synthetic_image  # noqa: E402
-
-SPACE, NEWLINE = 8, 103  # the byte vocabulary's " " and "\n"
-NO_WHITESPACE = {SPACE: -100.0, NEWLINE: -100.0}  # so greedy random weights cannot pad forever
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["kind", "n", "tag"],
-          "properties": {"kind": {"enum": ["cat", "dog"]},
-                         "n": {"type": "integer", "minimum": 0, "maximum": 999},
-                         "tag": {"type": "string", "maxLength": 4}}}
-AS_SCHEMA = {"type": "json_schema", "json_schema": {"name": "pet", "schema": SCHEMA}}
-
-
-def _build(folder, context_length: int = 256):
-    from edserve.runtime import build_engine
-    return build_engine(model=str(folder), device="cpu", dtype="float32",
-                        context_length=context_length, max_running_requests=8)
+from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,32 +48,6 @@ def engine(tmp_path_factory):
     folder = tmp_path_factory.mktemp("json_chat")
     save_hf_tiny(build_hf_tiny(), folder)
     return _build(save_byte_chat_tokenizer(folder))
-
-
-def _messages(text: str = "a pet as json", seed: int = 0) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "image", "image": synthetic_image(80, 40, seed)},
-                                         {"type": "text", "text": text}]}]
-
-
-def _allowed(matcher) -> np.ndarray:
-    """[vocab] bool from an independent matcher's bitmask (bit t%8 of byte t//8)."""
-    return np.unpackbits(np.frombuffer(matcher.compute_bitmask(), np.uint8),
-                         bitorder="little").astype(bool)
-
-
-def _oracle(engine, grammar: str):
-    tok = engine.tokenizer
-    vocab = llguidance.LLTokenizer(tok.to_str(), n_vocab=tok.get_vocab_size(True),
-                                   eos_token=list(STOP_IDS))
-    return llguidance.LLMatcher(vocab, grammar)
-
-
-def _run(engine, messages, response_format, record: bool = False, **kw):
-    request, tok = prepare_chat(engine, messages, response_format=response_format, **kw)
-    rec = LogitsRecorder()
-    if record:  # before the grammar filter: the logits it is shown
-        request.logits_processors.insert(len(request.logits_processors) - 1, rec)
-    return request, rec
 
 
 def test_greedy_tokens_are_the_argmax_over_what_the_grammar_allows(engine):
@@ -99,6 +70,7 @@ def test_greedy_tokens_are_the_argmax_over_what_the_grammar_allows(engine):
         assert oracle.consume_token(chosen)
     text = engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     jsonschema.validate(json.loads(text), SCHEMA)
+    assert is_pet(json.loads(text)) and not is_pet({**json.loads(text), "n": -1})
     assert all(np.isfinite(out.logprobs))
     # the same through the Python chat API
     res = chat(engine, _messages(), max_tokens=60, logit_bias=NO_WHITESPACE,

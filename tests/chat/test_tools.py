@@ -113,7 +113,7 @@ def test_calls_read_from_answers():
 def test_forced_calls_follow_the_function_schema(tmp_path):
     pytest.importorskip("llguidance")
     jsonschema = pytest.importorskip("jsonschema")
-    from tests.chat.test_grammar_filter import NO_WHITESPACE, _build
+    from tests.chat.grammar_helpers import NO_WHITESPACE, _build
     from tests.models.mllama.chat_tiny import save_byte_chat_tokenizer
     from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny
 

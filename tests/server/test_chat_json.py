@@ -22,7 +22,7 @@ pytest.importorskip("llguidance")
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from tests.chat.test_grammar_filter import AS_SCHEMA, NO_WHITESPACE, SCHEMA  # noqa: E402
+from tests.chat.grammar_helpers import AS_SCHEMA, NO_WHITESPACE, SCHEMA  # noqa: E402
 from tests.chat.test_tools import CLOCK, WEATHER  # noqa: E402
 from tests.models.mllama.chat_tiny import png_data_url, save_byte_chat_tokenizer  # noqa: E402
 from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny  # noqa: E402
