@@ -8,6 +8,7 @@ an engine request, and :class:`ChatDecoder` turns the generated tokens into text
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -103,7 +104,9 @@ class ChatDecoder:
 class ChatResult:
     """One chat completion. ``finish_reason``: ``"stop"`` (end-of-turn token or a stop
     string), ``"length"`` (``max_tokens`` or the context limit) or ``"tool_calls"`` (the
-    answer is ``tool_calls``; ``text`` keeps the model's JSON)."""
+    answer is ``tool_calls``, ``text`` keeping the model's JSON; ``"stop"`` when
+    ``tool_choice`` named the function, as OpenAI). ``top_logprobs`` leaves out tokens a
+    grammar ruled out (``-inf``)."""
 
     text: str
     finish_reason: str
@@ -162,7 +165,7 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
                               "'tools' (a forced tool_choice already constrains the answer; "
                               "tool_choice 'none' drops the tools)", "response_format")
     if tools is not None and tools.forced:
-        grammar = schema_grammar(call_schema(tools), json_whitespace)
+        grammar = schema_grammar(call_schema(tools), json_whitespace, "tools")
     ids, images = chat_prompt_ids(tok, messages, date_string, allow_local_images, shown)
     sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed,
                               max_new_tokens=max_tokens, stop_token_ids=tok.stop_token_ids,
@@ -253,6 +256,8 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
     decoder.flush()
     n, out = len(decoder.token_ids), done[0]  # a stop string may have cut tokens
     calls = parse_calls(decoder.text, wanted) if wanted is not None and wanted.shown else None
-    return ChatResult(decoder.text, "tool_calls" if calls else reason, len(request.prompt_ids),
-                      n, list(decoder.token_ids), list(out.logprobs[:n]),
-                      list(out.top_logprobs[:n]), calls or [])
+    if calls:
+        reason = "stop" if wanted.choice == "function" else "tool_calls"  # as OpenAI's
+    top = [[(t, lp) for t, lp in alts if lp > -math.inf] for alts in out.top_logprobs[:n]]
+    return ChatResult(decoder.text, reason, len(request.prompt_ids), n,
+                      list(decoder.token_ids), list(out.logprobs[:n]), top, calls or [])

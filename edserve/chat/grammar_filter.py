@@ -5,8 +5,9 @@ The matcher is llguidance's (``LLMatcher``, a maintained Rust library; vLLM and 
 too): it walks the grammar token by token and gives, per step, a bitmask of the allowed next
 tokens. That state lives on the host and follows the tokens the row has actually sampled, so
 this filter is the one kind that reads the device at each step: the rows with a grammar copy
-their new tokens to the host together (one sync per step while such rows run; rows without a
-grammar stay sync-free and a batch with none keeps its sampling graphs), feed them to their
+their new tokens to the host together (one sync per step while such rows run: that batch
+samples eagerly and the host waits for its step, so overlap gains nothing there; a batch with
+no grammar row keeps its sampling graphs and stays sync-free), feed them to their
 matchers, get their masks computed in parallel (llguidance's thread pool, one ``[n, W]``
 bitmask), and every disallowed token's logit becomes ``-inf`` in one upload and one masked
 fill. When a grammar is complete only the stop tokens are allowed, so the request ends there.
@@ -42,8 +43,8 @@ from edserve.engine.logits_filter import FilterContext, LogitsFilter
 
 log = logging.getLogger(__name__)
 
-# New tokens read per step in one copy (a row gains one token a step; more after a retraction
-# or an overlapped step, read with a second copy).
+# New tokens read per step in one copy (a row gains one token a step; more would be read with a
+# second copy).
 _READ = 8
 
 
@@ -57,10 +58,19 @@ def llguidance():
     return llg
 
 
-@functools.lru_cache(maxsize=8)
+_VOCAB_LOCK = threading.Lock()  # one build at a time: a second caller waits for the first's
+
+
 def grammar_vocab(tokenizer: Any, stop_ids: tuple[int, ...]) -> Any:
     """llguidance's ``LLTokenizer`` for a ``tokenizers.Tokenizer``: every token's bytes, with
-    ``stop_ids`` as the tokens that end the output. Cached (the tokenizer object is the key)."""
+    ``stop_ids`` as the tokens that end the output. Cached (the tokenizer object is the key);
+    concurrent first calls build it once."""
+    with _VOCAB_LOCK:
+        return _grammar_vocab(tokenizer, stop_ids)
+
+
+@functools.lru_cache(maxsize=8)
+def _grammar_vocab(tokenizer: Any, stop_ids: tuple[int, ...]) -> Any:
     to_str = getattr(tokenizer, "to_str", None)
     if to_str is None:
         raise ValueError(f"structured output needs a tokenizers.Tokenizer, not "

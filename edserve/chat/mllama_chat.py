@@ -16,13 +16,14 @@ Instruct), rendered to text and tokenized with the special tokens split out, exa
   with today's date; the default here is the template's fixed fallback ``26 Jul 2024`` so the
   same request always gives the same tokens (pass ``date_string`` to change it).
 
-Message content is a string or a list of parts: ``{"type": "text", "text": ...}``,
-``{"type": "image_url", "image_url": {"url": "data:..."}}`` (OpenAI) or, from Python only,
-``{"type": "image", "image": <PIL image | bytes | path | data: URL>}``. Roles: ``system``
-(``developer`` is an alias), ``user``, ``assistant`` (its ``tool_calls`` are written as the
-model's JSON calls), ``tool`` (a function's result, an ``ipython`` turn). With ``tools`` the
-functions are listed before the first user message's content and the system block starts with
-``Environment: ipython`` (Llama 3's JSON tool-calling prompt: :mod:`edserve.chat.tools`).
+Message content is a string or a list of parts: ``{"type": "text", "text": ...}``, ``{"type":
+"image_url", "image_url": {"url": "data:..."}}`` (OpenAI) or, from Python only, ``{"type":
+"image", "image": <PIL image | bytes | path | data: URL>}``. Roles: ``system`` (``developer`` is
+an alias), ``user``, ``assistant`` (with ``tool_calls``: written as the model's JSON calls
+alone, as Llama 3's template does, its text left out), ``tool`` (a function's result, an
+``ipython`` turn). With ``tools`` the functions are listed before the first user message's
+content and the system block starts with ``Environment: ipython`` (Llama 3's JSON tool-calling
+prompt: :mod:`edserve.chat.tools`).
 """
 
 from __future__ import annotations
@@ -113,9 +114,9 @@ def _content(msg: Any, i: int, images: list[ImageSource], allow_local: bool) -> 
         if not isinstance(calls, list):
             raise ChatFormatError(f"messages[{i}].tool_calls must be a list",
                                   f"messages[{i}].tool_calls")
-        text = _content({**msg, "tool_calls": None}, i, images, allow_local)
-        return text + "; ".join(tool_format.history_call(c, f"messages[{i}].tool_calls[{k}]")
-                                for k, c in enumerate(calls))
+        # Llama 3's template writes such a turn as its calls alone (no slot for its text)
+        return "; ".join(tool_format.history_call(c, f"messages[{i}].tool_calls[{k}]")
+                         for k, c in enumerate(calls))
     content = msg.get("content")
     if isinstance(content, str):
         return content

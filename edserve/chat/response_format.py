@@ -33,19 +33,19 @@ def _fail(message: str) -> ChatFormatError:
     return ChatFormatError(message, "response_format")
 
 
-def schema_grammar(schema: dict, whitespace: bool = True) -> str:
-    """llguidance's grammar for one JSON value valid against ``schema`` (ChatFormatError when
-    llguidance cannot use the schema); ``whitespace`` False: compact JSON (no whitespace
-    between tokens)."""
+def schema_grammar(schema: dict, whitespace: bool = True, param: str = "response_format") -> str:
+    """llguidance's grammar for one JSON value valid against ``schema`` (ChatFormatError naming
+    ``param`` when llguidance cannot use the schema); ``whitespace`` False: compact JSON (no
+    whitespace between tokens)."""
     llg = llguidance()
     try:
         grammar = llg.LLMatcher.grammar_from_json_schema(
             schema, defaults={"whitespace_flexible": whitespace})
-    except ValueError as exc:
-        raise _fail(f"invalid JSON schema: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ChatFormatError(f"invalid JSON schema: {str(exc)[:200]}", param) from None
     error = llg.LLMatcher.validate_grammar(grammar)
     if error:
-        raise _fail(f"unsupported JSON schema: {error}")
+        raise ChatFormatError(f"unsupported JSON schema: {error}", param)
     return grammar
 
 
@@ -121,7 +121,7 @@ def _json(value: Any, whitespace: bool) -> str:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise _fail("'json' must be a JSON Schema (an object or its JSON text)") from None
     if not isinstance(value, dict):
         raise _fail("'json' must be a JSON Schema (an object or its JSON text)")

@@ -131,14 +131,41 @@ def call_text(name: str, arguments: Any) -> str:
 
 
 def call_schema(req: ToolRequest) -> dict:
-    """JSON Schema of one forced call: ``{"name": <const>, "parameters": <its schema>}``."""
+    """JSON Schema of one forced call: ``{"name": <const>, "parameters": <its schema>}``.
+
+    Each function's ``$defs`` / ``definitions`` move to the root, where its ``#/$defs/...``
+    references still resolve; a reference elsewhere into the function's schema (``#``,
+    ``#/properties/...``) would point into the wrapper, so it is refused (ChatFormatError
+    naming ``tools``), as are two functions defining one name differently."""
+    defs: dict[str, dict] = {}
+
     def one(f: dict) -> dict:
-        params = f.get("parameters") or NO_PARAMETERS
+        params = dict(f.get("parameters") or NO_PARAMETERS)
+        for key in ("$defs", "definitions"):
+            for name, sub in (params.pop(key, None) or {}).items():
+                if defs.setdefault(key, {}).setdefault(name, sub) != sub:
+                    raise _fail(f"two functions define {key} {name!r:.40} differently; "
+                                "a forced tool_choice needs one meaning per name", "tools")
+        for ref in _refs(params):
+            if not ref.startswith(("#/$defs/", "#/definitions/")) and ref.startswith("#"):
+                raise _fail(f"function {f['name']!r}: a forced tool_choice supports "
+                            f"references into $defs only, not {ref!r:.40}", "tools")
         return {"type": "object", "additionalProperties": False,
                 "required": ["name", "parameters"],
                 "properties": {"name": {"const": f["name"]}, "parameters": params}}
     chosen = [f for f in req.functions if req.choice != "function" or f["name"] == req.name]
-    return one(chosen[0]) if len(chosen) == 1 else {"anyOf": [one(f) for f in chosen]}
+    schema = one(chosen[0]) if len(chosen) == 1 else {"anyOf": [one(f) for f in chosen]}
+    return {**schema, **defs}
+
+
+def _refs(node: Any) -> list[str]:
+    """Every ``$ref`` value inside a schema."""
+    if isinstance(node, dict):
+        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return own + [r for v in node.values() for r in _refs(v)]
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    return []
 
 
 def parse_calls(text: str, req: ToolRequest) -> list[ToolCall] | None:
@@ -147,11 +174,11 @@ def parse_calls(text: str, req: ToolRequest) -> list[ToolCall] | None:
     is the answer's text)."""
     names = {f["name"] for f in req.shown}
     s, pos, calls = text.strip(), 0, []
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_constant=_no_constant)  # NaN is no JSON
     while pos < len(s):
         try:
             obj, pos = decoder.raw_decode(s, pos)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's limit
             return None
         args = obj.get("parameters", obj.get("arguments")) if isinstance(obj, dict) else None
         if not isinstance(args, dict) or obj.get("name") not in names:
@@ -163,6 +190,11 @@ def parse_calls(text: str, req: ToolRequest) -> list[ToolCall] | None:
     return calls or None
 
 
+def _no_constant(name: str) -> Any:
+    """``json`` reads NaN / Infinity, which JSON does not have: refused."""
+    raise ValueError(f"{name} is not JSON")
+
+
 def history_call(call: Any, where: str) -> str:
     """An assistant message's ``tool_calls[k]`` (OpenAI's shape, arguments as JSON text)
     rendered as the model's own call text."""
@@ -172,8 +204,9 @@ def history_call(call: Any, where: str) -> str:
                     "'arguments'}}", where)
     args = fn.get("arguments", "{}")
     try:
-        parsed = json.loads(args) if isinstance(args, str) else None
-    except ValueError:
+        parsed = json.loads(args, parse_constant=_no_constant) if isinstance(args, str) \
+            else None
+    except (ValueError, RecursionError):
         parsed = None
     if not isinstance(parsed, dict):
         raise _fail(f"{where}.function.arguments must be a JSON object as a string", where)

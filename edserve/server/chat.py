@@ -37,7 +37,7 @@ from edserve.engine.errors import RequestFailed
 from edserve.multimodal.errors import ImageInputError
 from edserve.server import chat_logprobs
 from edserve.server.chat_params import ChatParams, parse_params
-from edserve.server.chat_tools import CallCollector, answer_calls, calls_delta
+from edserve.server.chat_tools import CallCollector, answer_calls, calls_delta, calls_finish
 from edserve.server.checks import check_auth, check_model, read_json
 from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError
@@ -140,8 +140,8 @@ async def _non_streaming(request: Request, p: ChatParams, choices: list[Choice],
                          head: dict) -> Response:
     engine = request.app.state.engine
     try:
-        results = await unless_disconnected(request, asyncio.gather(
-            *(_complete(engine, c.request, c.decoder, p.logprobs) for c in choices)))
+        results = await unless_disconnected(request, _all(
+            [_complete(engine, c.request, c.decoder, p.logprobs) for c in choices]))
     except ClientGone:
         return Response(status_code=499)  # the client is gone; nobody reads this
     except RequestFailed as exc:
@@ -152,6 +152,18 @@ async def _non_streaming(request: Request, p: ChatParams, choices: list[Choice],
                          "usage": _usage(choices)})
 
 
+async def _all(work: list) -> list:
+    """Every result; when one fails, the others are cancelled (their engine requests aborted,
+    not left decoding for nobody) before the error is raised."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _choice(p: ChatParams, c: Choice, result: dict) -> dict:
     message: dict = {"role": "assistant", "content": c.decoder.text}
     calls = answer_calls(c.decoder.text, p.tools, p.parallel_tool_calls)
@@ -160,7 +172,7 @@ def _choice(p: ChatParams, c: Choice, result: dict) -> dict:
                    "tool_calls": [call.openai() for call in calls]}
     return {"index": c.index, "message": message,
             "logprobs": chat_logprobs.choice_logprobs(result["logprobs"]),
-            "finish_reason": "tool_calls" if calls else result["finish_reason"]}
+            "finish_reason": calls_finish(p.tools) if calls else result["finish_reason"]}
 
 
 def _chunk(head: dict, index: int, delta: dict, finish: str | None,
@@ -185,7 +197,7 @@ async def _choice_chunks(client: Any, p: ChatParams, c: Choice, head: dict
         yield _chunk(head, c.index, {"content": text}, None, entries)
     if made:
         yield _chunk(head, c.index, calls_delta(made), None)
-    yield _chunk(head, c.index, {}, "tool_calls" if made else result["finish_reason"])
+    yield _chunk(head, c.index, {}, calls_finish(p.tools) if made else result["finish_reason"])
 
 
 async def _chunks(client: Any, p: ChatParams, choices: list[Choice], head: dict

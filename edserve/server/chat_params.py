@@ -85,6 +85,15 @@ UNSUPPORTED: tuple[tuple[str, Any], ...] = (
     ("stop_token_ids", lambda v: not v),
     ("bad_words", lambda v: not v),
     ("allowed_token_ids", lambda v: v is None),
+    ("include_stop_str_in_output", lambda v: v in (None, False)),
+    ("skip_special_tokens", lambda v: v in (None, True)),
+    ("spaces_between_special_tokens", lambda v: v in (None, True)),
+    ("length_penalty", lambda v: v in (None, 1)),
+    ("truncate_prompt_tokens", lambda v: v is None),
+    ("add_generation_prompt", lambda v: v in (None, True)),
+    ("continue_final_message", lambda v: v in (None, False)),
+    ("chat_template", lambda v: v is None),
+    ("chat_template_kwargs", lambda v: not v),
 )
 
 

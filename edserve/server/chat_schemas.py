@@ -40,8 +40,9 @@ class ToolCall(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
-        description="`developer` is read as `system`; `tool`: a function's result.")
+    role: Literal["system", "developer", "user", "assistant", "tool", "ipython"] = Field(
+        description="`developer` is read as `system`; `tool` (or Llama's `ipython`): a "
+        "function's result.")
     content: str | list[TextPart | ImagePart] | None = Field(
         description="A string or a list of parts; null only for `assistant`.")
     tool_calls: list[ToolCall] | None = Field(None, description=(

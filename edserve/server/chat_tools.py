@@ -13,6 +13,12 @@ from __future__ import annotations
 from edserve.chat.tools import ToolCall, ToolRequest, parse_calls
 
 
+def calls_finish(tools: ToolRequest | None) -> str:
+    """The finish reason of an answer that made calls: ``tool_calls``, except ``stop`` when
+    ``tool_choice`` named the function (as OpenAI and vLLM answer)."""
+    return "stop" if tools is not None and tools.choice == "function" else "tool_calls"
+
+
 def answer_calls(text: str, tools: ToolRequest | None, parallel: bool = True
                  ) -> list[ToolCall] | None:
     """The calls the whole answer makes (None: it is text); ``parallel`` False keeps the
@@ -40,7 +46,8 @@ class CallCollector:
             return text, entries
         self.text += text
         if entries is not None:
-            self.entries = (self.entries or []) + entries
+            self.entries = self.entries or []
+            self.entries += entries
         if self.mode == "maybe" and self.text.strip():
             if not self.text.lstrip().startswith("{"):
                 self.mode = "text"

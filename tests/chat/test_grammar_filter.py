@@ -183,11 +183,11 @@ def test_compact_json_needs_no_whitespace_ban(engine):
 
 
 def test_warm_vocab_prepares_what_bind_uses(engine):
-    from edserve.chat.grammar_filter import grammar_vocab, warm_vocab
+    from edserve.chat.grammar_filter import _grammar_vocab, warm_vocab
 
-    grammar_vocab.cache_clear()
+    _grammar_vocab.cache_clear()
     warm_vocab(engine).join(timeout=60)
-    assert grammar_vocab.cache_info().currsize == 1
+    assert _grammar_vocab.cache_info().currsize == 1
     GrammarFilter(response_grammar({"type": "json_object"}), STOP_IDS).bind(engine.tokenizer, 1)
-    assert grammar_vocab.cache_info().hits == 1  # bind found the warmed vocabulary
+    assert _grammar_vocab.cache_info().hits == 1  # bind found the warmed vocabulary
     assert warm_vocab(object()) is None  # not a chat engine

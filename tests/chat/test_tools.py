@@ -123,7 +123,7 @@ def test_forced_calls_follow_the_function_schema(tmp_path):
     named = {"type": "function", "function": {"name": "get_weather"}}
     res = chat(engine, msgs, max_tokens=80, tools=[WEATHER, CLOCK], tool_choice=named,
                logit_bias=NO_WHITESPACE)
-    assert res.finish_reason == "tool_calls" and len(res.tool_calls) == 1
+    assert res.finish_reason == "stop" and len(res.tool_calls) == 1  # named: "stop", as OpenAI
     call = res.tool_calls[0]
     assert call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
@@ -135,3 +135,31 @@ def test_forced_calls_follow_the_function_schema(tmp_path):
                                                                                 "now")
     with pytest.raises(ChatFormatError, match="cannot be combined"):
         chat(engine, msgs, tools=[WEATHER], response_format={"type": "json_object"})
+
+
+def test_forced_schema_keeps_defs_resolvable():
+    """Pydantic-style parameters ($defs + #/$defs refs) still compile when the call is forced:
+    the definitions move to the root; two functions disagreeing on a name are refused."""
+    from edserve.chat.response_format import schema_grammar
+
+    loc = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    fn = {"type": "function", "function": {"name": "where", "parameters": {
+        "type": "object", "properties": {"loc": {"$ref": "#/$defs/Loc"}}, "required": ["loc"],
+        "$defs": {"Loc": loc}}}}
+    schema = call_schema(parse_tools([fn], "required"))
+    assert schema["$defs"] == {"Loc": loc} and "$defs" not in \
+        schema["properties"]["parameters"]
+    assert isinstance(schema_grammar(schema), str)
+    other = {"type": "function", "function": {"name": "there", "parameters": {
+        "type": "object", "properties": {"l": {"$ref": "#/$defs/Loc"}},
+        "$defs": {"Loc": {"type": "integer"}}}}}
+    with pytest.raises(ChatFormatError, match="define \\$defs 'Loc' differently") as info:
+        call_schema(parse_tools([fn, other], "required"))
+    assert info.value.param == "tools"
+
+
+def test_odd_answers_are_text_not_calls():
+    req = parse_tools([CLOCK])
+    deep = '{"name": "now", "parameters": {"a": ' + "[" * 5000 + "]" * 5000 + "}}"
+    assert parse_calls(deep, req) is None  # nested past Python's recursion limit
+    assert parse_calls('{"name": "now", "parameters": {"x": NaN}}', req) is None

@@ -167,12 +167,12 @@ def test_forced_tool_call_streamed_and_not_equals_the_python_api(oai, http, loca
     ref = chat(local, MESSAGES, max_tokens=80, tools=[WEATHER, CLOCK], tool_choice=NAMED,
                logit_bias=NO_WHITESPACE)
     want = [(c.name, json.loads(c.arguments)) for c in ref.tool_calls]
-    assert ref.finish_reason == "tool_calls" and want[0][0] == "get_weather"
+    assert ref.finish_reason == "stop" and want[0][0] == "get_weather"  # named: as OpenAI
     kw = dict(model=MODEL, messages=MESSAGES, max_tokens=80, temperature=0, logit_bias=BIAS,
               tools=[WEATHER, CLOCK], tool_choice=NAMED)
     res = oai.chat.completions.create(**kw)
     choice = res.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.finish_reason == "stop" and choice.message.content is None
     assert _calls(choice.message) == want and choice.message.tool_calls[0].id.startswith("call_")
     chunks = list(oai.chat.completions.create(stream=True, **kw))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
@@ -180,7 +180,7 @@ def test_forced_tool_call_streamed_and_not_equals_the_python_api(oai, http, loca
     streamed = [t for d in deltas for t in (d.tool_calls or [])]
     assert [(t.index, t.function.name, json.loads(t.function.arguments)) for t in streamed] \
         == [(0, *want[0])]
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     from tests.server.openapi_check import check_response  # tool calls fit the served schema
     doc, path = http.get("/openapi.json").json(), "/v1/chat/completions"
     body = {**kw, "tools": [WEATHER, CLOCK], "logit_bias": BIAS}
@@ -221,6 +221,16 @@ def test_auto_tools_and_a_tool_result_turn(oai, http, local):
      "cannot be combined"),
     (dict(tools=[WEATHER], parallel_tool_calls="no"), "parallel_tool_calls", "boolean"),
     (dict(functions=[WEATHER["function"]]), "functions", "not supported"),
+    (dict(chat_template_kwargs={"x": 1}), "chat_template_kwargs", "not supported"),
+    (dict(include_stop_str_in_output=True), "include_stop_str_in_output", "not supported"),
+    (dict(guided_json="[" * 100000), "guided_json", "must be a JSON Schema"),  # was a 500
+    (dict(messages=MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_weather",
+                                                     "arguments": "[" * 100000}}]}]),
+     "messages[1].tool_calls[0]", "JSON object"),  # was a 500 (RecursionError)
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"next": {"$ref": "#"}}}}}], tool_choice="required"),
+     "tools", "references into $defs only"),
 ])
 def test_bad_tool_fields_are_400(http, fields, param, needle):
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, **fields})

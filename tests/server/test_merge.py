@@ -53,3 +53,27 @@ def test_leaving_early_cancels_the_sources():
         return first
 
     assert asyncio.run(run()) == "a0" and sorted(closed) == ["a", "b"]
+
+
+def test_all_cancels_the_rest_when_one_fails():
+    from edserve.server.chat import _all
+
+    closed: list[str] = []
+
+    async def slow():
+        try:
+            await asyncio.sleep(10)
+        finally:
+            closed.append("slow")
+
+    async def fails():
+        await asyncio.sleep(0.01)
+        raise RuntimeError("engine failed")
+
+    async def ok():
+        return 1
+
+    assert asyncio.run(_all([ok(), ok()])) == [1, 1]
+    with pytest.raises(RuntimeError, match="engine failed"):
+        asyncio.run(_all([slow(), fails()]))
+    assert closed == ["slow"]
