@@ -1,4 +1,5 @@
-"""Command line: ``edserve transcribe FILE...``, ``edserve serve`` and ``edserve bench``.
+"""Command line: ``edserve transcribe FILE...``, ``edserve serve``, ``edserve chat`` and
+``edserve bench``.
 
 Engine flags come from :class:`edserve.config.EngineConfig`; their help text is the field docs.
 """
@@ -19,6 +20,7 @@ from edserve.batch_cli import (
     wants_batch,
 )
 from edserve.bench.cli import add_bench
+from edserve.chat_cli import add_chat
 from edserve.config import CPU_RUNNING_DEFAULT, EngineConfig
 from edserve.config_args import add_config_args, config_from_args
 from edserve.integrations.ray_cli import add_serve_ray
@@ -168,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_transcribe(sub)
     _add_serve(sub)
     add_serve_ray(sub)
+    add_chat(sub)
     add_bench(sub)
     return parser
 

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1] / "edserve"
 # Top to bottom; a module may import its own layer and the layers below it.
 LAYERS: list[tuple[str, ...]] = [
     ("edserve", "edserve.__main__", "edserve.cli", "edserve.api", "edserve.batch_cli",
-     "edserve.batch_run", "edserve.batch_output", "edserve.bench", "edserve.integrations"),
+     "edserve.chat_cli", "edserve.batch_run", "edserve.batch_output", "edserve.bench",
+     "edserve.integrations"),
     ("edserve.server", "edserve.dp"),  # API process and engine worker processes
     ("edserve.runtime",),  # the composition root: builds engines
     ("edserve.parallel",),  # tensor-parallel transform and rank loop
