@@ -16,6 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
+#   w35-chat-load (~6 min: chat at 32 clients on the small random Mllama, text vs JSON mode)
 #   w35-chat (~3 min: grammar rows in CUDA-graph batches, their step cost at vocab 128256 with 1-64 rows; needs llguidance's wheel in .whl/)
 #   w33-last (~2-3 min: the default server at 32 clients with its language guesses counted, then the wave's GPU tests)
 #   w33-guess (~4 min: the wave's GPU tests, the default server at 32 clients, its language guesses counted; then with language=en given)
@@ -412,6 +413,13 @@ for part in "$@"; do
              | tee "$OUT/w34_step.log" | grep -v "^Writing" | grep -v "^#   [a-z_]* .*(n=") ;;
     # wave 34's new defaults (step log-mels, four windows per mixed step): 32 clients + 16 long files, the real
     # path at 64 (no HF), arrivals at the default budget, after the two GPU tests of wave 34 (~5 min)
+    w35-chat-load) timeout 150 python3 benchmarks/chat_load.py --save-random /tmp/mllama_small_bytes --size small \
+             --byte-tokenizer 2>&1 | tail -1
+             for fmt in text json_object; do
+               timeout 200 python3 -W ignore benchmarks/chat_load.py --serve /tmp/mllama_small_bytes --clients 32 \
+               --requests 128 --max-tokens 64 --response-format $fmt --json "$OUT/w35_chat_load_$fmt.json" 2>&1 \
+               | tee "$OUT/w35_chat_load_$fmt.log" | tail -1
+             done ;;
     w35-chat) timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/chat/test_grammar_gpu.py \
              2>&1 | tee "$OUT/w35_tests.log" | tail -2
              timeout 200 python3 benchmarks/grammar_steps.py --device cuda --rows 1,8,32,64 \
