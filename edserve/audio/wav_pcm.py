@@ -27,9 +27,10 @@ from edserve.audio.errors import AudioTooLongError
 PCM16_SCALE = np.float32(1.0 / 32768.0)
 
 
-def pcm16_to_float(pcm: np.ndarray) -> np.ndarray:
-    """int16 samples -> float32 in [-1, 1) (``x / 32768``: exact in float32)."""
-    return pcm.astype(np.float32) * PCM16_SCALE
+def pcm16_to_float(pcm: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """int16 samples -> float32 in [-1, 1) (``x / 32768``: exact in float32), into ``out``
+    when given (e.g. page-locked memory)."""
+    return np.multiply(pcm, PCM16_SCALE, out=out, dtype=np.float32)
 
 
 def read_pcm_wav(file: BinaryIO, sample_rate: int, max_seconds: float | None,

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from edserve.audio.frames import HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES
 from edserve.audio.pcm_window import PcmWindow
-from edserve.audio.wav_pcm import PCM16_SCALE, pcm16_to_float
+from edserve.audio.wav_pcm import pcm16_to_float
 from edserve.models.mel_staging import MelStager
 
 
@@ -45,7 +45,7 @@ def stage_pcm(window: PcmWindow, stager: MelStager | None) -> PcmWindow:
     if out is None:
         return dataclasses.replace(window, samples=float_samples(samples))
     if samples.dtype == np.int16:
-        np.multiply(samples, PCM16_SCALE, out=out.numpy(), dtype=np.float32)
+        pcm16_to_float(samples, out=out.numpy())
     else:
         out.numpy()[...] = samples
     return dataclasses.replace(window, samples=out)
