@@ -18,7 +18,7 @@ from edserve.chat.mllama_chat import DEFAULT_DATE, ChatFormatError, ChatTokenize
 from edserve.chat.mllama_request import make_mllama_request
 from edserve.chat.response_format import response_grammar, schema_grammar, structured_grammar
 from edserve.chat.sampling_filters import chat_filters
-from edserve.chat.tools import ToolCall, ToolRequest, call_schema, parse_calls, parse_tools
+from edserve.chat.tools import ToolCall, ToolRequest, answer_calls, call_schema, parse_tools
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput
 from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams, next_rid
@@ -255,9 +255,9 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
     reason = finish_reason(done[0], decoder)
     decoder.flush()
     n, out = len(decoder.token_ids), done[0]  # a stop string may have cut tokens
-    calls = parse_calls(decoder.text, wanted) if wanted is not None and wanted.shown else None
+    calls = answer_calls(decoder.text, wanted)
     if calls:
-        reason = "stop" if wanted.choice == "function" else "tool_calls"  # as OpenAI's
+        reason = wanted.calls_finish
     top = [[(t, lp) for t, lp in alts if lp > -math.inf] for alts in out.top_logprobs[:n]]
     return ChatResult(decoder.text, reason, len(request.prompt_ids), n,
                       list(decoder.token_ids), list(out.logprobs[:n]), top, calls or [])

@@ -72,6 +72,12 @@ class ToolRequest:
     def forced(self) -> bool:
         return self.choice in ("required", "function")
 
+    @property
+    def calls_finish(self) -> str:
+        """The finish reason of an answer that made calls: ``tool_calls``, except ``stop``
+        when ``tool_choice`` named the function (as OpenAI and vLLM answer)."""
+        return "stop" if self.choice == "function" else "tool_calls"
+
 
 def _fail(message: str, param: str) -> ChatFormatError:
     return ChatFormatError(message, param)
@@ -193,6 +199,16 @@ def parse_calls(text: str, req: ToolRequest) -> list[ToolCall] | None:
 def _no_constant(name: str) -> Any:
     """``json`` reads NaN / Infinity, which JSON does not have: refused."""
     raise ValueError(f"{name} is not JSON")
+
+
+def answer_calls(text: str, req: ToolRequest | None, parallel: bool = True
+                 ) -> list[ToolCall] | None:
+    """The calls a whole answer makes (None: it is text, or no functions were shown);
+    ``parallel`` False keeps the first call only (OpenAI's ``parallel_tool_calls: false``)."""
+    if req is None or not req.shown:
+        return None
+    calls = parse_calls(text, req)
+    return calls[:1] if calls and not parallel else calls
 
 
 def history_call(call: Any, where: str) -> str:

@@ -33,11 +33,12 @@ from fastapi.responses import JSONResponse, Response
 from edserve.chat.chat_api import ChatDecoder, choice_request, finish_reason
 from edserve.chat.chat_api import prepare_chat as _prepare_chat
 from edserve.chat.errors import ChatFormatError
+from edserve.chat.tools import answer_calls
 from edserve.engine.errors import RequestFailed
 from edserve.multimodal.errors import ImageInputError
 from edserve.server import chat_logprobs
 from edserve.server.chat_params import ChatParams, parse_params
-from edserve.server.chat_tools import CallCollector, answer_calls, calls_delta, calls_finish
+from edserve.server.chat_tools import CallCollector, calls_delta
 from edserve.server.checks import check_auth, check_model, read_json
 from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError
@@ -172,7 +173,7 @@ def _choice(p: ChatParams, c: Choice, result: dict) -> dict:
                    "tool_calls": [call.openai() for call in calls]}
     return {"index": c.index, "message": message,
             "logprobs": chat_logprobs.choice_logprobs(result["logprobs"]),
-            "finish_reason": calls_finish(p.tools) if calls else result["finish_reason"]}
+            "finish_reason": p.tools.calls_finish if calls else result["finish_reason"]}
 
 
 def _chunk(head: dict, index: int, delta: dict, finish: str | None,
@@ -197,7 +198,7 @@ async def _choice_chunks(client: Any, p: ChatParams, c: Choice, head: dict
         yield _chunk(head, c.index, {"content": text}, None, entries)
     if made:
         yield _chunk(head, c.index, calls_delta(made), None)
-    yield _chunk(head, c.index, {}, calls_finish(p.tools) if made else result["finish_reason"])
+    yield _chunk(head, c.index, {}, p.tools.calls_finish if made else result["finish_reason"])
 
 
 async def _chunks(client: Any, p: ChatParams, choices: list[Choice], head: dict

@@ -10,23 +10,7 @@ that starts with anything else streams as text from its first character. A force
 
 from __future__ import annotations
 
-from edserve.chat.tools import ToolCall, ToolRequest, parse_calls
-
-
-def calls_finish(tools: ToolRequest | None) -> str:
-    """The finish reason of an answer that made calls: ``tool_calls``, except ``stop`` when
-    ``tool_choice`` named the function (as OpenAI and vLLM answer)."""
-    return "stop" if tools is not None and tools.choice == "function" else "tool_calls"
-
-
-def answer_calls(text: str, tools: ToolRequest | None, parallel: bool = True
-                 ) -> list[ToolCall] | None:
-    """The calls the whole answer makes (None: it is text); ``parallel`` False keeps the
-    first call only (OpenAI's ``parallel_tool_calls: false``)."""
-    if tools is None or not tools.shown:
-        return None
-    calls = parse_calls(text, tools)
-    return calls[:1] if calls and not parallel else calls
+from edserve.chat.tools import ToolCall, ToolRequest, answer_calls
 
 
 class CallCollector:

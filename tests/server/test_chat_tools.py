@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from edserve.chat.tools import parse_tools
-from edserve.server.chat_tools import CallCollector, answer_calls, calls_delta
+from edserve.chat.tools import answer_calls, parse_tools
+from edserve.server.chat_tools import CallCollector, calls_delta
 from tests.chat.test_tools import CLOCK, WEATHER
 
 CALL = '{"name": "now", "parameters": {}}'
