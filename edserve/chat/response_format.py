@@ -112,9 +112,8 @@ def structured_grammar(spec: Any, whitespace: bool = True,
         whitespace = False
     try:
         return _STRUCTURED[kind](value, whitespace)
-    except ChatFormatError as exc:
-        raise ChatFormatError(str(exc).replace("'response_format'", f"'{param}'"),
-                              param) from None
+    except ChatFormatError as exc:  # the kinds' checks name no field: name ``param``
+        raise ChatFormatError(str(exc), param) from None
 
 
 def _json(value: Any, whitespace: bool) -> str:
