@@ -191,3 +191,36 @@ def test_warm_vocab_prepares_what_bind_uses(engine):
     GrammarFilter(response_grammar({"type": "json_object"}), STOP_IDS).bind(engine.tokenizer, 1)
     assert _grammar_vocab.cache_info().hits == 1  # bind found the warmed vocabulary
     assert warm_vocab(object()) is None  # not a chat engine
+
+
+def test_compiled_grammars_are_cached_and_each_request_starts_fresh(engine, monkeypatch):
+    from edserve.chat import grammar_filter as gf
+
+    grammar = response_grammar(AS_SCHEMA)
+    others = [response_grammar({"type": "json_object"}), response_grammar(
+        {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer"}}})]
+    monkeypatch.setattr(gf, "_COMPILED", type(gf._COMPILED)())
+    monkeypatch.setattr(gf, "_COMPILED_MAX", 2)
+    compiles = []
+
+    def counting(vocab, text, **kw):
+        compiles.append(text)
+        return llguidance.LLMatcher(vocab, text, **kw)
+
+    monkeypatch.setattr(gf, "llguidance", lambda: type("llg", (), {"LLMatcher": counting}))
+    first, second = (GrammarFilter(grammar, STOP_IDS) for _ in range(2))
+    first.bind(engine.tokenizer, 1)
+    first._matcher.consume_tokens([engine.tokenizer.token_to_id(c) for c in '{"'])  # moved on
+    second.bind(engine.tokenizer, 1)  # the next request still starts at the grammar's start
+    assert compiles == [grammar] and second._matcher is not first._matcher
+    fresh = _oracle(engine, grammar)
+    assert np.array_equal(_allowed(second._matcher), _allowed(fresh))
+    assert not np.array_equal(_allowed(first._matcher), _allowed(fresh))
+    bad = GrammarFilter("start: nope", STOP_IDS)  # lark text naming a rule it never defines
+    for _ in range(2):  # an error is reported every time, never cached
+        with pytest.raises(ValueError, match="cannot be compiled"):
+            bad.bind(engine.tokenizer, 1)
+    for text in others:  # two more grammars: the least recently used one is dropped
+        GrammarFilter(text, STOP_IDS).bind(engine.tokenizer, 1)
+    assert [k[1] for k in gf._COMPILED] == others
+    assert compiles == [grammar, "start: nope", "start: nope", *others]
