@@ -11,7 +11,9 @@ prompt :func:`~edserve.chat.mllama_chat.render_chat` writes from a :class:`ToolR
 
 * ``"none"``: the functions are left out of the prompt; the answer is text;
 * ``"auto"`` (the default with tools): the model decides; an answer that parses as calls of the
-  listed functions becomes ``tool_calls``, anything else stays text (:func:`parse_calls`);
+  listed functions becomes ``tool_calls``, anything else stays text (:func:`parse_calls`;
+  a call's ``arguments`` is the model's own JSON text of them, verbatim, so that a stream can
+  send it in pieces as it is written: :mod:`edserve.chat.call_scan`);
 * ``"required"`` or ``{"type": "function", "function": {"name": ...}}``: the answer is forced
   to one call (grammar-constrained decoding against :func:`call_schema`): of any listed
   function, or of the named one, with arguments valid against its ``parameters`` schema.
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edserve.chat.call_scan import CallScanner, no_constant
 from edserve.chat.errors import ChatFormatError
 
 MAX_TOOLS = 128
@@ -177,28 +180,15 @@ def _refs(node: Any) -> list[str]:
 def parse_calls(text: str, req: ToolRequest) -> list[ToolCall] | None:
     """The calls ``text`` makes (each ``{"name", "parameters" | "arguments"}`` of a listed
     function, separated by ``;`` or whitespace); None when it is not wholly calls (then it
-    is the answer's text)."""
-    names = {f["name"] for f in req.shown}
-    s, pos, calls = text.strip(), 0, []
-    decoder = json.JSONDecoder(parse_constant=_no_constant)  # NaN is no JSON
-    while pos < len(s):
-        try:
-            obj, pos = decoder.raw_decode(s, pos)
-        except (ValueError, RecursionError):  # not JSON, or nested past Python's limit
-            return None
-        args = obj.get("parameters", obj.get("arguments")) if isinstance(obj, dict) else None
-        if not isinstance(args, dict) or obj.get("name") not in names:
-            return None
-        calls.append(ToolCall(obj["name"], json.dumps(args, ensure_ascii=False),
-                              f"call_{uuid.uuid4().hex[:24]}"))
-        while pos < len(s) and s[pos] in " \t\r\n;":
-            pos += 1
-    return calls or None
+    is the answer's text). Each call's ``arguments`` is the model's own text of its arguments
+    object, verbatim (valid JSON; :mod:`edserve.chat.call_scan` has the rules), which is what
+    a stream sends piece by piece."""
+    found = CallScanner({f["name"] for f in req.shown}).feed(text).result()
+    return [ToolCall(name, args, new_call_id()) for name, args in found] if found else None
 
 
-def _no_constant(name: str) -> Any:
-    """``json`` reads NaN / Infinity, which JSON does not have: refused."""
-    raise ValueError(f"{name} is not JSON")
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def answer_calls(text: str, req: ToolRequest | None, parallel: bool = True
@@ -220,7 +210,7 @@ def history_call(call: Any, where: str) -> str:
                     "'arguments'}}", where)
     args = fn.get("arguments", "{}")
     try:
-        parsed = json.loads(args, parse_constant=_no_constant) if isinstance(args, str) \
+        parsed = json.loads(args, parse_constant=no_constant) if isinstance(args, str) \
             else None
     except (ValueError, RecursionError):
         parsed = None
