@@ -72,7 +72,7 @@ def body(kind: str, model: str, variant: int, image: str) -> dict:
                                   "json_schema": {"name": "pet", "schema": SCHEMA}}
         out["max_tokens"] = 40
     elif kind == "tool":
-        out.update(tools=[TOOL], tool_choice="required", max_tokens=40)
+        out.update(tools=[TOOL], tool_choice="required", max_tokens=64)  # whole, not cut
     elif kind == "choice":
         out["guided_choice"] = ["yes", "no", "maybe not"]
     elif kind == "n2":
@@ -94,7 +94,7 @@ async def ask(client: httpx.AsyncClient, url: str, req: dict, stream: bool) -> l
         r.raise_for_status()
         return [answer(c["message"]) for c in r.json()["choices"]]
     texts: dict[int, str] = {}
-    calls: dict[int, list] = {}
+    calls: dict[int, dict[int, list[str]]] = {}  # choice -> call index -> [name, arguments]
     async with client.stream("POST", url, json={**req, "stream": True}) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
@@ -103,10 +103,12 @@ async def ask(client: httpx.AsyncClient, url: str, req: dict, stream: bool) -> l
             for ch in json.loads(line[6:]).get("choices", []):
                 d = ch["delta"]
                 texts[ch["index"]] = texts.get(ch["index"], "") + (d.get("content") or "")
-                for t in d.get("tool_calls") or []:
-                    calls.setdefault(ch["index"], []).append(
-                        (t["function"]["name"], json.loads(t["function"]["arguments"])))
-    return [calls.get(i) or texts[i] for i in sorted(texts)]
+                for t in d.get("tool_calls") or []:  # a call's name, then its arguments
+                    call = calls.setdefault(ch["index"], {}).setdefault(t["index"], ["", ""])
+                    call[0] += t["function"].get("name") or ""
+                    call[1] += t["function"]["arguments"]
+    return [[(name, json.loads(args)) for name, args in calls[i].values()] if i in calls
+            else texts[i] for i in sorted(texts)]
 
 
 async def soak(url: str, model: str, n: int, concurrency: int, bad: float, leave: float,

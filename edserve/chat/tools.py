@@ -46,7 +46,8 @@ NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": Fal
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call the model made: ``arguments`` is a JSON object as text (OpenAI's shape)."""
+    """One call the model made: ``arguments`` is a JSON object as text (OpenAI's shape): the
+    model's own text of it, verbatim, which a stream sends in pieces."""
 
     name: str
     arguments: str

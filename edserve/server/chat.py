@@ -38,7 +38,7 @@ from edserve.engine.errors import RequestFailed
 from edserve.multimodal.errors import ImageInputError
 from edserve.server import chat_logprobs
 from edserve.server.chat_params import ChatParams, parse_params
-from edserve.server.chat_tools import CallCollector, calls_delta
+from edserve.server.chat_tools import CallCollector
 from edserve.server.checks import check_auth, check_model, read_json
 from edserve.server.disconnect import ClientGone, unless_disconnected
 from edserve.server.errors import APIError
@@ -188,17 +188,15 @@ async def _choice_chunks(client: Any, p: ChatParams, c: Choice, head: dict
                          ) -> AsyncIterator[dict]:
     yield _chunk(head, c.index, {"role": "assistant", "content": ""}, None)
     result: dict = {}
-    calls = CallCollector(p.tools, p.parallel_tool_calls)  # held back while it may be a call
+    calls = CallCollector(p.tools, p.parallel_tool_calls)  # text, or calls sent in pieces
     async for text, entries in _deltas(client, c.request, c.decoder, result, p.logprobs):
-        text, entries = calls.feed(text, entries)
-        if text or entries:
-            yield _chunk(head, c.index, {"content": text}, None, entries)
-    text, entries, made = calls.finish()
-    if text or entries:
-        yield _chunk(head, c.index, {"content": text}, None, entries)
-    if made:
-        yield _chunk(head, c.index, calls_delta(made), None)
-    yield _chunk(head, c.index, {}, p.tools.calls_finish if made else result["finish_reason"])
+        for delta, carried in calls.feed(text, entries):
+            yield _chunk(head, c.index, delta, None, carried)
+    end = calls.finish()
+    for delta, carried in end.deltas:
+        yield _chunk(head, c.index, delta, None, carried)
+    yield _chunk(head, c.index, {}, p.tools.calls_finish if end.calls else
+                 result["finish_reason"], end.entries)
 
 
 async def _chunks(client: Any, p: ChatParams, choices: list[Choice], head: dict

@@ -208,16 +208,26 @@ class ChatCompletion(_Closed):
     usage: ChatUsage
 
 
-class StreamedToolCall(OutputToolCall):
-    index: int
+class StreamedFunction(_Closed):
+    name: str = Field(None, description="In a call's first delta only.")
+    arguments: str = Field(description=(
+        "The next characters of the call's arguments (`\"\"` in its first delta): the pieces "
+        "of one `index` concatenate to the non-streamed answer's `arguments`."))
+
+
+class StreamedToolCall(_Closed):
+    index: int = Field(description="Which call of the answer (0, 1, ...).")
+    id: str = Field(None, description="In a call's first delta only.")
+    type: Literal["function"] = Field(None, description="In a call's first delta only.")
+    function: StreamedFunction
 
 
 class ChunkDelta(_Closed):
     role: Literal["assistant"] = "assistant"
     content: str = ""
     tool_calls: list[StreamedToolCall] = Field(None, description=(
-        "Once, whole, after the answer ended: the calls it made."),
-        json_schema_extra={"type": "array"})
+        "A call in pieces, as it is written: first its `id`, `type` and `name`, then its "
+        "`arguments` text piece by piece."), json_schema_extra={"type": "array"})
 
 
 class ChunkChoice(_Closed):
