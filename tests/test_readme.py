@@ -105,7 +105,8 @@ def test_tools_and_json_block(tmp_path, monkeypatch, capsys):
     finally:
         srv.stop()
         aengine.shutdown()
-    call, answer = capsys.readouterr().out.splitlines()[-2:]
+    call, same, answer = capsys.readouterr().out.splitlines()[-3:]
     name, args = call.split(" ", 1)
     assert name == "get_weather" and json.loads(args)["city"] in ("Oslo", "Paris")
+    assert same == "True"  # the streamed pieces add up to the arguments
     assert isinstance(json.loads(answer)["sum"], int)
