@@ -34,7 +34,7 @@ from typing import NamedTuple
 from edserve.chat.call_scan import CallScanner
 from edserve.chat.tools import ToolCall, ToolRequest, answer_calls, new_call_id
 
-Deltas = list[tuple[dict, "list[dict] | None"]]  # (delta, log-probability entries) per chunk
+Deltas = list[tuple[dict, list[dict] | None]]  # (delta, log-probability entries) per chunk
 
 
 class Finished(NamedTuple):
