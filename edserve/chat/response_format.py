@@ -33,17 +33,25 @@ def _fail(message: str) -> ChatFormatError:
     return ChatFormatError(message, "response_format")
 
 
-def schema_grammar(schema: dict, whitespace: bool = True, param: str = "response_format") -> str:
+def schema_grammar(schema: dict, whitespace: bool = True, param: str = "response_format",
+                   separator: str | None = None) -> str:
     """llguidance's grammar for one JSON value valid against ``schema`` (ChatFormatError naming
     ``param`` when llguidance cannot use the schema); ``whitespace`` False: compact JSON (no
-    whitespace between tokens)."""
+    whitespace between tokens). With ``separator``: one or more such values, ``separator``
+    between them (a Lark grammar, ``start: value (separator value)*``, whose ``value`` is the
+    schema embedded with llguidance's ``%json``; no bound but the output's ``max_tokens``)."""
     llg = llguidance()
+    options = {"whitespace_flexible": whitespace}
     try:
-        grammar = llg.LLMatcher.grammar_from_json_schema(
-            schema, defaults={"whitespace_flexible": whitespace})
+        one = llg.LLMatcher.grammar_from_json_schema(schema, defaults=options)
+        grammar = one if separator is None else llg.LLMatcher.grammar_from_lark(
+            f"start: value ({json.dumps(separator)} value)*\n"
+            f"value: %json {json.dumps({**schema, 'x-guidance': options})}\n")
     except (ValueError, RecursionError) as exc:
         raise ChatFormatError(f"invalid JSON schema: {str(exc)[:200]}", param) from None
     error = llg.LLMatcher.validate_grammar(grammar)
+    if error and grammar is not one:  # the schema's own words, without the Lark around them
+        error = llg.LLMatcher.validate_grammar(one) or error
     if error:
         raise ChatFormatError(f"unsupported JSON schema: {error}", param)
     return grammar
