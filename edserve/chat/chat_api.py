@@ -141,9 +141,10 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
     (:mod:`edserve.chat.response_format`); ``top_logprobs``: each output token's most likely
     alternatives (:attr:`GenerateOutput.top_logprobs`); ``tools`` (from
     :func:`edserve.chat.tools.parse_tools`): the functions are listed in the prompt, and a
-    forced ``tool_choice`` constrains the answer to one call; ``json_whitespace`` False makes
-    such grammar-constrained JSON compact; ``structured_outputs``: vLLM's object (``json``,
-    ``regex``, ``choice``, ``grammar`` or ``json_object``), instead of ``response_format``.
+    forced ``tool_choice`` constrains the answer to calls (one or more for ``required`` with
+    parallel calls, else one); ``json_whitespace`` False makes such grammar-constrained JSON
+    compact; ``structured_outputs``: vLLM's object (``json``, ``regex``, ``choice``,
+    ``grammar`` or ``json_object``), instead of ``response_format``.
 
     Raises ``ValueError`` subclasses: ``ChatFormatError`` (messages), ``ImageInputError``
     (images), or ``ValueError`` (not an Mllama engine, bad sampling values).
@@ -165,7 +166,7 @@ def prepare_chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = 
                               "'tools' (a forced tool_choice already constrains the answer; "
                               "tool_choice 'none' drops the tools)", "response_format")
     if tools is not None and tools.forced:
-        grammar = schema_grammar(call_schema(tools), json_whitespace, "tools")
+        grammar = schema_grammar(call_schema(tools), json_whitespace, "tools", tools.separator)
     ids, images = chat_prompt_ids(tok, messages, date_string, allow_local_images, shown)
     sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p), seed=seed,
                               max_new_tokens=max_tokens, stop_token_ids=tok.stop_token_ids,
@@ -215,7 +216,7 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
          frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
          top_logprobs: int = 0, response_format: Mapping[str, Any] | None = None,
          tools: Sequence[dict] | None = None, tool_choice: Any = None,
-         json_whitespace: bool = True,
+         parallel_tool_calls: bool = True, json_whitespace: bool = True,
          structured_outputs: Mapping[str, Any] | None = None) -> ChatResult:
     """Run one chat completion on a (synchronous) :class:`~edserve.engine.engine.Engine`.
 
@@ -225,17 +226,18 @@ def chat(engine: Any, messages: Sequence[Any], max_tokens: int | None = None,
     ``logit_bias`` and the penalties as in OpenAI's API (:mod:`.sampling_filters`);
     ``top_logprobs``: each completion token's most likely alternatives in the result;
     ``response_format`` as OpenAI's (``json_object`` / ``json_schema``: the text is JSON);
-    ``tools`` and ``tool_choice`` as OpenAI's (:mod:`edserve.chat.tools`: calls come back in
-    ``tool_calls``; ``json_whitespace`` False: that JSON compact); ``structured_outputs``:
-    vLLM's (``regex``, ``choice``, ``grammar``, ``json``). Bad input raises
-    ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
+    ``tools``, ``tool_choice`` and ``parallel_tool_calls`` as OpenAI's
+    (:mod:`edserve.chat.tools`: calls come back in ``tool_calls``; ``json_whitespace`` False:
+    that JSON compact); ``structured_outputs``: vLLM's (``regex``, ``choice``, ``grammar``,
+    ``json``). Bad input raises ``ValueError`` (``ChatFormatError`` / ``ImageInputError``).
     """
     request, tok = prepare_chat(engine, messages, max_tokens, temperature, seed, top_p,
                                 date_string, logit_bias=logit_bias,
                                 frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, top_logprobs=top_logprobs,
                                 response_format=response_format,
-                                tools=(wanted := parse_tools(tools, tool_choice)),
+                                tools=(wanted := parse_tools(tools, tool_choice,
+                                                             parallel_tool_calls)),
                                 json_whitespace=json_whitespace,
                                 structured_outputs=structured_outputs)
     decoder = ChatDecoder(tok, normalize_stop(stop))

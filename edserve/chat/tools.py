@@ -14,9 +14,17 @@ prompt :func:`~edserve.chat.mllama_chat.render_chat` writes from a :class:`ToolR
   listed functions becomes ``tool_calls``, anything else stays text (:func:`parse_calls`;
   a call's ``arguments`` is the model's own JSON text of them, verbatim, so that a stream can
   send it in pieces as it is written: :mod:`edserve.chat.call_scan`);
-* ``"required"`` or ``{"type": "function", "function": {"name": ...}}``: the answer is forced
-  to one call (grammar-constrained decoding against :func:`call_schema`): of any listed
-  function, or of the named one, with arguments valid against its ``parameters`` schema.
+* ``"required"``: the answer is forced (grammar-constrained decoding) to calls of the listed
+  functions, each valid against :func:`call_schema` (a listed name, arguments valid against
+  that function's ``parameters`` schema): one or more, separated by ``"; "``
+  (:data:`CALL_SEPARATOR`), when ``parallel_tool_calls`` is true (OpenAI's default), exactly
+  one when it is false: as vLLM, whose ``required`` grammar is a JSON array of calls with
+  ``minItems`` 1 (one item without parallel calls). No count bound but ``max_tokens``, as
+  vLLM's: an answer cut there mid-call is text, finish reason ``length``;
+* ``{"type": "function", "function": {"name": ...}}``: exactly one call of the named function,
+  whatever ``parallel_tool_calls`` says (OpenAI forces that function; one call of it).
+
+``parallel_tool_calls`` false also keeps only the first call of an ``auto`` answer.
 
 Malformed fields raise :class:`~edserve.chat.errors.ChatFormatError` naming them.
 """
@@ -34,6 +42,7 @@ from edserve.chat.call_scan import CallScanner, no_constant
 from edserve.chat.errors import ChatFormatError
 
 MAX_TOOLS = 128
+CALL_SEPARATOR = "; "  # between the calls of a forced answer that may make several
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 CHOICES = ("none", "auto", "required")
 PREAMBLE = ("Given the following functions, please respond with a JSON for a function call "
@@ -60,12 +69,14 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ToolRequest:
-    """Checked ``tools`` + ``tool_choice``. ``functions``: the ``function`` objects as given
-    (shown to the model); ``choice``: none / auto / required / function (then ``name``)."""
+    """Checked ``tools`` + ``tool_choice`` (+ ``parallel_tool_calls``). ``functions``: the
+    ``function`` objects as given (shown to the model); ``choice``: none / auto / required /
+    function (then ``name``); ``parallel`` False: at most one call."""
 
     functions: tuple[dict, ...]
     choice: str
     name: str | None = None
+    parallel: bool = True
 
     @property
     def shown(self) -> tuple[dict, ...]:
@@ -75,6 +86,12 @@ class ToolRequest:
     @property
     def forced(self) -> bool:
         return self.choice in ("required", "function")
+
+    @property
+    def separator(self) -> str | None:
+        """What a forced answer writes between its calls when it may make several
+        (``required`` with parallel calls); None when it makes exactly one."""
+        return CALL_SEPARATOR if self.choice == "required" and self.parallel else None
 
     @property
     def calls_finish(self) -> str:
@@ -102,9 +119,12 @@ def _function(tool: Any, i: int) -> dict:
     return {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
 
 
-def parse_tools(tools: Any, tool_choice: Any = None) -> ToolRequest | None:
+def parse_tools(tools: Any, tool_choice: Any = None, parallel: Any = True
+                ) -> ToolRequest | None:
     """The checked request; None when there is nothing to do (no tools, or no tools and
-    ``tool_choice`` ``"none"``)."""
+    ``tool_choice`` ``"none"``). ``parallel``: OpenAI's ``parallel_tool_calls``."""
+    if not isinstance(parallel, bool):
+        raise _fail("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     if tools is None or tools == []:
         if tool_choice not in (None, "none"):
             raise _fail("'tool_choice' needs 'tools'", "tool_choice")
@@ -116,7 +136,7 @@ def parse_tools(tools: Any, tool_choice: Any = None) -> ToolRequest | None:
     if len(set(names)) != len(names):
         raise _fail("'tools' lists a function name twice", "tools")
     if tool_choice is None or tool_choice in CHOICES:
-        return ToolRequest(functions, tool_choice or "auto")
+        return ToolRequest(functions, tool_choice or "auto", parallel=parallel)
     named = tool_choice.get("function") if isinstance(tool_choice, dict) \
         and tool_choice.get("type") == "function" else None
     if not isinstance(named, dict) or not isinstance(named.get("name"), str):
@@ -125,7 +145,7 @@ def parse_tools(tools: Any, tool_choice: Any = None) -> ToolRequest | None:
     if named["name"] not in names:
         raise _fail(f"'tool_choice' names {named['name'][:64]!r}, which 'tools' does not list",
                     "tool_choice")
-    return ToolRequest(functions, "function", named["name"])
+    return ToolRequest(functions, "function", named["name"], parallel)
 
 
 def tools_preamble(functions: Sequence[dict]) -> str:
@@ -141,7 +161,9 @@ def call_text(name: str, arguments: Any) -> str:
 
 
 def call_schema(req: ToolRequest) -> dict:
-    """JSON Schema of one forced call: ``{"name": <const>, "parameters": <its schema>}``.
+    """JSON Schema of one forced call: ``{"name": <const>, "parameters": <its schema>}`` (of
+    any listed function: ``anyOf``; of the named one). A forced answer is one such call, or
+    with :attr:`ToolRequest.separator` one or more, that between them.
 
     Each function's ``$defs`` / ``definitions`` move to the root, where its ``#/$defs/...``
     references still resolve; a reference elsewhere into the function's schema (``#``,
@@ -192,12 +214,14 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def answer_calls(text: str, req: ToolRequest | None, parallel: bool = True
+def answer_calls(text: str, req: ToolRequest | None, parallel: bool | None = None
                  ) -> list[ToolCall] | None:
     """The calls a whole answer makes (None: it is text, or no functions were shown);
-    ``parallel`` False keeps the first call only (OpenAI's ``parallel_tool_calls: false``)."""
+    ``parallel`` False (None: ``req.parallel``) keeps the first call only (OpenAI's
+    ``parallel_tool_calls: false``)."""
     if req is None or not req.shown:
         return None
+    parallel = req.parallel if parallel is None else parallel
     calls = parse_calls(text, req)
     return calls[:1] if calls and not parallel else calls
 

@@ -194,7 +194,8 @@ def _bool(body: dict, name: str, default: bool) -> bool:
 
 def _tools(body: dict) -> ToolRequest | None:
     try:
-        return parse_tools(body.get("tools"), body.get("tool_choice"))
+        return parse_tools(body.get("tools"), body.get("tool_choice"),
+                           _bool(body, "parallel_tool_calls", True))
     except ChatFormatError as exc:
         raise APIError(400, str(exc), exc.param, "invalid_value") from None
 

@@ -129,10 +129,11 @@ class ChatRequest(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description=(
             "`auto` (default with tools): the model decides; `none`: the functions are left "
-            "out of the prompt; `required` / a named function: the answer is forced to one "
-            "call, its arguments valid against the function's `parameters`."))
+            "out of the prompt; `required`: the answer is forced to calls of the listed "
+            "functions (one or more, one with `parallel_tool_calls` false); a named function: "
+            "to one call of it; arguments valid against the function's `parameters`."))
     parallel_tool_calls: bool | None = Field(None, description=(
-        "false: at most one call is returned. Default true."))
+        "false: at most one call is returned (`required` forces exactly one). Default true."))
     structured_outputs: dict | None = Field(None, description=(
         "vLLM's constraint object, exactly one of `json` (a JSON Schema), `regex` (the whole "
         "answer matches it), `choice` (a list of strings: the answer is one of them), "
