@@ -112,10 +112,31 @@ def test_sampled_required_calls_and_n_choices(oai, seed):
     assert sorted(streamed) == [0, 1]
     for choice in whole:  # the schema's calls are short: none is cut by max_tokens
         _same(streamed[choice.index], choice)
-        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
         assert streamed[choice.index]["pieces"][0] >= 1
         if choice.message.tool_calls[0].function.name == "get_weather":
             assert streamed[choice.index]["pieces"][0] > 1
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_required_parallel_calls_stream_as_the_whole_answer(oai, parallel):
+    """``required`` with parallel calls: seed 0 writes two calls (random weights; the grammar
+    lets them go on after a call), streamed as calls 0 and 1, each equal to the non-streamed
+    one and valid against its function; ``parallel_tool_calls`` false forces exactly one."""
+    jsonschema = pytest.importorskip("jsonschema")
+    kw = dict(model=MODEL, messages=MESSAGES, max_tokens=160, temperature=1.0, seed=0,
+              logit_bias=BIAS, tools=[WEATHER, CLOCK], tool_choice="required",
+              parallel_tool_calls=parallel, logprobs=True)
+    whole = oai.chat.completions.create(**kw).choices[0]
+    calls = whole.message.tool_calls
+    assert whole.finish_reason == "tool_calls" and len(calls) == (2 if parallel else 1)
+    params = {f["function"]["name"]: f["function"].get("parameters", {}) for f in (WEATHER,
+                                                                                     CLOCK)}
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), params[call.function.name])
+    assert len({c.id for c in calls}) == len(calls)
+    streamed = collect(oai.chat.completions.create(stream=True, **kw))[0]
+    _same(streamed, whole)
 
 
 def test_a_call_cut_by_max_tokens_ends_with_what_was_sent(oai):
