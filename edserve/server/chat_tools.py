@@ -20,7 +20,8 @@ answers (:func:`~edserve.chat.tools.answer_calls`), so both paths decide alike:
   that does not parse) cannot take back what was sent: the stream sends nothing more of it
   and ends with the generation's own finish reason (``length`` or ``stop``, never
   ``tool_calls``), while the non-streamed answer is that text (``content``). A forced
-  ``tool_choice`` answers a call by grammar, so only a cut ends it so.
+  ``tool_choice`` answers calls by grammar, so only a cut ends it so (``required`` with
+  parallel calls may go on writing calls until ``max_tokens`` cuts one).
 
 Log-probability entries go out in order, each exactly once: a token's entries ride on the next
 delta sent (held text's on its first delta, the call syntax's on the header or argument delta
