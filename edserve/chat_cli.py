@@ -39,6 +39,9 @@ def add_chat(sub: argparse._SubParsersAction) -> None:
                    "--output json.")
     p.add_argument("--tool-choice", default=None,
                    help="none, auto, required, or a function name.")
+    p.add_argument("--no-parallel-tool-calls", dest="parallel_tool_calls", action="store_false",
+                   help="At most one call per answer (OpenAI's parallel_tool_calls=false); "
+                   "by default --tool-choice required may write several.")
     p.add_argument("--compact-json", action="store_true",
                    help="No whitespace inside grammar-constrained JSON.")
     p.add_argument("--output", default="text", choices=("text", "json"))
@@ -67,6 +70,7 @@ def _options(args: argparse.Namespace) -> dict:
         choice = {"type": "function", "function": {"name": choice}}
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, stop=args.stop,
                 response_format=fmt, tool_choice=choice,
+                parallel_tool_calls=args.parallel_tool_calls,
                 tools=_json_arg(args.tools, "--tools") if args.tools else None,
                 json_whitespace=not args.compact_json)
 

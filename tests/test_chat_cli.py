@@ -60,6 +60,22 @@ def test_json_schema_and_forced_tool_call(folder, capsys):
     call = result["tool_calls"][0]["function"]
     assert code == 0 and call["name"] == "get_weather" and result["finish_reason"] == "stop"
     assert json.loads(call["arguments"])["city"] in ("Paris", "Oslo")
+    code, out, _ = _run(folder, capsys, "--tools", str(tools), "--tool-choice", "required",
+                        "--no-parallel-tool-calls", "--compact-json", "--max-tokens", "80",
+                        "--temperature", "1", "--output", "json", "weather?")
+    result = json.loads(out)
+    assert code == 0 and len(result["tool_calls"]) == 1, result  # one call, then a stop token
+    assert result["finish_reason"] == "tool_calls"
+
+
+def test_parallel_tool_calls_flag_reaches_chat():
+    from edserve.chat_cli import _options
+    from edserve.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert _options(parse(["chat", "--model", "m", "hi"]))["parallel_tool_calls"] is True
+    off = parse(["chat", "--model", "m", "--no-parallel-tool-calls", "hi"])
+    assert _options(off)["parallel_tool_calls"] is False
 
 
 @pytest.mark.parametrize("args,needle", [
