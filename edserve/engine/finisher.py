@@ -3,9 +3,10 @@
 A request that finished normally (stop or length) may read its KV once more before its pages go
 (``on_finished_kv``: word timestamps); a request that asked for ``keep_encoder`` leaves its
 encoder region held under a handle (``held``) until the caller releases it (so does a request
-whose prompt check rejected its guess: :mod:`edserve.engine.prompt_check`). A row group reports
-its chosen sequence through its leader; its encoder hold (taken at prefill) serves the hook
-after its rows are gone.
+whose prompt check rejected its guess: :mod:`edserve.engine.prompt_check`); a
+``share_encoder`` request's handle is taken after its prefill and rides on its first delta
+(:meth:`Finisher.share`). A row group reports its chosen sequence through its leader; its
+encoder hold (taken at prefill) serves the hook after its rows are gone.
 """
 
 from __future__ import annotations
@@ -32,6 +33,16 @@ class Finisher:
     def __init__(self, pools: Pools) -> None:
         self.pools = pools
         self.held: dict[int, EncoderKV] = {}  # keep_encoder handles not yet released
+
+    def share(self, req: Req) -> None:
+        """A ``share_encoder`` request's prefill has written its encoder region: take a hold
+        for the caller (``held``; the next delta carries it, :meth:`Req.take_share`). From now
+        on the row's pages are shared (``Req.shares_pages``): its free drops references, and
+        the region lives on while the handle holds it. No region (text-only): no handle."""
+        hold = hold_encoder(self.pools, req)
+        if hold is not None:
+            req.shared_encoder = True
+            self.held[hold.id] = req.share_out = hold
 
     def finish_groups(self, groups: list[RowGroup], reason: FinishReason) -> None:
         """:meth:`finish_group` for several device beam groups ending in one step, their
@@ -138,7 +149,10 @@ class Finisher:
             tops = req.top_logprobs[-len(last):] if known and req.top_logprobs else []
             on_delta(TokenDelta(req.rid, last, finished=True, output=req.output(),
                                 logprobs=req.logprobs[-len(last):] if known else [],
-                                top_logprobs=tops))
+                                top_logprobs=tops, encoder_kv=req.take_share()))
+        elif req.share_out is not None:  # nobody to hand it to
+            self.held.pop(req.share_out.id, None)
+            release_encoder(self.pools, req.take_share())
 
     def _finished_kv(self, req: Req) -> FinishedKV:
         rtp = self.pools.req_to_token_pool

@@ -56,3 +56,6 @@ class TokenDelta:
     logprobs: list[float] = field(default_factory=list)
     # each token's alternatives (as GenerateOutput.top_logprobs); empty: none asked or known
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # a share_encoder request's handle, on its first delta only (GenerateRequest.share_encoder);
+    # whoever receives the delta owns it (the clients release it when nobody reads the delta)
+    encoder_kv: EncoderKV | None = None

@@ -42,6 +42,10 @@ class Req:
     group: RowGroup | None = None  # beam search / best_of rows of one request
     cow_pending: bool = False  # a fork: copy a shared partial last page before writing
     kept_encoder: EncoderKV | None = None  # the keep_encoder handle, once finished
+    # share_encoder: the hold taken after the prefill (its pages are shared from then on),
+    # and that handle until a delta carries it to the caller
+    shared_encoder: bool = False
+    share_out: EncoderKV | None = None
     # the prefill's (token, log-prob) for request.prompt_check (see check_rejected)
     prompt_check: tuple[int, float] | None = None
     serial: int = field(default_factory=lambda: next(_serials))  # unique per Req object
@@ -67,7 +71,8 @@ class Req:
                    top_logprobs=[], stop_logprob=None, no_speech_prob=None, finish_reason=None,
                    error=None,
                    generator=generator, encoder_input=None, group=self.group,
-                   cow_pending=True, kept_encoder=None, prompt_check=None)
+                   cow_pending=True, kept_encoder=None, shared_encoder=False,
+                   share_out=None, prompt_check=None)
 
     @property
     def rid(self) -> str:
@@ -95,7 +100,12 @@ class Req:
         r = self.request
         # (a keep_encoder row shares nothing until it finishes: Finisher.finish then frees it
         # around the hold it takes, without a host read)
-        return self.group is not None or r.encoder_kv is not None
+        return self.group is not None or r.encoder_kv is not None or self.shared_encoder
+
+    def take_share(self) -> EncoderKV | None:
+        """The share_encoder handle for the delta being made (once; None afterwards)."""
+        handle, self.share_out = self.share_out, None
+        return handle
 
     def output(self) -> GenerateOutput:
         assert self.finish_reason is not None

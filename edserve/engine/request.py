@@ -168,6 +168,12 @@ class GenerateRequest:
     # temperature fallback). The caller must hand it back: ``Engine.release_encoder(handle)``.
     keep_encoder: bool = False
     encoder_kv: EncoderKV | None = None
+    # share_encoder: as keep_encoder, but the hold is taken as soon as the prefill has written
+    # the region and handed over in the request's FIRST delta (``TokenDelta.encoder_kv``; the
+    # final one for a request not streamed), which then runs on: its siblings (a chat's n
+    # choices) pass it as ``encoder_kv`` meanwhile. No handle when the request has no encoder
+    # or ends before its prefill ran. The caller releases it once (Engine.release_encoder).
+    share_encoder: bool = False
     # readout: what the engine computes from the finished KV for the caller, returned in
     # ``GenerateOutput.readout`` (see edserve.engine.readout; picklable, no callback).
     readout: Any = None
@@ -206,6 +212,11 @@ class GenerateRequest:
         if self.encoder_kv is not None and not isinstance(self.encoder_kv, EncoderKV):
             raise ValueError(f"encoder_kv must be an EncoderKV handle or None, got "
                              f"{type(self.encoder_kv).__name__}")
+        if self.share_encoder is not False and (
+                self.share_encoder is not True or self.keep_encoder
+                or self.encoder_kv is not None or self.sampling.group_size > 1):
+            raise ValueError("share_encoder must be a bool, and goes without keep_encoder, "
+                             "encoder_kv and beam_size / best_of > 1")
         if self.prompt_check is not None:
             if not isinstance(self.prompt_check, PromptCheck):
                 raise ValueError(f"prompt_check must be a PromptCheck or None, got "

@@ -116,21 +116,28 @@ class Scheduler(RowGroupSteps):
         return True
 
     def release_encoder(self, handle: EncoderKV) -> None:
-        """Drop a ``keep_encoder`` handle's reference (its pages free once unused)."""
+        """Drop a ``keep_encoder`` / ``share_encoder`` handle's reference (its pages free once
+        unused). A request still waiting to reuse it fails first: its row was never given the
+        region, which may be freed now."""
         held = self.held.pop(handle.id, None)
         if held is None:
             logger.warning("release_encoder: handle %d is not held (released twice?)",
                            handle.id)
             return
         handle = held
+        users = [r for r in (*self.running, *self.waiting)
+                 if r.request.encoder_kv is not None and r.request.encoder_kv.id == handle.id]
+        for req in [r for r in users if r.req_pool_idx is None]:  # waiting
+            self.waiting.remove(req)
+            self._finish(req, FinishReason.ERROR, f"encoder_kv handle {handle.id} was "
+                         "released before the request ran")
         # an exclusive handle no live request reuses is its pages' last holder: no host read
-        in_use = any(r.request.encoder_kv is not None and r.request.encoder_kv.id == handle.id
-                     for r in (*self.running, *self.waiting))
+        in_use = any(r.req_pool_idx is not None for r in users)
         release_encoder(self.pools, handle, last_holder=handle.exclusive and not in_use)
 
     @property
     def held(self) -> dict[int, EncoderKV]:
-        """``keep_encoder`` handles given to callers and not released yet (by id)."""
+        """``keep_encoder`` / ``share_encoder`` handles given out, not released yet (by id)."""
         return self.finisher.held
 
     def held_regions(self) -> list[EncoderKV]:
@@ -270,6 +277,8 @@ class Scheduler(RowGroupSteps):
                 continue  # finished or aborted while this step was in flight; groups: above
             if sched.is_new(i):
                 req.no_speech_prob, req.prompt_check = ns, checks[i]
+                if req.request.share_encoder:  # the region is written: the caller's hold
+                    self.finisher.share(req)
                 if req.check_rejected:  # a wrong guess: ends here (prompt_check.py)
                     ending.append((req, FinishReason.STOP, None, []))
                     continue
@@ -289,7 +298,8 @@ class Scheduler(RowGroupSteps):
                 ending.append((req, FinishReason.LENGTH, None, [tok]))
             elif req.stream and req.on_delta is not None:
                 req.on_delta(TokenDelta(req.rid, [tok], logprobs=[lp],
-                                        top_logprobs=[] if top is None else [top]))
+                                        top_logprobs=[] if top is None else [top],
+                                        encoder_kv=req.take_share()))
         if ending:  # off the running list in one pass, their rows freed in one release
             gone = {id(e[0]) for e in ending}
             self.running[:] = [r for r in self.running if id(r) not in gone]
