@@ -156,11 +156,12 @@ class DataParallelClient(EngineClient):
                     finished = True
                     raise item
                 finished = item.finished
+                pending.taken(item)
                 yield item
         finally:
-            self.supervisor.forget(request.rid, abort=not finished)
-            if not finished and pending.handle is not None:  # kept, but nobody took it
-                self.release_encoder(pending.handle)
+            self.supervisor.forget(request.rid, abort=not finished)  # no more adopted after
+            for handle in list(pending.handles):  # given out, but nobody took it
+                self.release_encoder(handle)
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
         """Submit to the least-loaded worker (``encoder_kv``: the handle's worker; see

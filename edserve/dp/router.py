@@ -65,13 +65,26 @@ def pick(workers: list[WorkerState]) -> WorkerState | None:
 
 class Pending:
     """A request waiting for deltas: its worker and a thread-safe way to reach its queue;
-    ``handle``: the caller's encoder handle its final output carries (``keep_encoder``)."""
+    ``handles``: the caller's encoder handles its deltas carry (``keep_encoder`` output,
+    ``share_encoder`` first delta) that its caller has not taken yet (see :meth:`taken`)."""
 
     def __init__(self, worker: int) -> None:
         self.worker = worker
-        self.handle: Any = None
+        self.handles: list[Any] = []
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def adopt(self, handle: Any) -> Any:
+        """I/O thread: ``handle`` rides on a delta queued for the caller; returns it."""
+        self.handles.append(handle)
+        return handle
+
+    def taken(self, delta: Any) -> None:
+        """The caller got ``delta``: its handles are the caller's to release now."""
+        out = delta.output
+        for handle in (delta.encoder_kv, out.encoder_kv if out is not None else None):
+            if handle is not None and handle in self.handles:
+                self.handles.remove(handle)
 
     def put(self, item: Any) -> None:
         try:

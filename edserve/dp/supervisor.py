@@ -214,20 +214,23 @@ class Supervisor:
         logger.error("worker %d failed to start: %s", w.index, msg.message)
 
     def _on_delta(self, msg: P.Delta) -> None:
-        w, p = self.workers[msg.worker], self.pending.get(msg.rid)
-        out = msg.delta.output
-        held = out.encoder_kv if out is not None else None
+        w, p, delta = self.workers[msg.worker], self.pending.get(msg.rid), msg.delta
+        out = delta.output
         if p is None or p.worker != w.index:
-            if held is not None:  # nobody takes the handle: release it now
-                self.send(w, P.ReleaseEncoder(held.id))
+            for held in (delta.encoder_kv, out.encoder_kv if out is not None else None):
+                if held is not None:  # nobody takes the handle: release it now
+                    self.send(w, P.ReleaseEncoder(held.id))
             return
-        if msg.delta.finished:
+        if delta.finished:
             del self.pending[msg.rid]
             w.inflight.discard(msg.rid)
             w.finished += 1
-            if held is not None:
-                out.encoder_kv = p.handle = self.handles.adopt(w.index, w.generation, held)
-        p.put(msg.delta)
+        if delta.encoder_kv is not None:  # a share_encoder request's first delta
+            delta.encoder_kv = p.adopt(self.handles.adopt(w.index, w.generation,
+                                                          delta.encoder_kv))
+        if out is not None and out.encoder_kv is not None:  # keep_encoder
+            out.encoder_kv = p.adopt(self.handles.adopt(w.index, w.generation, out.encoder_kv))
+        p.put(delta)
 
     def _on_reject(self, msg: P.Reject) -> None:
         p = self.pending.pop(msg.rid, None)

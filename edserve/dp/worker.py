@@ -7,8 +7,9 @@ steps), sends deltas and throttled stats ``up``, else waits up to 100 ms for a m
 exits when asked to stop (the ``stop`` message or SIGTERM: finish in-flight requests within the
 drain timeout, then abort the rest) or when its parent dies (``PR_SET_PDEATHSIG`` plus a
 parent-pid check: no orphans). SIGINT is ignored: the API process owns shutdown.
-A ``keep_encoder`` handle stays in the scheduler's ``held``; its output carries an id-only view
-and a request's ``encoder_kv`` (that id) is resolved there (see :mod:`edserve.dp.handles`).
+A ``keep_encoder`` / ``share_encoder`` handle stays in the scheduler's ``held``; its output (or
+first delta) carries an id-only view and a request's ``encoder_kv`` (that id) is resolved there
+(see :mod:`edserve.dp.handles`).
 The ``features`` call (a long upload's log-mel) runs on a thread of its own
 (:mod:`edserve.dp.features`) and keeps the log-mel in the worker's
 :class:`~edserve.dp.mel_store.MelStore`; a request whose ``encoder_input`` is a
@@ -48,7 +49,10 @@ MAX_INTERNED_FILTERS = 4096  # distinct value-typed filters kept for sharing (th
 
 
 def _sendable(delta: Any) -> Any:
-    """The final output's encoder handle as an id-only view: its slots stay here."""
+    """The delta's encoder handles (a ``share_encoder`` request's first delta, a
+    ``keep_encoder`` request's output) as id-only views: their slots stay here."""
+    if delta.encoder_kv is not None:
+        delta.encoder_kv = id_view(delta.encoder_kv, delta.encoder_kv.id)
     out = delta.output
     if out is not None and out.encoder_kv is not None:
         out.encoder_kv = id_view(out.encoder_kv, out.encoder_kv.id)

@@ -129,17 +129,26 @@ class AsyncEngine:
         (``per_token`` False: only that one; no per-token hop across threads).
 
         Raises ValueError (from the engine's validation) before yielding anything. Closing or
-        cancelling the iterator before the last delta aborts the request.
+        cancelling the iterator before the last delta aborts the request. An encoder handle
+        (``share_encoder`` / ``keep_encoder``) is the consumer's once its delta is yielded;
+        one in a delta never yielded (the iterator closed first) is released here.
         """
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[TokenDelta] = asyncio.Queue()
         rid = request.rid
+        closed = False
+
+        def put(delta: TokenDelta) -> None:  # event loop: ordered with the finally below
+            if closed:
+                self._release_handles(delta)
+            else:
+                deltas.put_nowait(delta)
 
         def deliver(delta: TokenDelta) -> None:  # engine thread
             try:
-                loop.call_soon_threadsafe(deltas.put_nowait, delta)
+                loop.call_soon_threadsafe(put, delta)
             except RuntimeError:  # the event loop is closed: nobody is listening
-                pass
+                self._release_handles(delta)
 
         self.core.submit(request, deliver, stream=per_token)
         self._wake.set()
@@ -150,8 +159,19 @@ class AsyncEngine:
                 finished = delta.finished
                 yield delta
         finally:
+            closed = True
             if not finished:
                 self.core.abort(rid)
+                self._wake.set()
+            while not deltas.empty():
+                self._release_handles(deltas.get_nowait())
+
+    def _release_handles(self, delta: TokenDelta) -> None:
+        """Release the encoder handles of a delta nobody will read (any thread)."""
+        out = delta.output
+        for handle in (delta.encoder_kv, out.encoder_kv if out is not None else None):
+            if handle is not None:
+                self.engine.release_encoder(handle)
                 self._wake.set()
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
