@@ -187,7 +187,8 @@ def choice_request(request: GenerateRequest, index: int) -> GenerateRequest:
     """Choice ``index`` of an ``n`` > 1 completion: the same prompt and images as choice 0
     (``request``), its own request id, ``seed + index`` when seeded (so the choices differ and
     each is reproducible), fresh state for filters that hold one (a grammar's matcher). Each
-    choice is its own engine request: the image is encoded once per choice."""
+    choice is its own engine request; the server runs the image through the vision encoder
+    once for all of them (choice 0's encoder region, :mod:`edserve.server.encoder_share`)."""
     sp = request.sampling
     seed = sp.seed
     if seed is not None:

@@ -3,7 +3,8 @@
 Request fields: ``model``, ``messages`` (text and ``image_url`` parts with ``data:`` URLs),
 ``max_tokens`` / ``max_completion_tokens``, ``temperature`` in [0, 2] (default 1, as OpenAI),
 ``top_p``, ``seed``, ``stop`` (string or list), ``stream``, ``stream_options.include_usage``,
-``n`` (1 to 16 choices, each its own engine request), ``logprobs`` and ``top_logprobs`` (each
+``n`` (1 to 16 choices, each its own engine request; with an image they share one
+vision-encoder run: :mod:`.encoder_share`), ``logprobs`` and ``top_logprobs`` (each
 token's log-probability and its most likely alternatives: :mod:`.chat_logprobs`),
 ``logit_bias``, ``frequency_penalty`` and ``presence_penalty`` (logits filters:
 :mod:`edserve.chat.sampling_filters`), ``response_format`` (``json_object`` / ``json_schema``:
@@ -41,6 +42,7 @@ from edserve.server.chat_params import ChatParams, parse_params
 from edserve.server.chat_tools import CallCollector
 from edserve.server.checks import check_auth, check_model, read_json
 from edserve.server.disconnect import ClientGone, unless_disconnected
+from edserve.server.encoder_share import EncoderShare
 from edserve.server.errors import APIError
 from edserve.server.merge import merge
 from edserve.server.openapi import chat_operation
@@ -80,32 +82,39 @@ async def prepare(request: Request, p: ChatParams):
         raise APIError(400, str(exc), None, "invalid_value") from None
 
 
-async def _deltas(client: Any, gen_request: Any, decoder: ChatDecoder, result: dict,
-                  with_logprobs: bool = False) -> AsyncIterator[tuple[str, list[dict] | None]]:
-    """(text, logprob entries) of one request as they become final (entries: those of the
+async def _deltas(client: Any, c: Choice, result: dict, with_logprobs: bool = False
+                  ) -> AsyncIterator[tuple[str, list[dict] | None]]:
+    """(text, logprob entries) of one choice as they become final (entries: those of the
     tokens consumed since the last yield, None unless ``with_logprobs``);
     ``result["finish_reason"]`` is set at the end. Leaving early (stop string, disconnect,
-    cancellation) aborts the engine request."""
-    stream = client.stream(gen_request)
+    cancellation) aborts the engine request. The choices' shared encoder region comes and
+    goes through ``c.share`` (:mod:`.encoder_share`)."""
+    decoder = c.decoder
     output = None
     pending: list[dict] | None = [] if with_logprobs else None
     try:
-        async for delta in stream:
-            consumed = len(decoder.token_ids)
-            text = decoder.push(delta.token_ids)
-            if pending is not None:
-                n = len(decoder.token_ids) - consumed  # tokens the decoder took (stop: fewer)
-                pending += chat_logprobs.entries(decoder.tokenizer, delta.token_ids[:n],
-                                                 delta.logprobs[:n], delta.top_logprobs[:n])
-            if text:
-                yield text, pending
-                pending = [] if with_logprobs else None
-            if delta.finished:
-                output = delta.output
-            if decoder.stopped or delta.finished:
-                break
+        stream = client.stream(await c.share.request_for(c.index, c.request))
+        try:
+            async for delta in stream:
+                c.share.offer(c.index, delta)
+                consumed = len(decoder.token_ids)
+                text = decoder.push(delta.token_ids)
+                if pending is not None:
+                    n = len(decoder.token_ids) - consumed  # tokens taken (stop string: fewer)
+                    pending += chat_logprobs.entries(decoder.tokenizer, delta.token_ids[:n],
+                                                     delta.logprobs[:n], delta.top_logprobs[:n])
+                if text:
+                    yield text, pending
+                    pending = [] if with_logprobs else None
+                if delta.finished:
+                    output = delta.output
+                if decoder.stopped or delta.finished:
+                    break
+        finally:
+            await stream.aclose()
     finally:
-        await stream.aclose()
+        if c.index == 0:
+            c.share.first_ended()
     result["finish_reason"] = finish_reason(output, decoder)
     tail = decoder.flush()
     if tail or pending:
@@ -114,11 +123,13 @@ async def _deltas(client: Any, gen_request: Any, decoder: ChatDecoder, result: d
 
 @dataclass
 class Choice:
-    """One of a completion's ``n`` answers: its engine request and its detokenizer."""
+    """One of a completion's ``n`` answers: its engine request, its detokenizer and the
+    encoder region the choices share."""
 
     index: int
     request: Any
     decoder: ChatDecoder
+    share: EncoderShare
 
 
 def _usage(choices: list[Choice]) -> dict[str, int]:
@@ -128,10 +139,9 @@ def _usage(choices: list[Choice]) -> dict[str, int]:
     return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
 
 
-async def _complete(client: Any, gen_request: Any, decoder: ChatDecoder,
-                    with_logprobs: bool) -> dict:
+async def _complete(client: Any, c: Choice, with_logprobs: bool) -> dict:
     result: dict = {"logprobs": [] if with_logprobs else None}
-    async for _, entries in _deltas(client, gen_request, decoder, result, with_logprobs):
+    async for _, entries in _deltas(client, c, result, with_logprobs):
         if entries:
             result["logprobs"] += entries
     return result
@@ -142,11 +152,13 @@ async def _non_streaming(request: Request, p: ChatParams, choices: list[Choice],
     engine = request.app.state.engine
     try:
         results = await unless_disconnected(request, _all(
-            [_complete(engine, c.request, c.decoder, p.logprobs) for c in choices]))
+            [_complete(engine, c, p.logprobs) for c in choices]))
     except ClientGone:
         return Response(status_code=499)  # the client is gone; nobody reads this
     except RequestFailed as exc:
         raise APIError(500, str(exc), None, "engine_error") from None
+    finally:
+        choices[0].share.close()  # every choice's stream is closed by now
     return JSONResponse({**head, "object": "chat.completion",
                          "choices": [_choice(p, c, r) for c, r in zip(choices, results,
                                                                      strict=True)],
@@ -189,7 +201,7 @@ async def _choice_chunks(client: Any, p: ChatParams, c: Choice, head: dict
     yield _chunk(head, c.index, {"role": "assistant", "content": ""}, None)
     result: dict = {}
     calls = CallCollector(p.tools, p.parallel_tool_calls)  # text, or calls sent in pieces
-    async for text, entries in _deltas(client, c.request, c.decoder, result, p.logprobs):
+    async for text, entries in _deltas(client, c, result, p.logprobs):
         for delta, carried in calls.feed(text, entries):
             yield _chunk(head, c.index, delta, None, carried)
     end = calls.finish()
@@ -203,8 +215,11 @@ async def _chunks(client: Any, p: ChatParams, choices: list[Choice], head: dict
                   ) -> AsyncIterator[dict]:
     """Every choice's chunks, interleaved as they come (each carries its ``index``)."""
     streams = [_choice_chunks(client, p, c, head) for c in choices]
-    async for chunk in (streams[0] if len(streams) == 1 else merge(streams)):
-        yield chunk
+    try:
+        async for chunk in (streams[0] if len(streams) == 1 else merge(streams)):
+            yield chunk
+    finally:  # merge has closed every choice's stream (or the one stream ended)
+        choices[0].share.close()
     if p.include_usage:
         yield {**head, "object": "chat.completion.chunk", "choices": [],
                "usage": _usage(choices)}
@@ -221,8 +236,9 @@ async def chat_completions(request: Request) -> Response:
     p = parse_params(await read_json(request))
     check_model(request, p.model)
     gen_request, tok = await prepare(request, p)
+    share = EncoderShare(state.engine, gen_request, p.n)  # one vision run for the n choices
     choices = [Choice(i, gen_request if i == 0 else choice_request(gen_request, i),
-                      ChatDecoder(tok, p.stop)) for i in range(p.n)]
+                      ChatDecoder(tok, p.stop), share) for i in range(p.n)]
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": p.model, "system_fingerprint": None}
     if p.stream:
