@@ -38,17 +38,17 @@ from edserve.config import MAX_GROUP_ROWS
 from edserve.engine.admission import AdmissionPolicy, admit
 from edserve.engine.batch_builder import Pools, build_decode, build_prefill
 from edserve.engine.beam_rows import DeviceBeams, is_device_row
+from edserve.engine.encoder_holds import EncoderHolds
 from edserve.engine.finisher import Finisher
 from edserve.engine.group_ops import (
     groups_side_by_side,
     hold_encoders,
-    release_encoder,
 )
 from edserve.engine.group_update import RowGroupSteps
 from edserve.engine.host_copy import to_device
 from edserve.engine.outputs import TokenDelta
 from edserve.engine.req import Req
-from edserve.engine.request import EncoderKV, FinishReason
+from edserve.engine.request import FinishReason
 from edserve.engine.sampler import SamplingPlan, plan_sampling, row_candidates
 from edserve.engine.step import ScheduledBatch, StepOutput
 from edserve.engine.token_history import HistoryEdits
@@ -72,7 +72,7 @@ class SchedulerLimits:
     max_mixed_prefill_tokens: int = 1 << 62
 
 
-class Scheduler(RowGroupSteps):
+class Scheduler(RowGroupSteps, EncoderHolds):
     def __init__(self, pools: Pools, limits: SchedulerLimits) -> None:
         self.pools = pools
         self.limits = limits
@@ -92,6 +92,8 @@ class Scheduler(RowGroupSteps):
     # ---- queue management -------------------------------------------------------------
     def add(self, req: Req) -> None:
         total = self.pools.allocator.size
+        if self._refuse_unheld(req):
+            return
         if req.reserved_slots > total:
             self._finish(req, FinishReason.ERROR,
                          f"request needs {req.reserved_slots} KV slots but the pool holds only "
@@ -114,37 +116,6 @@ class Scheduler(RowGroupSteps):
         else:
             self._end_group(req.group, FinishReason.ABORT)
         return True
-
-    def release_encoder(self, handle: EncoderKV) -> None:
-        """Drop a ``keep_encoder`` / ``share_encoder`` handle's reference (its pages free once
-        unused). A request still waiting to reuse it fails first: its row was never given the
-        region, which may be freed now."""
-        held = self.held.pop(handle.id, None)
-        if held is None:
-            logger.warning("release_encoder: handle %d is not held (released twice?)",
-                           handle.id)
-            return
-        handle = held
-        users = [r for r in (*self.running, *self.waiting)
-                 if r.request.encoder_kv is not None and r.request.encoder_kv.id == handle.id]
-        for req in [r for r in users if r.req_pool_idx is None]:  # waiting
-            self.waiting.remove(req)
-            self._finish(req, FinishReason.ERROR, f"encoder_kv handle {handle.id} was "
-                         "released before the request ran")
-        # an exclusive handle no live request reuses is its pages' last holder: no host read
-        in_use = any(r.req_pool_idx is not None for r in users)
-        release_encoder(self.pools, handle, last_holder=handle.exclusive and not in_use)
-
-    @property
-    def held(self) -> dict[int, EncoderKV]:
-        """``keep_encoder`` / ``share_encoder`` handles given out, not released yet (by id)."""
-        return self.finisher.held
-
-    def held_regions(self) -> list[EncoderKV]:
-        """Encoder regions held outside rows: caller handles and running groups' holds."""
-        groups = {r.group.id: r.group for r in self.running if r.group is not None}
-        return list(self.held.values()) + [g.hold for g in groups.values()
-                                           if g.hold is not None]
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

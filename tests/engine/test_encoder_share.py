@@ -148,7 +148,7 @@ def test_handle_paths_that_end_early(folder):
     _clean(engine)
 
 
-def test_a_sibling_waiting_on_a_released_handle_fails(folder):
+def test_a_sibling_waiting_on_or_queued_after_a_released_handle_fails(folder):
     engine = _engine(folder)
     seen = Deltas()
     owner = _request(engine, seed=1, share_encoder=True)
@@ -162,6 +162,11 @@ def test_a_sibling_waiting_on_a_released_handle_fails(folder):
     _drain(engine)
     out = seen.output(late.rid)
     assert out.finish_reason == FinishReason.ERROR and "released" in out.error
+    later = _request(engine, seed=3, encoder_kv=handle)  # queued after the release
+    seen.add(engine, later)
+    _drain(engine)
+    out = seen.output(later.rid)
+    assert out.finish_reason == FinishReason.ERROR and "not held" in out.error
     _clean(engine)
 
 
