@@ -112,8 +112,8 @@ class ChatRequest(BaseModel):
     stream: bool | None = Field(None, description="Server-sent chunks, then `data: [DONE]`.")
     stream_options: StreamOptions | None = None
     n: int | None = Field(None, ge=1, le=16, description=(
-        "Choices (default 1); each is its own engine request (an image is encoded once per "
-        "choice); seeded choices use seed + index."))
+        "Choices (default 1); each is its own engine request (with an image they share one "
+        "vision-encoder run); seeded choices use seed + index."))
     logit_bias: dict[str, float] | None = Field(None, description=(
         "Token id (decimal string) -> a bias in [-100, 100] added to its logit."))
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description=(
