@@ -1,10 +1,13 @@
-"""Helpers shared by the server tests (audio uploads, the idle + integrity check)."""
+"""Helpers shared by the server tests (audio uploads, the idle + integrity check, a live chat
+server in this process and an ``openai`` client of it)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 import wave
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +91,34 @@ def start_server(log_path: Path, *flags: str, **popen: Any) -> tuple[Any, str]:
         proc.wait(30)
         raise
     return proc, url
+
+
+@contextlib.contextmanager
+def chat_server(folder: Path, model: str, engine: dict, engine_process: bool = False
+                ) -> Iterator[tuple[Any, Any, Any]]:
+    """A live server on the chat model in ``folder`` (debug endpoints on, the engine in this
+    process or in a worker process): yields ``(server thread, engine client, app)``, and shuts
+    both down after."""
+    from edserve.config import EngineConfig
+    from edserve.server.config import ServerConfig
+    from edserve.server.launch import ServerThread, build
+
+    cfg = ServerConfig(served_model_name=model, enable_debug_endpoints=True,
+                       debug_rate_limit=100.0, engine_process=engine_process)
+    client, app = build(EngineConfig(model=str(folder), **engine), cfg)
+    srv = ServerThread(app, "127.0.0.1", 0).start()
+    try:
+        yield srv, client, app
+    finally:
+        srv.stop()
+        client.shutdown(5.0)
+
+
+@contextlib.contextmanager
+def openai_client(url: str, timeout: float = 300) -> Iterator[Any]:
+    """The official ``openai`` client of the server at ``url`` (no retries)."""
+    import openai
+
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
+                       timeout=timeout) as c:
+        yield c

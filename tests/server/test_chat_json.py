@@ -13,10 +13,7 @@ import httpx
 import pytest
 
 from edserve.chat.chat_api import chat
-from edserve.config import EngineConfig
 from edserve.runtime import build_engine
-from edserve.server.config import ServerConfig
-from edserve.server.launch import ServerThread, build
 
 pytest.importorskip("transformers")
 pytest.importorskip("llguidance")
@@ -27,6 +24,7 @@ from tests.chat.grammar_helpers import AS_SCHEMA, NO_WHITESPACE, SCHEMA  # noqa:
 from tests.chat.test_tools import CLOCK, WEATHER  # noqa: E402
 from tests.models.mllama.chat_tiny import png_data_url, save_byte_chat_tokenizer  # noqa: E402
 from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny  # noqa: E402
+from tests.server.server_helpers import chat_server, openai_client  # noqa: E402
 from tests.server.test_chat import _idle_integrity  # noqa: E402
 
 MODEL = "tiny-json"
@@ -52,19 +50,13 @@ def local(folder):
 
 @pytest.fixture(scope="module", params=["in_process", "engine_process"])
 def server(request, folder):
-    cfg = ServerConfig(served_model_name=MODEL, enable_debug_endpoints=True,
-                       debug_rate_limit=100.0, engine_process=request.param == "engine_process")
-    client, app = build(EngineConfig(model=str(folder), **ENGINE), cfg)
-    srv = ServerThread(app, "127.0.0.1", 0).start()
-    yield srv
-    srv.stop()
-    client.shutdown(5.0)
+    with chat_server(folder, MODEL, ENGINE, request.param == "engine_process") as (srv, _, _):
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def oai(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
-                       timeout=300) as c:
+    with openai_client(server.url) as c:
         yield c
 
 

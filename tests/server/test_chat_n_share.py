@@ -17,16 +17,14 @@ import httpx
 import pytest
 
 from edserve.chat.chat_api import chat, prepare_chat
-from edserve.config import EngineConfig
 from edserve.engine.errors import RequestFailed
 from edserve.runtime import build_engine
-from edserve.server.config import ServerConfig
-from edserve.server.launch import ServerThread, build
 
 pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 
 from tests.models.mllama.chat_tiny import png_data_url, save_chat_model  # noqa: E402
+from tests.server.server_helpers import chat_server, openai_client  # noqa: E402
 from tests.server.test_chat import _idle_integrity  # noqa: E402
 
 MODEL = "tiny-share"
@@ -50,19 +48,14 @@ def local(folder):
 
 @pytest.fixture(scope="module", params=["in_process", "engine_process"])
 def server(request, folder):
-    cfg = ServerConfig(served_model_name=MODEL, enable_debug_endpoints=True,
-                       debug_rate_limit=100.0, engine_process=request.param == "engine_process")
-    engine, app = build(EngineConfig(model=str(folder), **ENGINE), cfg)
-    srv = ServerThread(app, "127.0.0.1", 0).start()
-    yield SimpleNamespace(url=srv.url, client=app.state.engine, engine=engine)
-    srv.stop()
-    engine.shutdown(5.0)
+    with chat_server(folder, MODEL, ENGINE, request.param == "engine_process") as (
+            srv, engine, app):
+        yield SimpleNamespace(url=srv.url, client=app.state.engine, engine=engine)
 
 
 @pytest.fixture(scope="module")
 def oai(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
-                       timeout=120) as c:
+    with openai_client(server.url, timeout=120) as c:
         yield c
 
 

@@ -11,10 +11,6 @@ import json
 import httpx
 import pytest
 
-from edserve.config import EngineConfig
-from edserve.server.config import ServerConfig
-from edserve.server.launch import ServerThread, build
-
 pytest.importorskip("transformers")
 pytest.importorskip("llguidance")
 openai = pytest.importorskip("openai")
@@ -22,6 +18,7 @@ openai = pytest.importorskip("openai")
 from tests.chat.test_tools import CLOCK, WEATHER  # noqa: E402
 from tests.models.mllama.chat_tiny import save_byte_chat_tokenizer  # noqa: E402
 from tests.models.mllama.hf_tiny import build_hf_tiny, save_hf_tiny  # noqa: E402
+from tests.server.server_helpers import chat_server, openai_client  # noqa: E402
 from tests.server.test_chat import _idle_integrity  # noqa: E402
 from tests.server.test_chat_json import BIAS, ENGINE, MESSAGES, MODEL  # noqa: E402
 
@@ -33,19 +30,13 @@ def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tool_stream")
     save_hf_tiny(build_hf_tiny(), folder)
     save_byte_chat_tokenizer(folder)
-    client, app = build(EngineConfig(model=str(folder), **ENGINE),
-                        ServerConfig(served_model_name=MODEL, enable_debug_endpoints=True,
-                                     debug_rate_limit=100.0))
-    srv = ServerThread(app, "127.0.0.1", 0).start()
-    yield srv
-    srv.stop()
-    client.shutdown(5.0)
+    with chat_server(folder, MODEL, ENGINE) as (srv, _, _):
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def oai(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
-                       timeout=300) as c:
+    with openai_client(server.url) as c:
         yield c
 
 
