@@ -16,7 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
-#   w36-capture (~5 min: GPU tests of the run-time graph captures, then the default server at 32 clients twice (fresh, then warm), py-spy of the engine; py-spy's wheel in .whl/)
+#   w36-capture (~5 min, after git revert 97631a6: GPU tests of the run-time graph captures, then the default server at 32 clients twice (fresh, then warm), py-spy of the engine; py-spy's wheel in .whl/)
 #   w35-chat-load (~6 min: chat at 32 clients on the small random Mllama, text vs JSON mode)
 #   w35-chat (~3 min: grammar rows in CUDA-graph batches, their step cost at vocab 128256 with 1-64 rows; needs llguidance's wheel in .whl/)
 #   w33-last (~2-3 min: the default server at 32 clients with its language guesses counted, then the wave's GPU tests)
