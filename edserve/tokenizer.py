@@ -42,6 +42,19 @@ _REQUIRED = {
 _NO_SPEECH = ("<|nocaptions|>", "<|nospeech|>")
 
 
+def _byte_level_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is written as in a byte-level BPE
+    vocabulary (printable Latin-1 as itself, the rest from U+0100 on), inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    extra = (b for b in range(256) if b not in printable)
+    chars = {chr(b): b for b in printable}
+    chars.update({chr(256 + i): b for i, b in enumerate(extra)})
+    return chars
+
+
+_BYTE_OF = _byte_level_chars()
+
+
 def _timestamp_text(index: int) -> str:
     return f"<|{index / TIMESTAMP_TOKENS_PER_SECOND:.2f}|>"
 
@@ -219,6 +232,16 @@ class WhisperTokenizer:
         """Ids -> text; special and timestamp tokens are skipped."""
         eot = self.eot
         return self._tok.decode([t for t in map(int, ids) if t < eot], skip_special_tokens=False)
+
+    def token_bytes(self, token: int) -> bytes:
+        """A text token's own bytes (byte-level BPE: a piece of a multi-byte UTF-8 character
+        is that piece, not U+FFFD as ``decode([token])`` shows it), so the bytes of a token
+        sequence concatenate to ``decode(tokens).encode()``. A vocabulary entry outside the
+        byte-level alphabet: its decoded text's UTF-8."""
+        piece = self._tok.id_to_token(int(token)) or ""
+        if piece and all(c in _BYTE_OF for c in piece):
+            return bytes(_BYTE_OF[c] for c in piece)
+        return self._tok.decode([int(token)], skip_special_tokens=False).encode("utf-8")
 
     def decode_with_timestamps(self, ids: Iterable[int]) -> str:
         """Like :meth:`decode` but renders timestamp tokens as ``<|1.08|>``."""

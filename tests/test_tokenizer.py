@@ -117,3 +117,15 @@ def test_language_code_round_trip():
 def test_blank_tokens_are_encoded_once(tok):
     assert tok.blank_tokens() == tuple(tok.encode(" "))
     assert tok.blank_tokens() is tok.blank_tokens()
+
+
+@pytest.mark.parametrize("text", [" And so, my fellow Americans.", " héllo 日本語 ♪ 🎵 ok\t\n"])
+def test_token_bytes_are_the_raw_pieces(tok, text):
+    """A token's bytes are its byte-level piece (a part of a multi-byte character included),
+    so they concatenate to the text's UTF-8, while ``decode([t])`` shows a part as U+FFFD."""
+    ids = tok.encode(text)
+    pieces = [tok.token_bytes(t) for t in ids]
+    assert b"".join(pieces) == text.encode("utf-8")
+    for t, piece in zip(ids, pieces, strict=True):
+        shown = tok.decode([t])
+        assert piece == shown.encode("utf-8") or "\ufffd" in shown

@@ -270,7 +270,7 @@ class LongformTask:
         stats = dict(temperature=temperature, avg_logprob=avg_logprob, compression_ratio=ratio,
                      no_speech_prob=no_speech)
         segments, self.seek = split_window(self.tok, tokens, self.seek, size, self.duration,
-                                           stats)
+                                           stats, logprobs)
         if self.opts.word_timestamps:
             self.seek, self._last_speech = place_words(
                 self.tok, segments, alignment, size, tokens, self.language, self.opts.task,

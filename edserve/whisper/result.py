@@ -31,6 +31,19 @@ class Segment:
     no_speech_prob: float = 0.0
     seek: int = 0  # mel frame (10 ms) where this segment's 30 s window started
     words: list[Word] | None = None  # with word timestamps (TranscribeOptions.word_timestamps)
+    # the engine's log-probability of each of ``tokens`` (GenerateOutput.logprobs of the
+    # window's accepted attempt: the log-softmax after the logit filters, before temperature)
+    token_logprobs: list[float] = field(default_factory=list)
+
+    def text_logprobs(self, eot: int) -> list[tuple[int, float]]:
+        """(token, log-probability) of each text token (``< eot``: those ``text`` decodes
+        from), in order. ValueError when ``token_logprobs`` does not match ``tokens`` (a
+        segment built without them)."""
+        if len(self.token_logprobs) != len(self.tokens):
+            raise ValueError(f"segment {self.id}: {len(self.tokens)} tokens but "
+                             f"{len(self.token_logprobs)} log-probabilities")
+        return [(t, lp) for t, lp in zip(self.tokens, self.token_logprobs, strict=True)
+                if t < eot]
 
 
 @dataclass

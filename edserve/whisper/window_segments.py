@@ -23,19 +23,26 @@ INPUT_STRIDE = 2  # mel frames per encoder position (3000 frames -> 1500 states)
 
 
 def make_segment(tok: WhisperTokenizer, tokens: list[int], start: float, end: float,
-                 duration: float, stats: dict) -> Segment:
-    """A segment of ``tokens`` between ``start`` and ``end`` seconds, clipped to the audio."""
+                 duration: float, stats: dict, logprobs: list[float] | None = None) -> Segment:
+    """A segment of ``tokens`` (``logprobs``: theirs, one each) between ``start`` and ``end``
+    seconds, clipped to the audio."""
     end = min(end, duration)
     start = min(start, end)
     text_tokens = [t for t in tokens if t < tok.eot]
-    return Segment(0, round(start, 3), round(end, 3), tok.decode(text_tokens), tokens, **stats)
+    return Segment(0, round(start, 3), round(end, 3), tok.decode(text_tokens), tokens,
+                   token_logprobs=list(logprobs or []), **stats)
 
 
 def split_window(tok: WhisperTokenizer, tokens: list[int], seek: int, size: int,
-                 duration: float, stats: dict) -> tuple[list[Segment], int]:
+                 duration: float, stats: dict, logprobs: list[float] | None = None
+                 ) -> tuple[list[Segment], int]:
     """Cut a window's tokens (decoded at frame ``seek``, ``size`` frames long) into segments
     at timestamp pairs; returns them (each with ``seek`` set) and the next window's start,
-    which is always past ``seek``."""
+    which is always past ``seek``. ``logprobs`` (one per token, or None) are cut the same way
+    into each segment's ``token_logprobs``."""
+    if logprobs is not None and len(logprobs) != len(tokens):
+        raise ValueError(f"{len(tokens)} tokens but {len(logprobs)} log-probabilities")
+    lps = logprobs if logprobs is not None else []
     tb = tok.timestamp_begin
     offset = seek * HOP_LENGTH / SAMPLE_RATE
     cuts, single_ending = cut_points(tokens, tb)
@@ -46,7 +53,7 @@ def split_window(tok: WhisperTokenizer, tokens: list[int], seek: int, size: int,
             piece = tokens[last:cut]
             segments.append(make_segment(tok, piece, offset + (piece[0] - tb) * TIME_PRECISION,
                                          offset + (piece[-1] - tb) * TIME_PRECISION, duration,
-                                         stats))
+                                         stats, lps[last:cut]))
             last = cut
         advance = size if single_ending else (tokens[last - 1] - tb) * INPUT_STRIDE
     else:
@@ -54,7 +61,8 @@ def split_window(tok: WhisperTokenizer, tokens: list[int], seek: int, size: int,
         stamps = [t for t in tokens if t >= tb]
         if stamps and stamps[-1] != tb:
             window_s = (stamps[-1] - tb) * TIME_PRECISION
-        segments.append(make_segment(tok, tokens, offset, offset + window_s, duration, stats))
+        segments.append(make_segment(tok, tokens, offset, offset + window_s, duration, stats,
+                                     lps))
         advance = size
     for s in segments:
         s.seek = seek
