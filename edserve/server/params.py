@@ -43,6 +43,8 @@ class TranscriptionParams:
     patience: float | None = None
     length_penalty: float | None = None
     mel_padding: str | None = None  # None: the server's --mel-padding
+    # include[]=logprobs: each text token's log-probability (response_format=json only)
+    logprobs: bool = False
 
 
 def _single(form: FormData, name: str) -> Any:
@@ -145,15 +147,20 @@ def _stream(raw: str | None) -> bool:
     raise APIError(400, f"'stream' must be true or false, got {raw!r}", "stream", "invalid_value")
 
 
-def _check_include(form: FormData) -> None:
-    """``include[]``: OpenAI's extra outputs; ``logprobs`` (the only one) is refused."""
-    for v in form.getlist("include[]") + form.getlist("include"):
-        if v == "logprobs":
-            raise APIError(400, "'include[]=logprobs' is not supported: this server returns no "
-                           "transcription log-probabilities (nor does OpenAI's whisper-1)",
-                           "include[]", "unsupported_value")
-        raise APIError(400, f"'include[]' values must be 'logprobs', got {_short(v)!r}",
-                       "include[]", "invalid_value")
+def _include(form: FormData, fmt: str) -> bool:
+    """``include[]`` (or ``include``): OpenAI's extra outputs; only ``logprobs`` (each text
+    token's log-probability), and as OpenAI's API only with ``response_format=json``
+    (streamed or not). Returns whether it was asked for; anything else: 400 naming
+    ``include[]``."""
+    values = form.getlist("include[]") + form.getlist("include")
+    for v in values:
+        if v != "logprobs":
+            raise APIError(400, f"'include[]' values must be 'logprobs', got {_short(v)!r}",
+                           "include[]", "invalid_value")
+    if values and fmt != "json":
+        raise APIError(400, "'include[]=logprobs' requires response_format=json (got "
+                       f"{fmt!r}), as OpenAI's API", "include[]", "invalid_value")
+    return bool(values)
 
 
 # Fields other servers take (vLLM's sampling extras, OpenAI's chunking for its newer models)
@@ -220,7 +227,7 @@ async def parse_form(form: FormData, max_upload_mb: float,
     model = _one(form, "model")
     if not model:
         raise APIError(400, "'model' is required", "model", "missing_required_parameter")
-    _check_include(form)
+    logprobs = _include(form, fmt)
     _check_unsupported(form)
     granularities = _granularities(form)
     if granularities and fmt != "verbose_json":  # as OpenAI's API: only verbose_json has them
@@ -231,7 +238,7 @@ async def parse_form(form: FormData, max_upload_mb: float,
     params = dict(model=model, language=language, prompt=_one(form, "prompt") or None,
                   response_format=fmt, temperature=_temperature(_one(form, "temperature")),
                   granularities=granularities, stream=_stream(_one(form, "stream")),
-                  **_decoding(form))
+                  logprobs=logprobs, **_decoding(form))
     max_upload_bytes = int(max_upload_mb * 2**20)
     if upload.size is not None and upload.size > max_upload_bytes:
         raise APIError(413, f"'file' exceeds the {mib_label(max_upload_mb)} upload limit",

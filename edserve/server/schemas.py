@@ -75,8 +75,10 @@ def audio_form_schema(model_ids: list[str], languages: list[str] | None) -> dict
         "timestamp_granularities": {**granularities, "description": "The same as "
                                     "timestamp_granularities[] (both names are read)."},
         "include[]": {"type": "array", "items": {"type": "string", "enum": ["logprobs"]},
-                      "description": "`logprobs` is refused with 400: no transcription "
-                      "log-probabilities are returned (nor by OpenAI's whisper-1)."},
+                      "description": "`logprobs`: each text token's log-probability "
+                      "(`logprobs` in the json response and on each stream event). Only "
+                      "with response_format=json (400 otherwise); other values: 400. The "
+                      "name `include` is read as well."},
         "stream": _field("boolean", "true: answer with server-sent events (one "
                          "`transcript.text.delta` per accepted segment, then "
                          "`transcript.text.done`). Text forms: true/false, 1/0, yes/no, "
@@ -120,10 +122,27 @@ class UsageTokens(_Closed):
     total_tokens: int = Field(description="input_tokens + output_tokens.")
 
 
+class TokenLogprob(_Closed):
+    """One text token of the transcript (``include[]=logprobs``)."""
+
+    token: str = Field(description="The token decoded alone (a piece of a multi-byte "
+                       "character shows as U+FFFD).")
+    logprob: float = Field(description="Its log-probability (the model's log-softmax after "
+                           "Whisper's token filters, before temperature); <= 0.")
+    bytes: list[int] = Field(description="The token's own bytes (byte-level BPE): the "
+                             "entries' bytes concatenate to the UTF-8 of the text (before "
+                             "its leading space is stripped).")
+
+
+_LOGPROBS = "With include[]=logprobs: one entry per text token of `text`, in order (no " \
+    "special or timestamp tokens); absent otherwise."
+
+
 class TranscriptionJson(_Closed):
     """``response_format=json``."""
 
     text: str
+    logprobs: list[TokenLogprob] = Field(default_factory=list, description=_LOGPROBS)
     usage: UsageDuration
 
 
@@ -163,6 +182,9 @@ class TranscriptTextDelta(_Closed):
 
     type: Literal["transcript.text.delta"]
     delta: str
+    logprobs: list[TokenLogprob] = Field(default_factory=list, description="With "
+                                         "include[]=logprobs: the text tokens of this "
+                                         "delta's segment; absent otherwise.")
 
 
 class TranscriptTextDone(_Closed):
@@ -170,6 +192,8 @@ class TranscriptTextDone(_Closed):
 
     type: Literal["transcript.text.done"]
     text: str
+    logprobs: list[TokenLogprob] = Field(default_factory=list, description=_LOGPROBS + " "
+                                         "The deltas' lists concatenate to it.")
     usage: UsageTokens
 
 

@@ -46,6 +46,7 @@ from edserve.server.metrics import EngineTimes
 from edserve.server.params import TranscriptionParams
 from edserve.server.sse import sse_response
 from edserve.server.text_stream import TextStream
+from edserve.server.transcript_logprobs import segment_logprobs, transcript_logprobs
 from edserve.whisper.formats import to_srt, to_text, to_vtt, verbose_dict
 from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions, temperature_schedule
@@ -185,10 +186,16 @@ def usage(duration: float) -> dict[str, Any]:
     return {"type": "duration", "seconds": math.ceil(duration)}
 
 
-def render(result: Transcription, params: TranscriptionParams, task: str) -> Response:
+def render(result: Transcription, params: TranscriptionParams, task: str,
+           tokenizer: Any = None) -> Response:
+    """The response body of ``params.response_format``; json with ``include[]=logprobs``
+    (``params.logprobs``) also ``logprobs`` (:mod:`.transcript_logprobs`; needs the model's
+    ``tokenizer``)."""
     fmt = params.response_format
     if fmt == "json":
-        return JSONResponse({"text": result.text, "usage": usage(result.duration)})
+        logprobs = {"logprobs": transcript_logprobs(tokenizer, result.segments)} \
+            if params.logprobs else {}
+        return JSONResponse({"text": result.text, **logprobs, "usage": usage(result.duration)})
     if fmt == "verbose_json":
         return JSONResponse({**verbose_dict(result, task), "usage": usage(result.duration)})
     body = {"text": to_text, "srt": to_srt, "vtt": to_vtt}[fmt](result)
@@ -222,7 +229,7 @@ async def _run(request: Request, params: TranscriptionParams, task_name: str,
         if on_prepared is not None:
             on_prepared()
     if params.stream:
-        return sse_response(_sse(state, task), "transcription")
+        return sse_response(_sse(state, task, params.logprobs), "transcription")
     times = EngineTimes()
     try:
         result = await unless_disconnected(request, _collect(state.engine, task, times))
@@ -234,18 +241,24 @@ async def _run(request: Request, params: TranscriptionParams, task_name: str,
         task.release()  # a log-mel held by an engine worker, on every way out
     times.observe(state.metrics)
     rendered = time.perf_counter()
-    response = render(result, params, task_name)
+    response = render(result, params, task_name, state.engine.tokenizer)
     state.metrics.stage("response", time.perf_counter() - rendered)
     state.metrics.latency.labels(task_name).observe(time.perf_counter() - start)
     state.metrics.audio_seconds.inc(result.duration)
     return response
 
 
-async def _sse(state: Any, task: LongformTask) -> AsyncIterator[dict[str, Any]]:
+async def _sse(state: Any, task: LongformTask, logprobs: bool = False
+               ) -> AsyncIterator[dict[str, Any]]:
     """OpenAI's transcription stream: ``transcript.text.delta`` events, one per accepted
     segment, then ``transcript.text.done`` with the full text (= the deltas concatenated)
-    and token usage (no ``logprobs``: ``include[]=logprobs`` is refused at the door)."""
+    and token usage. With ``logprobs`` (``include[]=logprobs``) each delta carries the
+    entries of its segment's text tokens and the done event all of them, so the deltas'
+    lists concatenate to the done event's list, which is the non-streamed response's."""
     text, tokens, times = TextStream(), TokenUsage(), EngineTimes()
+    tokenizer = state.engine.tokenizer
+    entries: list[dict[str, Any]] = []  # every segment's, in order
+    sent = 0  # entries[:sent] went out on a delta
 
     def seen(req: Any, out: Any) -> None:
         tokens.add(req, out)
@@ -253,10 +266,20 @@ async def _sse(state: Any, task: LongformTask) -> AsyncIterator[dict[str, Any]]:
 
     try:
         async for segment in transcribe_async(state.engine, task, seen):
+            if logprobs:
+                entries += segment_logprobs(tokenizer, segment)
             delta = text.push(segment.text)
-            if delta:
-                yield {"type": "transcript.text.delta", "delta": delta}
+            if delta:  # always, for a kept segment (it has text); else its entries wait
+                event = {"type": "transcript.text.delta", "delta": delta}
+                if logprobs:
+                    event["logprobs"], sent = entries[sent:], len(entries)
+                yield event
     finally:
         task.release()
     times.observe(state.metrics)
-    yield {"type": "transcript.text.done", "text": text.text, "usage": tokens.openai()}
+    if logprobs and sent < len(entries):  # (not reached: see above) no entry goes unsent
+        yield {"type": "transcript.text.delta", "delta": "", "logprobs": entries[sent:]}
+    done = {"type": "transcript.text.done", "text": text.text}
+    if logprobs:
+        done["logprobs"] = entries
+    yield {**done, "usage": tokens.openai()}

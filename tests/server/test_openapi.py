@@ -76,6 +76,7 @@ def test_flag_in_help():
     {"response_format": "text"}, {"response_format": "srt"}, {"response_format": "vtt"},
     {"beam_size": "2", "length_penalty": "1.0"}, {"stream": "null"},
     {"temperature": "1e-06"},  # found by the fuzz: was a 500 (schedule reached 1.000001)
+    {"include[]": "logprobs"},
 ])
 def test_responses_match_schema(http, doc, fields):
     r = _post(http, fields)
@@ -85,6 +86,8 @@ def test_responses_match_schema(http, doc, fields):
         assert body["words"] and body["segments"] and body["usage"]["type"] == "duration"
     elif fields.get("response_format") in ("text", "srt", "vtt"):
         assert r.headers["content-type"].startswith("text/plain") and "spades" in body
+    elif "include[]" in fields:
+        assert "spades" in body["text"] and set(body) == {"text", "logprobs", "usage"}
     else:
         assert "spades" in body["text"] and set(body) == {"text", "usage"}
 
@@ -94,7 +97,7 @@ def test_stream_events_match_schema(http, doc):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = check_response(doc, TRANSCRIBE, "post", r)
     deltas, done = events[:-1], events[-1]
-    assert deltas and all(set(e) == {"type", "delta"} for e in deltas)  # no logprobs: null
+    assert deltas and all(set(e) == {"type", "delta"} for e in deltas)  # not asked: none
     assert done["type"] == "transcript.text.done"
     assert "".join(e["delta"] for e in deltas) == done["text"]
     usage = done["usage"]
@@ -109,9 +112,18 @@ def test_stream_events_match_schema(http, doc):
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
 
 
+def test_stream_events_with_logprobs_match_schema(http, doc):
+    r = _post(http, {"stream": "true", "include[]": "logprobs"}, clip="jfk")
+    assert r.status_code == 200
+    events = check_response(doc, TRANSCRIBE, "post", r)
+    assert all(set(e) == {"type", "delta", "logprobs"} for e in events[:-1])
+    assert set(events[-1]) == {"type", "text", "logprobs", "usage"}
+
+
 @pytest.mark.parametrize("fields,status,param", [
     ({"temperature": "2"}, 400, "temperature"),
-    ({"include[]": "logprobs"}, 400, "include[]"),
+    ({"include[]": "logprobs", "response_format": "verbose_json"}, 400, "include[]"),
+    ({"include[]": "tokens"}, 400, "include[]"),
     # vLLM's / OpenAI's fields this server lacks: refused, not ignored (no-op values pass)
     ({"top_k": "20"}, 400, "top_k"),
     ({"repetition_penalty": "1.3"}, 400, "repetition_penalty"),

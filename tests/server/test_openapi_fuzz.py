@@ -36,16 +36,17 @@ OPENAI_SPEC = DATA / "openai-openapi" / "audio_models.json"
 @pytest.fixture(scope="module")
 def real():
     """What half the audio cases become: 1.5 s of speech ("And so my fellow...") sent to a
-    served model, without the fields the server always refuses (include[]=logprobs;
-    timestamp granularities beside a format other than verbose_json; a chunking strategy
-    other than auto), and with at most 4 beams
+    served model, without the fields the server always refuses (include[] beside a format
+    other than json; timestamp granularities beside a format other than verbose_json; a
+    chunking strategy other than auto), and with at most 4 beams
     or samples (16 rows through up to six fallback temperatures take minutes on CPU); every
     other field stays as generated."""
     speech = wav_bytes(load_audio(DATA / "jfk.wav")[:24000])
 
     def fix(body: dict) -> dict:
-        body.pop("include[]", None)
-        body.pop("include", None)
+        if body.get("response_format", "json") != "json":
+            body.pop("include[]", None)
+            body.pop("include", None)
         if body.get("chunking_strategy") != "auto":  # server_vad objects: refused (400)
             body.pop("chunking_strategy", None)
         if body.get("response_format") != "verbose_json":
