@@ -110,8 +110,9 @@ def test_fuzz_openai_spec(base_url, http, real):
         return False
 
     counts, failures = fuzz(schema, base_url + "/v1", AUTH, EXAMPLES, checks, real, skip)
-    for path in VERBOSE:  # one stream and one verbose_json each, whatever the fuzz drew
-        for fields in ({"stream": True}, {"response_format": "verbose_json"}):
+    for path in VERBOSE:  # one stream and one verbose_json each, whatever the fuzz drew,
+        for fields in ({"stream": True}, {"response_format": "verbose_json"},  # and logprobs
+                       {"include": ["logprobs"]}, {"stream": True, "include": ["logprobs"]}):
             case = schema[path]["POST"].Case(body=real({**fields}),
                                               media_type="multipart/form-data")
             response = case.call(base_url=base_url + "/v1", headers=AUTH, timeout=120)
