@@ -22,7 +22,7 @@ import os
 import re
 from collections.abc import Iterable
 
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import AddedToken, Tokenizer, decoders
 
 NUM_TIMESTAMP_TOKENS = 1501  # <|0.00|> .. <|30.00|>
 TIMESTAMP_TOKENS_PER_SECOND = 50  # one timestamp token per 20 ms
@@ -53,6 +53,19 @@ def _byte_level_chars() -> dict[str, int]:
 
 
 _BYTE_OF = _byte_level_chars()
+
+
+def token_bytes(tok: Tokenizer, token: int) -> bytes:
+    """A token's own bytes (OpenAI's ``logprobs[].bytes``). For a byte-level BPE tokenizer
+    (its decoder is ``ByteLevel``: Whisper's, Llama 3's) the raw bytes of its vocabulary entry,
+    so a piece of a multi-byte UTF-8 character is that piece (not U+FFFD, as ``decode([token])``
+    shows it) and a sequence's bytes concatenate to its decoded text's UTF-8; special tokens,
+    entries outside the byte alphabet and other tokenizers: the token decoded alone, as UTF-8."""
+    piece = tok.id_to_token(int(token)) or ""
+    if isinstance(tok.decoder, decoders.ByteLevel) and piece \
+            and all(c in _BYTE_OF for c in piece):
+        return bytes(_BYTE_OF[c] for c in piece)
+    return tok.decode([int(token)], skip_special_tokens=False).encode("utf-8")
 
 
 def _timestamp_text(index: int) -> str:
@@ -234,14 +247,9 @@ class WhisperTokenizer:
         return self._tok.decode([t for t in map(int, ids) if t < eot], skip_special_tokens=False)
 
     def token_bytes(self, token: int) -> bytes:
-        """A text token's own bytes (byte-level BPE: a piece of a multi-byte UTF-8 character
-        is that piece, not U+FFFD as ``decode([token])`` shows it), so the bytes of a token
-        sequence concatenate to ``decode(tokens).encode()``. A vocabulary entry outside the
-        byte-level alphabet: its decoded text's UTF-8."""
-        piece = self._tok.id_to_token(int(token)) or ""
-        if piece and all(c in _BYTE_OF for c in piece):
-            return bytes(_BYTE_OF[c] for c in piece)
-        return self._tok.decode([int(token)], skip_special_tokens=False).encode("utf-8")
+        """A text token's own bytes (:func:`token_bytes`): a token sequence's concatenate to
+        ``decode(tokens).encode()``."""
+        return token_bytes(self._tok, token)
 
     def decode_with_timestamps(self, ids: Iterable[int]) -> str:
         """Like :meth:`decode` but renders timestamp tokens as ``<|1.08|>``."""

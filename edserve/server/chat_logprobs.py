@@ -10,8 +10,11 @@ in the same shape (:attr:`GenerateOutput.top_logprobs`: the sampler's top-k of t
 log-softmax; the chosen token need not be among them when sampling; tokens a grammar rules out
 (``-inf``) are not alternatives and are left out, so a list may be shorter), else ``[]``.
 ``token`` is the token decoded alone (a byte-level piece of a multi-byte character shows as
-U+FFFD, as in vLLM) and ``bytes`` its UTF-8 encoding. Entries cover the tokens the response
-counts as completion tokens: up to the one that completed a stop string, none after it.
+U+FFFD, as in vLLM) and ``bytes`` the token's own bytes, as OpenAI documents them (that piece,
+not U+FFFD's encoding: the entries' bytes join to the text's UTF-8; vLLM encodes ``token``
+instead), as the transcription endpoints' entries (:mod:`.transcript_logprobs`). Entries
+cover the tokens the response counts as completion tokens: up to the one that completed a stop
+string, none after it.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ def entries(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float],
 
 
 def _entry(tokenizer: Any, token: int, logprob: float) -> dict:
-    text = tokenizer.decode([token])
-    return {"token": text, "logprob": float(logprob), "bytes": list(text.encode("utf-8"))}
+    return {"token": tokenizer.decode([token]), "logprob": float(logprob),
+            "bytes": list(tokenizer.token_bytes(token))}
 
 
 def choice_logprobs(content: list[dict] | None) -> dict | None:
