@@ -214,16 +214,14 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def answer_calls(text: str, req: ToolRequest | None, parallel: bool | None = None
-                 ) -> list[ToolCall] | None:
+def answer_calls(text: str, req: ToolRequest | None) -> list[ToolCall] | None:
     """The calls a whole answer makes (None: it is text, or no functions were shown);
-    ``parallel`` False (None: ``req.parallel``) keeps the first call only (OpenAI's
-    ``parallel_tool_calls: false``)."""
+    ``req.parallel`` False keeps the first call only (OpenAI's ``parallel_tool_calls:
+    false``)."""
     if req is None or not req.shown:
         return None
-    parallel = req.parallel if parallel is None else parallel
     calls = parse_calls(text, req)
-    return calls[:1] if calls and not parallel else calls
+    return calls[:1] if calls and not req.parallel else calls
 
 
 def history_call(call: Any, where: str) -> str:

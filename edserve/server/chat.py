@@ -179,7 +179,7 @@ async def _all(work: list) -> list:
 
 def _choice(p: ChatParams, c: Choice, result: dict) -> dict:
     message: dict = {"role": "assistant", "content": c.decoder.text}
-    calls = answer_calls(c.decoder.text, p.tools, p.parallel_tool_calls)
+    calls = answer_calls(c.decoder.text, p.tools)
     if calls:
         message = {"role": "assistant", "content": None,
                    "tool_calls": [call.openai() for call in calls]}
@@ -200,7 +200,7 @@ async def _choice_chunks(client: Any, p: ChatParams, c: Choice, head: dict
                          ) -> AsyncIterator[dict]:
     yield _chunk(head, c.index, {"role": "assistant", "content": ""}, None)
     result: dict = {}
-    calls = CallCollector(p.tools, p.parallel_tool_calls)  # text, or calls sent in pieces
+    calls = CallCollector(p.tools)  # text, or calls sent in pieces
     async for text, entries in _deltas(client, c, result, p.logprobs):
         for delta, carried in calls.feed(text, entries):
             yield _chunk(head, c.index, delta, None, carried)

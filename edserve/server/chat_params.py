@@ -35,8 +35,7 @@ class ChatParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     response_format: Any = None  # OpenAI's object; compiled when the request is prepared
-    tools: ToolRequest | None = None  # tools + tool_choice, checked
-    parallel_tool_calls: bool = True  # False: at most one call is returned
+    tools: ToolRequest | None = None  # tools + tool_choice + parallel_tool_calls, checked
     structured_outputs: dict | None = None  # vLLM's object (checked), from it or guided_*
     n: int = 1  # choices: one engine request each (chat_api.choice_request)
 
@@ -153,7 +152,6 @@ def parse_params(body: Any) -> ChatParams:
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
         presence_penalty=_number(body, "presence_penalty", 0.0, -PENALTY_LIMIT, PENALTY_LIMIT),
         response_format=body.get("response_format"), tools=_tools(body),
-        parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
         structured_outputs=_structured(body), n=_int(body, "n", 1, MAX_N) or 1)
 
 

@@ -51,8 +51,8 @@ class CallCollector:
     """One streamed answer: :meth:`feed` returns the deltas that may be sent now (each with
     its log-probability entries), :meth:`finish` what is left and the calls."""
 
-    def __init__(self, tools: ToolRequest | None, parallel: bool = True) -> None:
-        self.tools, self.parallel = tools, parallel
+    def __init__(self, tools: ToolRequest | None) -> None:
+        self.tools = tools
         shown = tools.shown if tools is not None else ()
         self.scanner = CallScanner({f["name"] for f in shown}) if shown else None
         self.mode = "held" if shown else "text"  # held (undecided) -> text | calls
@@ -79,7 +79,7 @@ class CallCollector:
             text = self.scanner.text
             deltas = self._carry([{"content": text}] if text else [])
             return Finished(deltas, self.entries or None, None)
-        calls = answer_calls(self.scanner.text, self.tools, self.parallel)
+        calls = answer_calls(self.scanner.text, self.tools)
         if calls is None or [(c.name, c.arguments) for c in calls] != self._streamed():
             return Finished([], self.entries or None, None)  # see the module's docstring
         return Finished([], self.entries or None, [
@@ -89,7 +89,7 @@ class CallCollector:
     def _call_deltas(self) -> list[dict]:
         """Headers and argument pieces of what the scanner has read since the last call."""
         out, text, upto = [], self.scanner.text, self.scanner.pos
-        for k, call in enumerate(self.scanner.calls[:None if self.parallel else 1]):
+        for k, call in enumerate(self.scanner.calls[:None if self.tools.parallel else 1]):
             if not call.named:
                 break
             if k == len(self.sent):

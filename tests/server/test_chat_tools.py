@@ -6,6 +6,7 @@ in order, each once."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -42,7 +43,7 @@ def splits(text: str, rng: random.Random) -> list[list[str]]:
 
 def stream(tools, pieces, parallel=True) -> dict:
     """Everything a stream sent, put together, with its checks of shape and order."""
-    c = CallCollector(tools, parallel)
+    c = CallCollector(dataclasses.replace(tools, parallel=parallel))
     sent = [d for p in pieces for d in c.feed(p, [p])]
     end = c.finish()
     sent += end.deltas
@@ -71,7 +72,7 @@ def stream(tools, pieces, parallel=True) -> dict:
 @pytest.mark.parametrize("text", CALLS)
 @pytest.mark.parametrize("parallel", [True, False])
 def test_calls_stream_in_pieces_that_add_up_to_the_whole_answer(text, parallel):
-    want = answer_calls(text, AUTO, parallel)
+    want = answer_calls(text, dataclasses.replace(AUTO, parallel=parallel))
     assert want, text
     for pieces in splits(text, random.Random(text)):
         got = stream(AUTO, pieces, parallel)
