@@ -81,9 +81,8 @@ class Pending:
 
     def taken(self, delta: Any) -> None:
         """The caller got ``delta``: its handles are the caller's to release now."""
-        out = delta.output
-        for handle in (delta.encoder_kv, out.encoder_kv if out is not None else None):
-            if handle is not None and handle in self.handles:
+        for handle in delta.encoder_handles():
+            if handle in self.handles:
                 self.handles.remove(handle)
 
     def put(self, item: Any) -> None:

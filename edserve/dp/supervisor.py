@@ -217,9 +217,8 @@ class Supervisor:
         w, p, delta = self.workers[msg.worker], self.pending.get(msg.rid), msg.delta
         out = delta.output
         if p is None or p.worker != w.index:
-            for held in (delta.encoder_kv, out.encoder_kv if out is not None else None):
-                if held is not None:  # nobody takes the handle: release it now
-                    self.send(w, P.ReleaseEncoder(held.id))
+            for held in delta.encoder_handles():  # nobody takes the handle: release it now
+                self.send(w, P.ReleaseEncoder(held.id))
             return
         if delta.finished:
             del self.pending[msg.rid]

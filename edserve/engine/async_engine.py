@@ -168,11 +168,9 @@ class AsyncEngine:
 
     def _release_handles(self, delta: TokenDelta) -> None:
         """Release the encoder handles of a delta nobody will read (any thread)."""
-        out = delta.output
-        for handle in (delta.encoder_kv, out.encoder_kv if out is not None else None):
-            if handle is not None:
-                self.engine.release_encoder(handle)
-                self._wake.set()
+        for handle in delta.encoder_handles():
+            self.engine.release_encoder(handle)
+            self._wake.set()
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         """Run ``request`` to completion; cancellation aborts it (its KV is freed). The output

@@ -59,3 +59,9 @@ class TokenDelta:
     # a share_encoder request's handle, on its first delta only (GenerateRequest.share_encoder);
     # whoever receives the delta owns it (the clients release it when nobody reads the delta)
     encoder_kv: EncoderKV | None = None
+
+    def encoder_handles(self) -> list[EncoderKV]:
+        """Every encoder handle this delta hands to its receiver: a ``share_encoder``
+        request's (``encoder_kv``) and a ``keep_encoder`` request's (``output.encoder_kv``)."""
+        out = self.output.encoder_kv if self.output is not None else None
+        return [h for h in (self.encoder_kv, out) if h is not None]
