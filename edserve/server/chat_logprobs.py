@@ -33,13 +33,15 @@ def entries(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float],
                          f"{len(top)} lists of alternatives")
     out = []
     for i, (t, lp) in enumerate(zip(token_ids, logprobs, strict=True)):
-        alternatives = [_entry(tokenizer, a, alp) for a, alp in top[i]
+        alternatives = [token_entry(tokenizer, a, alp) for a, alp in top[i]
                         if alp > -math.inf] if top else []
-        out.append({**_entry(tokenizer, t, lp), "top_logprobs": alternatives})
+        out.append({**token_entry(tokenizer, t, lp), "top_logprobs": alternatives})
     return out
 
 
-def _entry(tokenizer: Any, token: int, logprob: float) -> dict:
+def token_entry(tokenizer: Any, token: int, logprob: float) -> dict:
+    """OpenAI's entry for one token: ``token`` (decoded alone), ``logprob``, ``bytes`` (its own,
+    ``tokenizer.token_bytes``); the transcription endpoints' entries too."""
     return {"token": tokenizer.decode([token]), "logprob": float(logprob),
             "bytes": list(tokenizer.token_bytes(token))}
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from edserve.server.chat_logprobs import token_entry
 from edserve.whisper.result import Segment
 
 
 def segment_logprobs(tokenizer: Any, segment: Segment) -> list[dict[str, Any]]:
     """One entry per text token of ``segment`` (ValueError if it has no log-probabilities)."""
-    return [{"token": tokenizer.decode([t]), "logprob": float(lp),
-             "bytes": list(tokenizer.token_bytes(t))}
-            for t, lp in segment.text_logprobs(tokenizer.eot)]
+    return [token_entry(tokenizer, t, lp) for t, lp in segment.text_logprobs(tokenizer.eot)]
 
 
 def transcript_logprobs(tokenizer: Any, segments: Iterable[Segment]) -> list[dict[str, Any]]:

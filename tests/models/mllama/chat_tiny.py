@@ -47,14 +47,11 @@ def save_chat_tokenizer(folder: Path, vocab_size: int = 128) -> Path:
 
 
 def _byte_chars() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (what byte-level BPE vocabularies spell)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars, extra = {b: chr(b) for b in keep}, 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
+    """GPT-2's byte -> printable character map (what byte-level BPE vocabularies spell): the
+    tokenizer module's alphabet, inverted."""
+    from edserve.tokenizer import _BYTE_OF
+
+    return {b: c for c, b in _BYTE_OF.items()}
 
 
 BYTE_MERGES = ('{"', '":', '",', '"}')  # multi-character tokens the JSON tests cross
