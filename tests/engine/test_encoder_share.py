@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from edserve.chat.mllama_request import make_mllama_request
-from edserve.engine.request import FinishReason, GenerateRequest, SamplingParams
+from edserve.engine.request import EncoderKV, FinishReason, GenerateRequest, SamplingParams
 from edserve.runtime import build_engine
 
 pytest.importorskip("transformers")
@@ -62,6 +62,15 @@ class Deltas:
         return self.by_rid[rid][-1].output
 
 
+def _shared_after_prefill(engine, seen, **kw) -> tuple[GenerateRequest, EncoderKV]:
+    """A share_encoder request (seed 1) added and prefilled: it and the handle its first
+    delta carried."""
+    owner = _request(engine, seed=1, share_encoder=True, **kw)
+    seen.add(engine, owner)
+    engine.step()
+    return owner, seen.handles(owner.rid)[0]
+
+
 def _drain(engine) -> None:
     while engine.has_work():
         engine.step()
@@ -106,10 +115,7 @@ def test_release_while_the_owner_runs_and_sibling_reuse_then(folder):
     engine = _engine(folder)
     want = engine.generate([_request(engine, seed=1, steps=10), _request(engine, seed=2)])
     seen = Deltas()
-    owner = _request(engine, seed=1, steps=10, share_encoder=True)
-    seen.add(engine, owner)
-    engine.step()
-    handle = seen.handles(owner.rid)[0]
+    owner, handle = _shared_after_prefill(engine, seen, steps=10)
     sibling = _request(engine, seed=2, encoder_kv=handle)
     seen.add(engine, sibling)
     engine.step()  # the sibling is admitted (its row holds the region now)
@@ -151,10 +157,7 @@ def test_handle_paths_that_end_early(folder):
 def test_a_sibling_waiting_on_or_queued_after_a_released_handle_fails(folder):
     engine = _engine(folder)
     seen = Deltas()
-    owner = _request(engine, seed=1, share_encoder=True)
-    seen.add(engine, owner)
-    engine.step()
-    handle = seen.handles(owner.rid)[0]
+    owner, handle = _shared_after_prefill(engine, seen)
     late = _request(engine, seed=2, encoder_kv=handle)
     seen.add(engine, late)
     engine._drain_inbox()  # the sibling is queued, not admitted yet
