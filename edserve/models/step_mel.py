@@ -8,6 +8,8 @@ filterbank product, ``log10``, each row's floor (its maximum - 8) and the ``(x +
 scale, in the order :func:`~edserve.audio.chunked_mel.chunked_log_mel` runs them, so the
 values equal the host's long-form log-mel within float32 rounding (tested). No host<->device
 sync: the samples come from page-locked memory (:func:`stage_pcm`), the windows' offsets too.
+16-bit uploads stay int16 until the device (half the bytes staged and copied, no host pass
+over them): there ``x * 2**-15``, exact in float32, so the features equal a host conversion's.
 """
 
 from __future__ import annotations
@@ -21,45 +23,52 @@ import torch.nn.functional as F
 
 from edserve.audio.frames import HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES
 from edserve.audio.pcm_window import PcmWindow
-from edserve.audio.wav_pcm import pcm16_to_float
+from edserve.audio.wav_pcm import PCM16_SCALE, pcm16_to_float
 from edserve.models.mel_staging import MelStager
 
 
 def float_samples(samples: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """``[num_samples]`` as a float32 CPU tensor (int16 scaled by 2**-15, exact)."""
+    """``[num_samples]`` as a float32 tensor on its device (int16 scaled by 2**-15, exact)."""
     if torch.is_tensor(samples):
-        return samples.float()
+        return samples * float(PCM16_SCALE) if samples.dtype == torch.int16 else samples.float()
     if samples.dtype == np.int16:
         return torch.from_numpy(pcm16_to_float(samples))
     return torch.from_numpy(samples)
 
 
 def stage_pcm(window: PcmWindow, stager: MelStager | None) -> PcmWindow:
-    """``window`` with its samples as a float32 CPU tensor, page-locked when a ``stager`` (a
-    CUDA model's) has room for them (the step then uploads them by one non-blocking copy;
-    otherwise the step stages them itself)."""
+    """``window`` with its samples as a CPU tensor: page-locked, in their own dtype (int16 or
+    float32), when a ``stager`` (a CUDA model's) has room for them (the step then uploads them
+    by one non-blocking copy); otherwise float32 (the step stages them itself)."""
     if torch.is_tensor(window.samples):
         return window
     samples = window.samples
-    out = stager.pinned_empty((len(samples),), torch.float32) if stager is not None else None
+    dtype = torch.int16 if samples.dtype == np.int16 else torch.float32
+    out = stager.pinned_empty((len(samples),), dtype) if stager is not None else None
     if out is None:
         return dataclasses.replace(window, samples=float_samples(samples))
-    if samples.dtype == np.int16:
-        pcm16_to_float(samples, out=out.numpy())
-    else:
-        out.numpy()[...] = samples
+    out.numpy()[...] = samples  # one memcpy (a float64 array: converted)
     return dataclasses.replace(window, samples=out)
 
 
 def _upload(windows: list[PcmWindow], device: torch.device,
             staged: Callable[[torch.Tensor], bool]) -> torch.Tensor:
-    """``[N, N_SAMPLES]`` float32 on ``device``: each clip's samples, then zeros."""
+    """``[N, N_SAMPLES]`` float32 on ``device``: each clip's samples, then zeros (int16
+    tensors are copied as they are and scaled there)."""
     signal = torch.zeros(len(windows), N_SAMPLES, dtype=torch.float32, device=device)
-    for row, w in zip(signal, windows, strict=True):
+    pcm16 = None  # [N, N_SAMPLES] int16 on device: the int16 rows (others stay 0)
+    for i, w in enumerate(windows):
         samples = w.samples if torch.is_tensor(w.samples) else float_samples(w.samples)
         if device.type == "cuda" and not staged(samples):
             samples = samples.pin_memory()
-        row[:len(samples)].copy_(samples, non_blocking=True)
+        if samples.dtype == torch.int16:
+            if pcm16 is None:
+                pcm16 = torch.zeros(len(windows), N_SAMPLES, dtype=torch.int16, device=device)
+            pcm16[i, :len(samples)].copy_(samples, non_blocking=True)
+        else:
+            signal[i, :len(samples)].copy_(samples, non_blocking=True)
+    if pcm16 is not None:  # a row is int16 or float32, the other buffer's row 0: exact sum
+        signal.add_(pcm16, alpha=float(PCM16_SCALE))
     return signal
 
 

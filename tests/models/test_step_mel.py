@@ -4,6 +4,7 @@ device; the model takes PCM windows beside log-mels and refuses bad ones."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,20 @@ def test_staged_samples_are_float_and_equal(jfk):
     torch.testing.assert_close(one[0], _host_window(pcm, 80, 0, "silence"), rtol=0, atol=2e-5)
 
 
+def test_int16_tensor_samples_are_scaled_in_the_step_as_the_host_does(jfk):
+    """A CUDA stager keeps 16-bit samples int16 (page-locked); the step scales them where they
+    land. The same path on the CPU: int16 and float32 tensors mixed in one batch give exactly
+    the log-mels of the host-converted samples."""
+    clips = [_clip(jfk, n, pcm16=True) for n in (176000, 9000)]
+    as16 = [dataclasses.replace(PcmWindow(c, 80), samples=torch.from_numpy(c)) for c in clips]
+    as32 = [stage_pcm(PcmWindow(c, 80), None) for c in clips]
+    assert as32[0].samples.dtype == torch.float32
+    mixed = window_log_mels([as16[0], as32[1]], mel_filters(80))
+    want = window_log_mels(as32, mel_filters(80))
+    assert torch.equal(mixed, want)
+    assert torch.equal(window_log_mels(as16, mel_filters(80)), want)
+
+
 def test_pcm_mel_shape_and_bad_windows_are_refused(jfk):
     mel = PcmMel(_clip(jfk, 176000, False), 128)
     assert mel.shape == (128, 1100 + N_FRAMES) == longform_compact_mel(jfk, 128).shape
@@ -120,7 +135,8 @@ def test_on_cuda_without_syncs_within_fp32_tolerance(jfk):
              for n, s, z in [(176000, 0, False), (300000, 40, True), (8000, 0, True)]]
     staged = [inputs.stage(c, dev) for c in clips]
     assert all(s.samples.is_pinned() and inputs.stager.is_staged(s.samples) for s in staged)
-    assert inputs.stager.staged_bytes == 4 * sum(c.num_samples for c in clips)
+    assert all(s.samples.dtype == torch.int16 for s in staged)  # scaled on the device
+    assert inputs.stager.staged_bytes == 2 * sum(c.num_samples for c in clips)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
