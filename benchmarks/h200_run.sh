@@ -415,7 +415,7 @@ for part in "$@"; do
     # wave 34's new defaults (step log-mels, four windows per mixed step): 32 clients + 16 long files, the real
     # path at 64 (no HF), arrivals at the default budget, after the two GPU tests of wave 34 (~5 min)
     w36-capture) timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_sample_graphs.py \
-             tests/models/test_step_mel.py tests/engine/test_gpu_sample_graphs.py tests/engine/test_beam_device.py tests/engine/test_gpu.py \
+             tests/models/test_step_mel.py tests/engine/test_step_clock.py tests/engine/test_gpu_sample_graphs.py tests/engine/test_beam_device.py tests/engine/test_gpu.py \
              tests/engine/test_prompt_check.py tests/chat/test_grammar_gpu.py 2>&1 | tee "$OUT/w36_tests.log" | tail -2
              (cd benchmarks && timeout 240 python3 -W ignore serve_gpu.py --concurrency 32 32 --longform 0 \
              --py-spy 3 --py-spy-at 32 --py-spy-target engine --json "$OUT/w36_capture.json" 2>&1 \

@@ -15,7 +15,10 @@ from edserve.bench.client import RequestResult
 STAGE_METRIC = "edserve_request_stage_seconds"
 STEP_METRICS = {"edserve_engine_steps": "steps", "edserve_engine_step_rows": "rows",
                 "edserve_engine_step_new_rows": "new_rows",
-                "edserve_engine_step_seconds": "seconds"}
+                "edserve_engine_step_seconds": "seconds",
+                "edserve_engine_step_wait_seconds": "wait_seconds",
+                "edserve_engine_step_device_seconds": "device_seconds",
+                "edserve_engine_step_gap_seconds": "gap_seconds"}
 GUESS_METRIC = "edserve_language_guesses"
 PERCENTILES = (50, 95, 99)
 
@@ -96,7 +99,8 @@ def step_delta(before: dict | None, after: dict | None, wall: float
                ) -> dict[str, dict[str, float]] | None:
     """Per kind of engine step over a run of ``wall`` seconds: steps/s, mean rows and new rows
     per step, mean ms per step and the share of the run spent in such steps (``idle``: the
-    engine loop asleep with no work)."""
+    engine loop asleep with no work); per step also the host's wait for the results, the
+    device's time and the device's idle time before the step (0 where the server has none)."""
     if before is None or after is None or wall <= 0:
         return None
     out = {}
@@ -108,7 +112,9 @@ def step_delta(before: dict | None, after: dict | None, wall: float
                      "rows_per_step": d["rows"] / n if n else 0.0,
                      "new_rows_per_step": d["new_rows"] / n if n else 0.0,
                      "ms_per_step": 1000 * d["seconds"] / n if n else 0.0,
-                     "share": d["seconds"] / wall}
+                     "share": d["seconds"] / wall,
+                     **{f"{k[:-8]}_ms_per_step": 1000 * d[k] / n if n else 0.0
+                        for k in ("wait_seconds", "device_seconds", "gap_seconds")}}
     return out
 
 
@@ -193,7 +199,10 @@ def format_summary(s: dict[str, Any]) -> str:
         for kind, d in s["engine_steps"].items():
             lines.append(f"{kind + ':':<12}{d['steps_per_s']:7.1f}/s  {d['ms_per_step']:6.2f} ms  "
                          f"rows {d['rows_per_step']:5.1f}  new {d['new_rows_per_step']:5.1f}  "
-                         f"{100 * d['share']:5.1f} % of the run")
+                         f"{100 * d['share']:5.1f} % of the run"
+                         + (f"  device {d['device_ms_per_step']:.2f} ms, idle before "
+                            f"{d['gap_ms_per_step']:.2f}, host wait {d['wait_ms_per_step']:.2f}"
+                            if d.get("device_ms_per_step") else ""))
     if s.get("client_busy") is not None:
         lines.append(f"{'-' * 12}Client")
         lines.append(f"{'CPU per request (ms):':<36}{s['client_cpu_ms_per_request']:.2f}")

@@ -27,6 +27,7 @@ from edserve.engine.runner import ModelRunner
 from edserve.engine.sampler import make_generator
 from edserve.engine.scheduler import Scheduler, SchedulerLimits
 from edserve.engine.step import ScheduledBatch, StepOutput
+from edserve.engine.step_clock import StepClock
 from edserve.engine.step_stats import StepCounters, step_kind
 from edserve.engine.token_history import TokenHistory
 from edserve.layers.forward_batch import ForwardMode
@@ -66,6 +67,7 @@ class Engine:
         self._in_flight: tuple[ScheduledBatch, StepOutput] | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.step_counters = StepCounters()  # per kind of step (read between steps)
+        self.clock = StepClock(self.device)  # the steps' device times (CUDA)
         self._warm_threads: set[int] = set()  # threads that ran warm_up
 
     def warm_up(self) -> None:
@@ -181,26 +183,33 @@ class Engine:
         previous, self._in_flight = self._in_flight, None
         sched = self.scheduler.schedule()
         if sched is not None:
+            marks = self.clock.begin(in_flight=previous is not None)
             try:
                 output = self.runner.run(sched)
             except Exception as exc:  # a failing batch fails its requests, not the engine
                 logger.exception("forward failed")
                 self.scheduler.fail(sched, f"{type(exc).__name__}: {exc}")
             else:
+                output.marks = marks
+                self.clock.launched(output.end_event)
                 if self.overlap and not sched.sync_update:
                     self._in_flight = (sched, output)
                 else:  # row groups decide on the host before the next step is scheduled
                     if previous is not None:
-                        self.scheduler.update(*previous)
+                        self._update(*previous)
                         previous = None
-                    self.scheduler.update(sched, output)
+                    self._update(sched, output)
         if previous is not None:
-            self.scheduler.update(*previous)
+            self._update(*previous)
         if sched is not None:
-            rows = len(sched.reqs)
-            new = rows - sched.num_decode if sched.mode == ForwardMode.EXTEND else 0
-            self.step_counters.record(step_kind(rows, new), rows, new,
+            self.step_counters.record(_kind(sched), len(sched.reqs), _new_rows(sched),
                                       time.perf_counter() - started)
+
+    def _update(self, sched: ScheduledBatch, output: StepOutput) -> None:
+        """The scheduler takes a step's results; its device times go to the step counters."""
+        self.scheduler.update(sched, output)
+        device, gap = self.clock.read(output.marks, output.end_event)
+        self.step_counters.record_device(_kind(sched), output.waited, device, gap)
 
     def generate(self, requests: list[GenerateRequest],
                  on_finish: Callable[[GenerateOutput], None] | None = None
@@ -233,3 +242,13 @@ class Engine:
         followers = getattr(self.model, "check_followers", None)  # tensor-parallel ranks
         if followers is not None:
             followers()
+
+
+def _new_rows(sched: ScheduledBatch) -> int:
+    """Rows a step admitted (its prefilling rows)."""
+    return len(sched.reqs) - sched.num_decode if sched.mode == ForwardMode.EXTEND else 0
+
+
+def _kind(sched: ScheduledBatch) -> str:
+    """``decode``, ``prefill`` or ``mixed`` (:func:`~edserve.engine.step_stats.step_kind`)."""
+    return step_kind(len(sched.reqs), _new_rows(sched))

@@ -9,6 +9,7 @@ host work of the next step with the device work of this one.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from edserve.engine.req import Req
 if TYPE_CHECKING:
     from edserve.engine.beam_rows import BeamStepPlan
 from edserve.engine.sampler import SamplingPlan
+from edserve.engine.step_clock import StepMarks
 from edserve.engine.token_history import HistoryEdits
 from edserve.layers.forward_batch import ForwardBatch, ForwardMode
 
@@ -59,7 +61,9 @@ class StepOutput:
     # prompt checks of new rows: ([B] int64 chosen token, -1 where none; [B] float32 log-prob)
     checks: tuple[torch.Tensor, torch.Tensor] | None = None
     _host: torch.Tensor | None = None  # [2B (+B) (+2B checks) + 2C (+D)] float64 (CUDA: pinned)
-    _ready: torch.cuda.Event | None = None
+    _ready: torch.cuda.Event | None = None  # the results' copy (timed: StepClock reads it)
+    marks: StepMarks | None = None  # set by the engine at launch (CUDA)
+    waited: float = 0.0  # host seconds fetch() blocked on the device
     _flat: list[float] | None = None  # _host as a list with the NaNs, once fetched
 
     def start_copy(self) -> StepOutput:
@@ -80,16 +84,23 @@ class StepOutput:
         if packed.device.type == "cuda":
             self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             self._host.copy_(packed, non_blocking=True)
-            self._ready = torch.cuda.Event()
+            self._ready = torch.cuda.Event(enable_timing=True)
             self._ready.record()
         else:
             self._host = packed
         return self
 
+    @property
+    def end_event(self) -> torch.cuda.Event | None:
+        """The event of the results' copy (None off CUDA)."""
+        return self._ready
+
     def fetch(self) -> tuple[list[int], list[float], list[float | None]]:
         """(tokens, log-probabilities, no-speech probabilities or None): the step's one sync."""
-        if self._ready is not None:
+        if self._ready is not None and self._flat is None:
+            t0 = time.perf_counter()
             self._ready.synchronize()
+            self.waited = time.perf_counter() - t0
         B = self.tokens.shape[0]
         if self._flat is None:
             self._flat = self._host.tolist()

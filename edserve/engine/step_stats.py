@@ -11,12 +11,17 @@ short intervals overstate it). What a run spends in neither is the loop's own ov
 calls, waiting for the GIL). Rates over an
 interval give steps/s, rows per step and new rows per prefill (how well arrivals are batched).
 
-Only host integers and one ``perf_counter`` per step: no device reads.
+On CUDA each kind also sums the device's view (:mod:`edserve.engine.step_clock`): its seconds
+on the device, the device's idle seconds before such steps (the host came late) and the host's
+seconds blocked on their results. A step's host work is its wall seconds less that wait.
+
+Host numbers plus two CUDA events per step, read after the step's own results: no device reads
+of their own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 STEP_KINDS = ("decode", "prefill", "mixed")
 
@@ -29,10 +34,12 @@ class StepTotals:
     rows: int = 0  # rows carried (running + admitted), summed over steps
     new_rows: int = 0  # rows admitted (prefilling), summed over steps
     seconds: float = 0.0  # wall seconds inside Engine.step
+    wait_seconds: float = 0.0  # host seconds blocked on these steps' results (fetch)
+    device_seconds: float = 0.0  # device seconds of these steps (CUDA; 0 elsewhere)
+    gap_seconds: float = 0.0  # device idle before these steps while the previous was in flight
 
     def __add__(self, other: StepTotals) -> StepTotals:
-        return StepTotals(self.steps + other.steps, self.rows + other.rows,
-                          self.new_rows + other.new_rows, self.seconds + other.seconds)
+        return StepTotals(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 @dataclass
@@ -45,6 +52,12 @@ class StepCounters:
 
     def record(self, kind: str, rows: int, new_rows: int, seconds: float) -> None:
         self.totals[kind] += StepTotals(1, rows, new_rows, seconds)
+
+    def record_device(self, kind: str, wait: float, device: float, gap: float) -> None:
+        """A fetched step's host wait and device times (:class:`~edserve.engine.step_clock.
+        StepClock`), added to its kind."""
+        self.totals[kind] += StepTotals(wait_seconds=wait, device_seconds=device,
+                                        gap_seconds=gap)
 
     def snapshot(self) -> dict[str, StepTotals]:
         """The totals by kind, plus ``idle`` (``seconds``: the loop asleep with no work)."""

@@ -70,7 +70,7 @@ class GuessCollector:
 
 def step_metrics(steps: dict[str, Any]) -> Iterator[Metric]:
     """The engine's step totals by kind (``decode``, ``prefill``, ``mixed``; see
-    :mod:`edserve.engine.step_stats`) as four counters."""
+    :mod:`edserve.engine.step_stats`) as counters."""
     families = {
         "steps": CounterMetricFamily("edserve_engine_steps", "Engine steps by kind.",
                                      labels=["kind"]),
@@ -81,10 +81,20 @@ def step_metrics(steps: dict[str, Any]) -> Iterator[Metric]:
                                         labels=["kind"]),
         "seconds": CounterMetricFamily("edserve_engine_step_seconds", "Wall seconds inside "
                                        "engine steps, by kind.", labels=["kind"]),
+        "wait_seconds": CounterMetricFamily(
+            "edserve_engine_step_wait_seconds", "Host seconds blocked on engine steps' results "
+            "(the rest of a step's wall seconds is host work), by kind.", labels=["kind"]),
+        "device_seconds": CounterMetricFamily(
+            "edserve_engine_step_device_seconds", "Device seconds of engine steps, by kind "
+            "(CUDA; 0 elsewhere).", labels=["kind"]),
+        "gap_seconds": CounterMetricFamily(
+            "edserve_engine_step_gap_seconds", "Device idle seconds before engine steps "
+            "launched while the previous step was in flight (the host came late), by kind.",
+            labels=["kind"]),
     }
     for kind, totals in sorted(steps.items()):
         for name, fam in families.items():
-            fam.add_metric([kind], getattr(totals, name))
+            fam.add_metric([kind], getattr(totals, name, 0.0))
     yield from families.values()
 
 
