@@ -234,7 +234,8 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
                 print(f"#   steps {kind:8s} {d['steps_per_s']:7.1f}/s {d['ms_per_step']:7.2f} ms "
                       f"rows {d['rows_per_step']:5.1f} new {d['new_rows_per_step']:5.1f} "
                       f"({100 * d['share']:.0f} % of the run); device "
-                      f"{d['device_ms_per_step']:.2f} ms, GPU idle before {d['gap_ms_per_step']:.2f}, host wait "
+                      f"{d['device_ms_per_step']:.2f} ms, GPU idle before "
+                      f"{d['gap_ms_per_step']:.2f}, host wait "
                       f"{d['wait_ms_per_step']:.2f}", flush=True)
         items = [AudioItem(p.name, p.read_bytes(), len(a) / 16000) for p, a in longs]
         if not items:  # --longform 0
