@@ -1,9 +1,11 @@
 """One data-parallel engine worker: ``python -m edserve.dp.worker`` (started by
 :mod:`edserve.dp.procs`, never by hand).
 
-A single thread owns the engine and both sockets: it drains the messages waiting on ``down``
-(requests, aborts, calls), runs one ``engine.step()`` while there is work (calls run between
-steps), sends deltas and throttled stats ``up``, else waits up to 100 ms for a message. It
+The stepping thread owns the engine: it runs one ``engine.step()`` while there is work, sends
+deltas and throttled stats ``up``, runs the messages that touch the scheduler between steps,
+else waits up to 100 ms for work. Messages arrive on an input thread
+(:mod:`edserve.dp.worker_input`), which submits requests and aborts itself; both threads send
+``up`` through one lock. It
 exits when asked to stop (the ``stop`` message or SIGTERM: finish in-flight requests within the
 drain timeout, then abort the rest) or when its parent dies (``PR_SET_PDEATHSIG`` plus a
 parent-pid check: no orphans). SIGINT is ignored: the API process owns shutdown.
@@ -27,6 +29,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -39,6 +42,7 @@ from edserve.dp import wire
 from edserve.dp.features import FeatureService
 from edserve.dp.handles import id_view
 from edserve.dp.mel_store import MelStore, budget_from_env
+from edserve.dp.worker_input import InputThread
 from edserve.engine.core import EngineCore, failed_delta
 from edserve.os_names import ENGINE_THREAD, name_os_thread
 
@@ -46,6 +50,7 @@ logger = logging.getLogger("edserve.dp")
 PARENT_CHECK_S = 1.0
 IDLE_STATS_S = 1.0
 MAX_INTERNED_FILTERS = 4096  # distinct value-typed filters kept for sharing (then cleared)
+INPUT_CALLS = frozenset({"validate", "features"})  # answered on the input thread
 
 
 def _sendable(delta: Any) -> Any:
@@ -87,26 +92,29 @@ class WorkerLoop:
         self.drain_timeout = 30.0
         self._last_stats: tuple = ()
         self._stats_at = 0.0
+        self._send_lock = threading.Lock()  # the input thread sends rejects and replies too
 
-        self._handlers = {P.Generate: self._on_generate, P.Abort: self._on_abort,
-                          P.ReleaseEncoder: self._on_release, P.ReleaseMel: self._on_release_mel,
-                          P.Call: self._on_call,
+        # on the stepping thread, between steps (what touches the scheduler's state)
+        self._handlers = {P.ReleaseEncoder: self._on_release, P.Call: self._on_call,
                           P.Stop: self._on_stop}
+        self.input = InputThread(down, {P.Generate: self._on_generate, P.Abort: self._on_abort,
+                                        P.ReleaseMel: self._on_release_mel,
+                                        P.Call: self._on_input_call})
         self._calls = {"integrity": lambda _: {**self.core.integrity(),
                                                "held_log_mels": len(self.mels)},
                        "validate": self.core.validate, "encoder": lambda _: self._encoder()}
 
     def send(self, msg: Any) -> None:
-        wire.send(self.up, msg)
+        with self._send_lock:
+            wire.send(self.up, msg)
 
     # ---- messages ---------------------------------------------------------------------
-    def _drain_messages(self) -> None:
-        while True:
-            try:
-                msg = wire.recv(self.down, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            P.dispatch(self._handlers, msg)
+    def _on_input_call(self, msg: P.Call) -> None:
+        """Calls that need no step boundary run on the input thread; the rest are deferred."""
+        if msg.name in INPUT_CALLS:
+            self._on_call(msg)
+        else:
+            self.input.defer(msg)
 
     def _on_generate(self, msg: P.Generate) -> None:
         request = msg.request
@@ -198,16 +206,22 @@ class WorkerLoop:
             self._last_stats, self._stats_at = key, now
 
     def run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.down, zmq.POLLIN)
+        self.input.start()
+        try:
+            self._run()
+        finally:
+            self.input.stop()
+
+    def _run(self) -> None:
         parent_checked = time.monotonic()
+        wake = self.input.wake
         while True:
-            busy = self.engine.has_work()
-            asleep = time.perf_counter()
-            if poller.poll(0 if busy else 100):
-                self._drain_messages()
-            if not busy:
+            if not self.engine.has_work():
+                asleep = time.perf_counter()
+                wake.wait(0.1)
                 self.engine.step_counters.idle_seconds += time.perf_counter() - asleep
+            wake.clear()  # before the checks below: a later message sets it again
+            self.input.drain(lambda msg: P.dispatch(self._handlers, msg))
             if self.engine.has_work():
                 self.core.step()  # a failed step fails what was in flight; we keep serving
             now = time.monotonic()
