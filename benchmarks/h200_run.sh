@@ -16,6 +16,8 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
+#   w37 (~9 min; _ab/before0 = git archive ca68fb9 edserve, _ab/before = the tree before the worker's input
+#     thread, carried: GPU tests of wave 37, then the server at 32 clients from before0 / before / this tree twice)
 #   w36-capture (~5 min, after git revert 97631a6: GPU tests of the run-time graph captures, then the default server at 32 clients twice (fresh, then warm), py-spy of the engine; py-spy's wheel in .whl/)
 #   w35-chat-load (~6 min: chat at 32 clients on the small random Mllama, text vs JSON mode)
 #   w35-chat (~3 min: grammar rows in CUDA-graph batches, their step cost at vocab 128256 with 1-64 rows; needs llguidance's wheel in .whl/)
@@ -414,6 +416,14 @@ for part in "$@"; do
              | tee "$OUT/w34_step.log" | grep -v "^Writing" | grep -v "^#   [a-z_]* .*(n=") ;;
     # wave 34's new defaults (step log-mels, four windows per mixed step): 32 clients + 16 long files, the real
     # path at 64 (no HF), arrivals at the default budget, after the two GPU tests of wave 34 (~5 min)
+    w37) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_sample_graphs.py \
+             tests/models/test_step_mel.py tests/engine/test_step_clock.py tests/engine/test_gpu_sample_graphs.py \
+             tests/engine/test_gpu_syncs.py tests/engine/test_gpu.py tests/engine/test_prompt_check.py \
+             tests/chat/test_grammar_gpu.py 2>&1 | tee "$OUT/w37_tests.log" | tail -2
+             (cd benchmarks && timeout 420 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 \
+             --serve-flags=tree=../_ab/before0 --serve-flags=tree=../_ab/before --serve-flags= --serve-flags= \
+             --json "$OUT/w37_ab.json" 2>&1 | tee "$OUT/w37_ab.log" \
+             | grep -v "^Writing" | grep -v "^#   [a-z_]* .*(n=") ;;
     w36-capture) timeout 170 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_sample_graphs.py \
              tests/models/test_step_mel.py tests/engine/test_step_clock.py tests/engine/test_gpu_sample_graphs.py tests/engine/test_beam_device.py tests/engine/test_gpu.py \
              tests/engine/test_prompt_check.py tests/chat/test_grammar_gpu.py 2>&1 | tee "$OUT/w36_tests.log" | tail -2

@@ -185,10 +185,16 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
     from tests.server.server_helpers import start_server
 
     device = "cpu" if args.dry_run else "cuda"
+    env = None
+    if flags.startswith("tree="):  # another checkout's server (an A/B of two trees)
+        tree, _, flags = flags[5:].partition(" ")
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(Path(tree).resolve()), os.environ["PYTHONPATH"]])}
     proc, url = start_server(work / "serve.log", "--model", str(folder), "--device", device,
                              "--max-running-requests", str(args.rows), "--context-length",
                              str(CONTEXT), *NO_FALLBACK, *flags.split(),
-                             *(f"--{k.replace('_', '-')}={v}" for k, v in extra.items()))
+                             *(f"--{k.replace('_', '-')}={v}" for k, v in extra.items()),
+                             env=env)
     out: dict = {"serve": {}}
     try:
         short = AudioItem("jfk.wav", clip_path.read_bytes(), len(clip) / 16000)
@@ -274,7 +280,8 @@ def main() -> None:
                     "--serve-flags='--audio-workers 0' (decode in API threads, as before) or "
                     "--serve-flags=--engine-process (--serve-flags= : the defaults); repeat to "
                     "measure several servers against the one engine figure (default: one "
-                    "server, default flags)")
+                    "server, default flags); 'tree=DIR flags...' runs that server from the "
+                    "checkout in DIR (first on its PYTHONPATH: an A/B of two trees)")
     ap.add_argument("--py-spy", type=float, default=0.0, metavar="S",
                     help="profile a process (--py-spy-target) with py-spy for S seconds during the "
                     "level --py-spy-at (py-spy on PATH)")
