@@ -27,23 +27,23 @@ from edserve.config import EngineConfig
 from edserve.dp import placement as placement_mod
 from edserve.dp import protocol as P
 from edserve.dp import wire
+from edserve.dp.client_facts import WorkerFactsView
 from edserve.dp.errors import WorkerLost
 from edserve.dp.handles import id_view
 from edserve.dp.mel_store import BUDGET_ENV
-from edserve.dp.router import WorkerState, pick
+from edserve.dp.router import pick
 from edserve.dp.supervisor import Supervisor
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput, TokenDelta
 from edserve.engine.protocol import EngineClient, EngineStats
 from edserve.engine.request import FinishReason, GenerateRequest
 from edserve.engine.step_stats import sum_steps
-from edserve.models.mllama.inputs import MllamaFacts
 
 CALL_TIMEOUT_S = 60.0
 logger = logging.getLogger("edserve.dp")
 
 
-class DataParallelClient(EngineClient):
+class DataParallelClient(WorkerFactsView, EngineClient):
     """``DataParallelClient(config, n).start()``; :meth:`shutdown` drains and stops workers.
 
     ``config``: the engine settings of every worker (placed by
@@ -77,17 +77,6 @@ class DataParallelClient(EngineClient):
     @property
     def supports_encoder_handles(self) -> bool:
         return True  # ids of the worker that holds the region (dp/handles.py)
-
-    @property
-    def workers(self) -> list[WorkerState]:
-        return self.supervisor.workers
-
-    @property
-    def _facts(self) -> P.WorkerFacts:
-        for w in self.workers:
-            if w.facts is not None:
-                return w.facts
-        raise RuntimeError("no data-parallel worker has started")
 
     # ---- stats ------------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -241,42 +230,6 @@ class DataParallelClient(EngineClient):
                  ("kv_slots_used", "kv_slots_total", "running", "waiting", "held_log_mels")}
         return {"ok": len(ok) == len(reports), **total, "inflight": self.num_inflight,
                 "workers": reports}
-
-    # ---- model facts ------------------------------------------------------------------
-    @property
-    def tokenizer(self) -> Any:
-        return self._facts.tokenizer
-
-    @property
-    def model(self) -> Any:
-        """The model's facts without weights: for Mllama what chat requests are prepared
-        with (:class:`~edserve.models.mllama.inputs.MllamaFacts`), else only ``config``
-        (:class:`~edserve.dp.protocol.ModelFacts`)."""
-        if self._facts.is_mllama:
-            return MllamaFacts(self._facts.model_config)
-        return P.ModelFacts(self._facts.model_config)
-
-    @property
-    def config(self) -> EngineConfig:
-        """The workers' settings, with the running limit they resolved."""
-        facts = self._facts
-        cached = self._resolved_config
-        if cached is None or cached[0] is not facts:  # new facts: a (re)started worker
-            cached = self._resolved_config = (
-                facts, self._config.replace(max_running_requests=facts.max_running_requests))
-        return cached[1]
-
-    @property
-    def max_decoder_len(self) -> int:
-        return self._facts.max_decoder_len
-
-    @property
-    def device_type(self) -> str:
-        return self._facts.device.split(":")[0]
-
-    @property
-    def is_mllama(self) -> bool:
-        return self._facts.is_mllama
 
     # ---- lifecycle ----------------------------------------------------------------------
     @property
