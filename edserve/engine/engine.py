@@ -99,15 +99,18 @@ class Engine:
         """Validate a request and wrap it for the scheduler (raises ValueError when invalid,
         TypeError for a logits processor that is not a LogitsFilter): the request's own rules
         (:meth:`GenerateRequest.check`, again: fields may be set after construction), then
-        what depends on this engine's model and pools."""
+        what depends on this engine's model and pools.
+
+        The request's encoder extent (tokens, region columns): from ``encoder_input``
+        (validated by the model); a request reusing a held region (``encoder_kv``) may leave
+        ``encoder_input`` None and takes it from the handle (:meth:`_encoder_extent`)."""
         request.check()
         n = len(request.prompt_ids)
         check_vocab(request, self.model.input_vocab_size)
         if n >= self.max_decoder_len:
             raise ValueError(f"prompt of {n} tokens leaves no room in the decoder's "
                              f"{self.max_decoder_len} positions (see --context-length)")
-        enc_len = self.model.encoder_len(request.encoder_input)  # validates the input
-        enc_region = self.pools.backend.encoder_region(enc_len)
+        enc_len, enc_region = self._encoder_extent(request)
         if request.cross_kv_ranges is not None \
                 and max(end for _, end in request.cross_kv_ranges) > enc_len:
             raise ValueError(f"cross_kv_ranges reach past the request's {enc_len} encoder "
@@ -122,9 +125,6 @@ class Engine:
         for f in request.logits_processors:  # a grammar compiles against our tokenizer
             f.bind(self.tokenizer, sp.group_size)
         held = request.encoder_kv
-        if held is not None and (held.encoder_len != enc_len or held.enc_region != enc_region):
-            raise ValueError(f"encoder_kv holds {held.encoder_len} encoder tokens but the "
-                             f"request's encoder input has {enc_len}")
         reserved = reserved_slots(enc_region, n + max_new, self.page_size, sp.group_size,
                                   reuse=held is not None)
         req = Req(request, enc_len, enc_region, max_new, reserved, on_delta, stream,
@@ -133,6 +133,26 @@ class Engine:
         req.group = make_group(req, self.model.config.eos_token_id, self.device,
                                self.config.beam_on_device)
         return req
+
+    def _encoder_extent(self, request: GenerateRequest) -> tuple[int, int]:
+        """(encoder tokens, encoder-region columns) of a request (ValueError when they do not
+        hold up). Without a handle: from ``encoder_input`` (the model validates it; None is
+        a text-only Mllama request). With ``encoder_kv`` and no input: the handle's, which
+        must be a region of this engine's layout. With both: the input's, which must agree
+        with the handle."""
+        held, backend = request.encoder_kv, self.pools.backend
+        if held is not None and request.encoder_input is None:
+            if held.enc_region != backend.encoder_region(held.encoder_len):
+                raise ValueError(f"encoder_kv holds {held.encoder_len} encoder tokens in "
+                                 f"{held.enc_region} columns; this engine lays them out in "
+                                 f"{backend.encoder_region(held.encoder_len)}")
+            return held.encoder_len, held.enc_region
+        enc_len = self.model.encoder_len(request.encoder_input)  # validates the input
+        enc_region = backend.encoder_region(enc_len)
+        if held is not None and (held.encoder_len != enc_len or held.enc_region != enc_region):
+            raise ValueError(f"encoder_kv holds {held.encoder_len} encoder tokens but the "
+                             f"request's encoder input has {enc_len}")
+        return enc_len, enc_region
 
     def release_encoder(self, handle: EncoderKV) -> None:
         """Thread-safe: hand back a ``keep_encoder`` handle (its pages free once unused)."""

@@ -143,7 +143,11 @@ class GenerateRequest:
     """One decoder run over one encoder input.
 
     ``encoder_input`` is model-specific: for Whisper a log-mel ``[n_mels, 3000]`` float tensor;
-    for Mllama the preprocessed image inputs (or None for text-only requests).
+    for Mllama the preprocessed image inputs (or None for text-only requests). A request that
+    reuses a held encoder region (``encoder_kv``) needs none: with ``encoder_input`` None its
+    encoder length and region come from the handle (the K/V it reads are the handle's, so
+    nothing is encoded and no input has to travel, e.g. to an engine worker process); given
+    both, the input is validated and must match the handle (ValueError otherwise).
     """
 
     prompt_ids: list[int]
@@ -167,6 +171,9 @@ class GenerateRequest:
     # over the same encoder input passes it as ``encoder_kv`` and skips the encoder (Whisper's
     # temperature fallback). The caller must hand it back: ``Engine.release_encoder(handle)``.
     keep_encoder: bool = False
+    # encoder_kv: a held region (from keep_encoder / share_encoder) this request reads instead
+    # of encoding; it must still be held when the request is queued and admitted. With it,
+    # encoder_input may be None (encoder_len / enc_region are the handle's; see the class doc).
     encoder_kv: EncoderKV | None = None
     # share_encoder: as keep_encoder, but the hold is taken as soon as the prefill has written
     # the region and handed over in the request's FIRST delta (``TokenDelta.encoder_kv``; the

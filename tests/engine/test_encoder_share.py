@@ -180,3 +180,50 @@ def test_share_encoder_is_validated(folder):
                 dict(share_encoder=True, sampling=SamplingParams(temperature=1.0, best_of=2))):
         with pytest.raises(ValueError, match="share_encoder"):
             dataclasses.replace(base, **bad)
+
+
+@pytest.mark.parametrize("strategy,page_size", STRATEGIES)
+def test_a_sibling_without_the_image_reads_the_handle(folder, strategy, page_size):
+    """``encoder_kv`` without ``encoder_input``: the encoder extent is the handle's; the
+    tokens are those of a sibling that carries the image, and nothing is encoded again."""
+    engine = _engine(folder, strategy, page_size)
+    [fresh] = engine.generate([_request(engine, seed=2)])
+    seen = Deltas()
+    owner, handle = _shared_after_prefill(engine, seen, steps=10)
+    with_image = _request(engine, seed=2, encoder_kv=handle)
+    bare = _request(engine, seed=2, encoder_kv=handle, encoder_input=None)
+    req = engine.make_req(bare)
+    assert (req.encoder_len, req.enc_region) == (handle.encoder_len, handle.enc_region) != (0, 0)
+    assert req.encoder_input is None
+    encoded = engine.runner.num_encoded_inputs
+    for r in (with_image, bare):
+        seen.add(engine, r)
+    _drain(engine)
+    assert engine.runner.num_encoded_inputs == encoded
+    outs = [seen.output(r.rid) for r in (with_image, bare)]
+    assert [o.finish_reason for o in outs] == [FinishReason.LENGTH] * 2
+    assert outs[1].token_ids == outs[0].token_ids == fresh.token_ids
+    engine.release_encoder(handle)
+    _clean(engine)
+
+
+def test_a_keep_encoder_retry_without_the_image_and_mismatches(folder):
+    engine = _engine(folder)
+    [kept] = engine.generate([_request(engine, seed=3, keep_encoder=True)])
+    handle = kept.encoder_kv
+    encoded = engine.runner.num_encoded_inputs
+    [retry] = engine.generate([_request(engine, seed=3, encoder_kv=handle, encoder_input=None)])
+    assert retry.finish_reason == FinishReason.LENGTH and retry.token_ids == kept.token_ids
+    assert engine.runner.num_encoded_inputs == encoded
+    # an image given with the handle must agree with it (another size: other tile count)
+    sp = SamplingParams(temperature=1.0, seed=3, max_new_tokens=6, ignore_eos=True)
+    other = make_mllama_request(engine.model, PROMPT, [synthetic_image(50, 40, 3)], sp)
+    assert engine.model.encoder_len(other.encoder_input) != handle.encoder_len
+    with pytest.raises(ValueError, match="encoder_kv holds"):
+        engine.make_req(dataclasses.replace(other, encoder_kv=handle))
+    # without an image, the handle's region must be one of this engine's layout
+    odd = dataclasses.replace(handle, enc_region=handle.enc_region + 1)
+    with pytest.raises(ValueError, match="lays them out"):
+        engine.make_req(dataclasses.replace(other, encoder_kv=odd, encoder_input=None))
+    engine.release_encoder(handle)
+    _clean(engine)

@@ -187,9 +187,14 @@ def test_keep_encoder_reuse_and_release(random_whisper):
     retries = engine.generate([
         GenerateRequest(PROMPT, mel, SamplingParams(max_new_tokens=8), encoder_kv=handle),
         GenerateRequest(PROMPT, mel, SamplingParams(beam_size=3, max_new_tokens=8),
+                        encoder_kv=handle),
+        # no log-mel: the handle gives the encoder extent (a plain row and a beam group)
+        GenerateRequest(PROMPT, None, SamplingParams(max_new_tokens=8), encoder_kv=handle),
+        GenerateRequest(PROMPT, None, SamplingParams(beam_size=3, max_new_tokens=8),
                         encoder_kv=handle)])
     assert engine.runner.num_encoded_inputs == encoded  # no encoder pass for reusers
     assert retries[0].token_ids == fresh.token_ids
+    assert [r.token_ids for r in retries[2:]] == [r.token_ids for r in retries[:2]]
     engine.check_integrity()
     engine.release_encoder(handle)
     engine.step()  # the release is carried out on the engine thread
