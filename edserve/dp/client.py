@@ -6,7 +6,8 @@ filters and a ``readout``, e.g. word timestamps' alignment, all do); a request w
 ``on_finished_kv`` callback (it would run in the worker) is refused with
 :class:`~edserve.engine.errors.RequestFailed`. A ``keep_encoder`` handle is an id valid on the
 worker that made it: a request passing it as ``encoder_kv`` runs there, or re-encodes when that
-worker has restarted since (:mod:`edserve.dp.handles`). A request whose worker dies fails with
+worker has restarted since (:mod:`edserve.dp.handles`; one sent without its encoder input fails
+with :class:`~edserve.dp.errors.WorkerLost` then). A request whose worker dies fails with
 :class:`~edserve.dp.errors.WorkerLost` (503). Also used with one worker
 (``--engine-process``).
 """
@@ -111,8 +112,11 @@ class DataParallelClient(WorkerFactsView, EngineClient):
         log-mel (:class:`~edserve.audio.held_mel.MelWindowRef`) runs on the worker holding it
         (:class:`WorkerLost` when that worker restarted since). ``encoder_kv`` becomes the
         holding worker's id; when that worker restarted since (or does not serve, or is not
-        the log-mel's) the request goes without it and re-encodes. ValueError for an unknown
-        handle or log-mel. The caller holds the supervisor's lock (no restart in between)."""
+        the log-mel's) the request goes without it and re-encodes, or, when it carries no
+        encoder input to encode (its encoder extent was the handle's), fails with
+        :class:`WorkerLost`: run without the region it would decode over no encoder at all.
+        ValueError for an unknown handle or log-mel. The caller holds the supervisor's lock
+        (no restart in between)."""
         pinned = None
         if isinstance(request.encoder_input, MelWindowRef):
             window, pinned = self.supervisor.mels.route(request.encoder_input, self._generation)
@@ -124,6 +128,10 @@ class DataParallelClient(WorkerFactsView, EngineClient):
         w = self.workers[ref.worker]
         if self._generation(w.index) == ref.generation and pinned in (None, w.index):
             return dataclasses.replace(request, encoder_kv=id_view(held, ref.worker_id)), w.index
+        if request.encoder_input is None:
+            raise WorkerLost(f"encoder handle {held.id}: engine worker {ref.worker} restarted "
+                             "and its encoder K/V went with it; the request carries no encoder "
+                             "input to encode again")
         logger.info("encoder handle %d: worker %d restarted, its KV is gone; re-encoding",
                     held.id, ref.worker)
         return dataclasses.replace(request, encoder_kv=None), pinned

@@ -16,6 +16,7 @@ from dp.reference import DATA, wait_for
 from edserve.audio.decode import load_audio
 from edserve.config import EngineConfig
 from edserve.dp.client import DataParallelClient
+from edserve.dp.errors import WorkerLost
 from edserve.dp.router import pick
 from edserve.runtime import build_engine
 from edserve.whisper.options import TranscribeOptions
@@ -82,10 +83,12 @@ def test_retry_runs_on_the_handles_worker_without_encoding(client, jfk):
     wait_for(lambda: pick(client.workers).index != owner, 30, "the owner's stats")
     retry = asyncio.run(client.generate(retry_of(req, handle)))
     assert retry.token_ids == first.token_ids  # temperature 0: same tokens over reused K/V
+    bare = dataclasses.replace(retry_of(req, handle), rid=req.rid + "-bare", encoder_input=None)
+    assert asyncio.run(client.generate(bare)).token_ids == first.token_ids  # no log-mel sent
     after_retry = encoder_counts(client)
     assert [c["encoded"] for c in after_retry] == [c["encoded"] for c in after_first]
     assert [w.routed - r for w, r in zip(client.workers, routed, strict=True)] == \
-        [int(i == owner) for i in range(2)]  # routed to the owner
+        [2 * int(i == owner) for i in range(2)]  # both routed to the owner
     fresh = asyncio.run(client.generate(dataclasses.replace(req, rid=req.rid + "-fresh",
                                                             keep_encoder=False)))
     assert fresh.token_ids == first.token_ids
@@ -106,6 +109,9 @@ def test_handle_of_a_restarted_worker_re_encodes(client, jfk):
     os.kill(owner.pid, signal.SIGKILL)
     wait_for(lambda: owner.generation > generation and owner.ready, 120, "the restart")
     before = encoder_counts(client)
+    bare = dataclasses.replace(retry_of(req, handle), encoder_input=None)
+    with pytest.raises(WorkerLost, match="no encoder input"):  # nothing to encode again
+        asyncio.run(client.generate(bare))
     retry = asyncio.run(client.generate(retry_of(req, handle)))
     assert retry.token_ids == first.token_ids
     after = encoder_counts(client)

@@ -181,3 +181,64 @@ def test_encoder_handle_stays_in_the_worker(model_dir):
     finally:
         h.close()
     engine.check_integrity()
+
+
+def test_a_sibling_without_the_image_reuses_the_shared_region(tmp_path):
+    """A chat's n choices under a worker: choice 0 (share_encoder) hands an id-only view over
+    in its first delta; a sibling sent with that id and no image (a few KB on the wire, not
+    the pixels) decodes over the held region: the tokens of a request with the image, no
+    encoder run, and the release frees every slot."""
+    pytest.importorskip("transformers")
+    from edserve.chat.mllama_request import make_mllama_request
+    from tests.models.mllama.hf_tiny import (
+        build_hf_tiny,
+        save_hf_tiny,
+        save_word_tokenizer,
+        synthetic_image,
+    )
+
+    folder = save_word_tokenizer(save_hf_tiny(build_hf_tiny(), tmp_path))
+    engine = build_engine(model=str(folder), device="cpu", dtype="float32", context_length=64,
+                          max_total_tokens=4096, max_running_requests=4)
+
+    def request(seed: int, **kw) -> GenerateRequest:
+        sp = SamplingParams(temperature=1.0, seed=seed, max_new_tokens=6, ignore_eos=True)
+        return dataclasses.replace(make_mllama_request(
+            engine.model, [128, 1, 15, 13, 14], [synthetic_image(100, 50, 3)], sp), **kw)
+
+    expected = [o.token_ids for o in engine.generate([request(1), request(2)])]
+    h = Harness(engine, "share")
+    try:
+        owner = request(1, share_encoder=True)
+        h.send(P.Generate(owner, True))
+        got = h.recv_until(lambda g: any(isinstance(m, P.Delta)
+                                         and m.delta.encoder_kv is not None for m in g))
+        view = got[-1].delta.encoder_kv
+        held = engine.scheduler.held[view.id]
+        assert view.slots.numel() == 0 and held.slots.numel() > 0
+        assert (view.encoder_len, view.enc_region) == (held.encoder_len, held.enc_region)
+        encoded = engine.runner.num_encoded_inputs
+        sibling = request(2, encoder_kv=view, encoder_input=None)
+        sizes = [sum(len(f) for f in wire.encode(P.Generate(r, False)))
+                 for r in (sibling, request(2, encoder_kv=view))]
+        assert sizes[0] < 10_000 < 100_000 < sizes[1]  # the pixels stay behind
+        h.send(P.Generate(sibling, False))
+        got += h.recv_until(lambda g: _finished(owner.rid)(got + g)
+                            and _finished(sibling.rid)(got + g))
+        deltas = [m for m in got if isinstance(m, P.Delta)]
+        assert not any(isinstance(m, P.Reject) for m in got)
+        assert [t for m in deltas if m.rid == owner.rid for t in m.delta.token_ids] == \
+            expected[0]
+        [out] = [m.delta.output for m in deltas if m.rid == sibling.rid]
+        assert out.finish_reason == FinishReason.LENGTH and out.token_ids == expected[1]
+        assert engine.runner.num_encoded_inputs == encoded  # the held K/V, no vision run
+        h.send(P.ReleaseEncoder(view.id))
+        h.send(P.Call(1, "integrity"))
+        h.send(P.Call(2, "encoder"))
+        got = h.recv_until(lambda g: sum(isinstance(m, P.Reply) for m in g) == 2)
+        replies = {m.call_id: m.value for m in got if isinstance(m, P.Reply)}
+        assert replies[1]["ok"] and replies[1]["kv_slots_used"] == 0
+        assert replies[2]["held"] == 0 and replies[2]["encoded"] == encoded
+    finally:
+        h.close()
+    engine.check_integrity()
