@@ -9,11 +9,13 @@ Who holds what, who releases:
   passes every delta through :meth:`EncoderShare.offer`, and from then on the handle is this
   object's (the engine client releases one in a delta that never reached the stream);
 - choices 1..n-1 wait for it in :meth:`EncoderShare.request_for` and run with
-  ``encoder_kv=handle``: no vision run, the same tokens as an encode of their own (the engine
-  reads the same K/V). When choice 0 ends without handing one over (refused, failed or aborted
-  before its prefill: :meth:`EncoderShare.first_ended`), their wait ends and they encode for
-  themselves as independent requests would (the completion still fails with choice 0's error;
-  nothing waits forever);
+  ``encoder_kv=handle`` and no ``encoder_input``: no vision run, the same tokens as an encode
+  of their own (the engine reads the same K/V and takes the encoder extent from the handle),
+  and the image's pixels (up to 4 tiles x 3 x 560 x 560 floats) are neither sent again to an
+  engine worker process nor validated again. When choice 0 ends without handing one over
+  (refused, failed or aborted before its prefill: :meth:`EncoderShare.first_ended`), their
+  wait ends and they keep the image and encode for themselves as independent requests would
+  (the completion still fails with choice 0's error; nothing waits forever);
 - the completion calls :meth:`EncoderShare.close` once every choice's stream is closed (its
   ``finally``, so on success, failure, abort and a client gone alike): the handle is released
   there, exactly once. A sibling's stream is closed (its engine request finished or aborted)
@@ -45,13 +47,16 @@ class EncoderShare:
 
     async def request_for(self, index: int, request: GenerateRequest) -> GenerateRequest:
         """Choice ``index``'s request as submitted: choice 0 asks for the handle, the others
-        wait for it (or for choice 0's end without one) and reuse it."""
+        wait for it (or for choice 0's end without one: then they keep the image and encode
+        it themselves) and reuse it, without the image."""
         if not self.active:
             return request
         if index == 0:
             return dataclasses.replace(request, share_encoder=True)
         handle = await asyncio.shield(self._ready)  # one sibling cancelled: not the others
-        return request if handle is None else dataclasses.replace(request, encoder_kv=handle)
+        if handle is None:
+            return request
+        return dataclasses.replace(request, encoder_kv=handle, encoder_input=None)
 
     def offer(self, index: int, delta: Any) -> None:
         """A delta of choice ``index``; choice 0's first one carries the handle (ours now)."""

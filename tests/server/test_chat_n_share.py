@@ -1,10 +1,11 @@
 """A chat completion's ``n`` choices share one vision-encoder run
 (``edserve.server.encoder_share``), on a live server in process and through an engine worker
-process, with the official ``openai`` client: the image is encoded once for n = 3, every
-choice's text is what it gives as a request of its own (seed + index), streamed or not; no path
-(success, a client gone mid-stream, choice 0 failing before or after it handed the region over,
-a sibling failing, a stop string aborting choices, a delta nobody read) leaves a held encoder
-handle or a used KV slot."""
+process, with the official ``openai`` client: the image is encoded once for n = 3 (and sent
+once: the siblings are submitted without it), every choice's text is what it gives as a
+request of its own (seed + index), streamed or not; no path (success, a client gone
+mid-stream, choice 0 failing before or after it handed the region over, a sibling failing, a
+stop string aborting choices, a delta nobody read) leaves a held encoder handle or a used KV
+slot."""
 
 from __future__ import annotations
 
@@ -220,4 +221,43 @@ def test_a_handle_in_a_delta_nobody_read_is_released(server, http):
         await asyncio.sleep(0.1)
 
     asyncio.run(close_unread())
+    assert_clean(server, http)
+
+
+def test_siblings_are_submitted_without_the_image(server, oai, http, local):
+    """What the client is handed: choice 0 with the image (``share_encoder``), the sibling
+    with the handle and no image; with an engine worker process the sibling's message is a
+    few KB (the pixels are not pickled again). The answers are the unshared ones."""
+    refs = [chat(local, IMAGE_MSG, seed=SAMPLED["seed"] + i, max_tokens=10, temperature=1.0)
+            for i in range(2)]
+    client, submitted, sizes = server.client, [], {}
+    real = type(client).stream.__get__(client)
+
+    def spy(request):
+        submitted.append(request)
+        return real(request)
+
+    def encoded(request, stream):  # the frames sent to the worker (the last per request)
+        frames = sizes[request.rid] = type(client)._encoded(request, stream)
+        return frames
+
+    client.stream = spy
+    if hasattr(client, "supervisor"):
+        client._encoded = encoded
+    try:
+        before = encoder_counts(server)["encoded"]
+        res = oai.chat.completions.create(model=MODEL, messages=IMAGE_MSG, n=2, **SAMPLED)
+    finally:
+        del client.stream
+        client.__dict__.pop("_encoded", None)
+    assert [c.message.content for c in res.choices] == [r.text for r in refs]
+    assert encoder_counts(server)["encoded"] == before + 1
+    owner, sibling = submitted
+    assert owner.share_encoder and owner.encoder_input is not None
+    assert sibling.encoder_input is None and sibling.encoder_kv is not None
+    assert sibling.cross_kv_ranges == owner.cross_kv_ranges  # what the image tokens see
+    if sizes:
+        owner_bytes, sibling_bytes = (sum(len(f) for f in sizes[r.rid])
+                                      for r in (owner, sibling))
+        assert sibling_bytes < 10_000 < 100_000 < owner_bytes
     assert_clean(server, http)
