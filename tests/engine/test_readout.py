@@ -59,3 +59,23 @@ def test_failing_or_conflicting_readouts(random_whisper):
     with pytest.raises(ValueError, match="read\\(kv, model\\)"):
         engine.add_request(_request(object()), lambda d: None)
     assert not engine.has_work()
+
+
+def test_readout_of_a_reuser_without_its_log_mel(random_whisper):
+    """``encoder_kv`` without ``encoder_input``: the finished KV's encoder extent is the
+    handle's, so a readout reads the same encoder keys as from the row that encoded them."""
+    engine = build_engine(model=str(random_whisper))
+    kept = _request(EncoderKeys(1))
+    kept.keep_encoder = True
+    [first] = engine.generate([kept])
+    handle = first.encoder_kv
+    reuser = _request(EncoderKeys(1))
+    reuser.encoder_input, reuser.encoder_kv = None, handle
+    [out] = engine.generate([reuser])
+    keys, tokens, _ = out.readout
+    assert keys.shape[0] == handle.encoder_len == 1500 and torch.equal(keys, first.readout[0])
+    assert tokens == first.token_ids
+    engine.release_encoder(handle)
+    engine.step()
+    engine.check_integrity()
+    assert engine.pools.allocator.num_used() == 0

@@ -89,3 +89,44 @@ def test_graph_inputs_equal_eager_for_mixed_batches(tiny_folder, strategy, page_
     eng.check_integrity()
     assert [len(o.token_ids) for o in outs] == [STEPS] * len(reqs)
     assert seen["steps"] >= STEPS - 1 and seen["mixed"] == seen["steps"]
+
+
+def test_graph_rows_of_a_reuser_without_the_image(tiny_folder):
+    """A request reusing a kept region without its image (``encoder_kv``, no
+    ``encoder_input``) is an image row in the graph's buffers (its encoder length and key
+    ranges are the handle's), decodes in a batch with text-only rows like the request that
+    carried the image, and the static path equals the eager one."""
+    eng = build_engine(model=str(save_word_tokenizer(tiny_folder)), device="cpu", dtype="float32",
+                       encoder_kv="aligned", page_size="16", context_length=64,
+                       max_total_tokens=4096, max_running_requests=8)
+    runner, run = eng.runner, eng.runner.run
+    seen = {"steps": 0, "mixed": 0}
+    enc_lens: list[list[int]] = []
+
+    def checked_run(sched):
+        if sched.mode == ForwardMode.DECODE:
+            enc_lens.append(sched.batch.encoder_lens.tolist())
+            with torch.inference_mode():
+                ids = runner.history.last(sched.batch.req_pool_indices)
+                _check_step(runner.model, eng.pools, sched.batch, ids, seen)
+        return run(sched)
+
+    sp = SamplingParams(max_new_tokens=STEPS, ignore_eos=True)
+    (prompt, images), text = mixed_cases()[0], mixed_cases()[3]
+    [kept] = eng.generate([make_mllama_request(eng.model, prompt, images, sp)])
+    keep = dataclasses.replace(make_mllama_request(eng.model, prompt, images, sp),
+                               keep_encoder=True)
+    [held] = eng.generate([keep])
+    handle = held.encoder_kv
+    assert held.token_ids == kept.token_ids and handle.encoder_len == 34
+    runner.run = checked_run
+    bare = dataclasses.replace(make_mllama_request(eng.model, prompt, images, sp),
+                               encoder_kv=handle, encoder_input=None)
+    outs = eng.generate([bare, make_mllama_request(eng.model, text[0], text[1], sp)])
+    assert outs[0].token_ids == kept.token_ids
+    assert seen["steps"] >= STEPS - 1 and seen["mixed"] == seen["steps"]
+    assert all(lens[0] == handle.encoder_len for lens in enc_lens)  # the reuser's row
+    eng.release_encoder(handle)
+    eng.step()
+    eng.check_integrity()
+    assert eng.pools.allocator.num_used() == 0
