@@ -46,23 +46,50 @@ def case(B: int, kv_dtype: torch.dtype, seed: int = 0) -> dict:
                 kv_lens=torch.full((B,), KEYS, dtype=torch.int32, device="cuda"))
 
 
-def call(c: dict, by_page: bool, heads_first: bool):
+def call(c: dict, by_page: bool, heads_first: bool, num_splits: int | None = None):
     addr = dict(page_table=c["table"], page_size=PAGE) if by_page else \
         dict(req_to_token=c["r2t"], req_pool_indices=c["pool"])
     out = torch.empty_like(c["q"])
     return lambda: grouped_cross_attention(c["q"], c["k"], c["v"], c["groups"], c["kv_lens"],
-                                           D ** -0.5, out=out, heads_first=heads_first, **addr)
+                                           D ** -0.5, out=out, heads_first=heads_first,
+                                           num_splits=num_splits, **addr)
+
+
+def sweep_splits(batches: list[int], splits: list[int], rate: float) -> None:
+    """bf16, heads first: microseconds (TB/s) per split-KV factor against the automatic one
+    (the same outputs within bf16 rounding of the split's combine)."""
+    print("\n# split-KV sweep (bf16, heads first): us (TB/s) per factor; auto = the shape rule")
+    print("keys by   B   floor us   auto us   " + "   ".join(f"split {n:2d}" for n in splits))
+    for B in batches:
+        c = case(B, torch.bfloat16)
+        nbytes = B * KEYS * H * D * 2 * c["k"].element_size()
+        for by_page in (False, True):
+            auto = call(c, by_page, True)
+            want = auto()
+            cells = []
+            for n in splits:
+                fn = call(c, by_page, True, n)
+                torch.testing.assert_close(fn(), want, rtol=2e-2, atol=2e-2)
+                t = us(fn)
+                cells.append(f"{t:6.1f} ({nbytes / t / 1e6:4.2f})")
+            print(f"{'page' if by_page else 'token':7s} {B:3d}   {nbytes / rate / 1e6:8.1f}   "
+                  f"{us(auto):7.1f}   " + "   ".join(cells), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--splits", type=int, nargs="*", default=None,
+                    help="only the split-KV sweep: these factors at every --batch")
     args = ap.parse_args()
     big = torch.empty(2**28, dtype=torch.uint8, device="cuda")
     rate = 2 * big.numel() / (us(lambda b=big: b.clone()) * 1e-6) / 1e12  # TB/s, read + write
     del big
     print(f"# {torch.cuda.get_device_name()}: copy rate {rate:.2f} TB/s; {H} heads x {D}, "
           f"{KEYS} keys per row, greedy rows")
+    if args.splits:
+        sweep_splits(args.batch, args.splits, rate)
+        return
     print("kv     keys by   B   floor us   heads-first us (TB/s)   groups-first us (TB/s)")
     for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         for B in args.batch:

@@ -416,7 +416,7 @@ for part in "$@"; do
              | tee "$OUT/w34_step.log" | grep -v "^Writing" | grep -v "^#   [a-z_]* .*(n=") ;;
     # wave 34's new defaults (step log-mels, four windows per mixed step): 32 clients + 16 long files, the real
     # path at 64 (no HF), arrivals at the default budget, after the two GPU tests of wave 34 (~5 min)
-    w37) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_sample_graphs.py \
+    w37) timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_sample_graphs.py \
              tests/models/test_step_mel.py tests/engine/test_step_clock.py tests/engine/test_gpu_sample_graphs.py \
              tests/engine/test_gpu_syncs.py tests/engine/test_gpu.py tests/engine/test_prompt_check.py \
              tests/chat/test_grammar_gpu.py 2>&1 | tee "$OUT/w37_tests.log" | tail -2
