@@ -12,7 +12,7 @@ from whisper_fixtures import make_random_whisper
 from edserve.dp import protocol as P
 from edserve.dp.worker_input import INPUT_THREAD
 from edserve.runtime import build_engine
-from tests.dp.test_worker_loop import Harness, _finished, _request
+from tests.dp.test_worker_loop import Harness, _request
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +37,10 @@ def test_requests_are_admitted_on_the_input_thread_and_releases_between_steps(mo
     _record_threads(engine, "step", stepped)
     h = Harness(engine, "input-thread")
     try:
-        kept = _request(4)
-        kept.keep_encoder = True
-        h.send(P.Generate(kept, False))
-        out = h.recv_until(_finished(kept.rid))[-1].delta.output
-        h.send(P.Call(1, "validate", _request(4)))  # a dry-run admission: input thread too
+        out = h.keep(4)
         h.send(P.ReleaseEncoder(out.encoder_kv.id))
-        h.send(P.Call(2, "integrity"))
-        got = h.recv_until(lambda g: sum(isinstance(m, P.Reply) for m in g) == 2)
-        replies = {m.call_id: m for m in got if isinstance(m, P.Reply)}
+        # a dry-run admission (input thread too), then the integrity check (between steps)
+        replies = h.call_replies(("validate", _request(4)), ("integrity",))
         assert replies[1].ok and replies[2].ok and replies[2].value["kv_slots_used"] == 0
     finally:
         h.close()

@@ -57,6 +57,20 @@ class Harness:
             got.append(wire.recv(self.up_pull))
         return got
 
+    def keep(self, new_tokens: int):
+        """A ``keep_encoder`` request run to its end: its output (``encoder_kv`` an id view)."""
+        kept = _request(new_tokens)
+        kept.keep_encoder = True
+        self.send(P.Generate(kept, False))
+        return self.recv_until(_finished(kept.rid))[-1].delta.output
+
+    def call_replies(self, *calls: tuple) -> dict:
+        """Send ``P.Call(i, *call)`` for calls numbered from 1; their replies by number."""
+        for i, call in enumerate(calls, 1):
+            self.send(P.Call(i, *call))
+        got = self.recv_until(lambda g: sum(isinstance(m, P.Reply) for m in g) == len(calls))
+        return {m.call_id: m for m in got if isinstance(m, P.Reply)}
+
     def close(self) -> None:
         self.send(P.Stop(5.0))
         self.thread.join(30)
@@ -150,10 +164,7 @@ def test_encoder_handle_stays_in_the_worker(model_dir):
     engine = build_engine(model=str(model_dir))
     h = Harness(engine, "handles")
     try:
-        kept = _request(5)
-        kept.keep_encoder = True
-        h.send(P.Generate(kept, False))
-        out = h.recv_until(_finished(kept.rid))[-1].delta.output
+        out = h.keep(5)
         view = out.encoder_kv
         assert view.slots.numel() == 0 and view.id in engine.scheduler.held
         assert engine.scheduler.held[view.id].slots.numel() > 0
@@ -172,12 +183,9 @@ def test_encoder_handle_stays_in_the_worker(model_dir):
             [(unknown.rid, True)]
         h.send(P.ReleaseEncoder(view.id))
         h.send(P.ReleaseEncoder(view.id))
-        h.send(P.Call(1, "integrity"))
-        h.send(P.Call(2, "encoder"))
-        got = h.recv_until(lambda g: sum(isinstance(m, P.Reply) for m in g) == 2)
-        replies = {m.call_id: m.value for m in got if isinstance(m, P.Reply)}
-        assert replies[1]["ok"] and replies[1]["kv_slots_used"] == 0
-        assert replies[2] == {"held": 0, "encoded": encoded, "mels": 0}
+        replies = h.call_replies(("integrity",), ("encoder",))
+        assert replies[1].value["ok"] and replies[1].value["kv_slots_used"] == 0
+        assert replies[2].value == {"held": 0, "encoded": encoded, "mels": 0}
     finally:
         h.close()
     engine.check_integrity()
@@ -233,12 +241,9 @@ def test_a_sibling_without_the_image_reuses_the_shared_region(tmp_path):
         assert out.finish_reason == FinishReason.LENGTH and out.token_ids == expected[1]
         assert engine.runner.num_encoded_inputs == encoded  # the held K/V, no vision run
         h.send(P.ReleaseEncoder(view.id))
-        h.send(P.Call(1, "integrity"))
-        h.send(P.Call(2, "encoder"))
-        got = h.recv_until(lambda g: sum(isinstance(m, P.Reply) for m in g) == 2)
-        replies = {m.call_id: m.value for m in got if isinstance(m, P.Reply)}
-        assert replies[1]["ok"] and replies[1]["kv_slots_used"] == 0
-        assert replies[2]["held"] == 0 and replies[2]["encoded"] == encoded
+        replies = h.call_replies(("integrity",), ("encoder",))
+        assert replies[1].value["ok"] and replies[1].value["kv_slots_used"] == 0
+        assert replies[2].value["held"] == 0 and replies[2].value["encoded"] == encoded
     finally:
         h.close()
     engine.check_integrity()
