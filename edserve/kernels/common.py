@@ -10,13 +10,13 @@ A row that sees no key (empty key set, or a causal row before the first key) end
 ``l == 0`` and is written as zeros, like ``torch_ops`` (softmax NaN -> 0).
 
 Split-KV (flash-decoding): with ``NUM_SPLITS > 1`` each program covers one contiguous slice of
-the request's key blocks and writes a normalised partial output plus its log2-sum-exp to fp32
-workspaces; :func:`_combine_splits_kernel` merges them. Empty slices write ``lse = -inf``.
+the request's key blocks and :func:`_store_rows` writes a normalised partial output plus its
+log2-sum-exp to fp32 workspaces; :mod:`edserve.kernels.split_kv` sizes, allocates and merges
+them. Empty slices write ``lse = -inf``.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -25,7 +25,6 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
-MAX_SPLITS = 64
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -118,29 +117,6 @@ def _store_rows(Out, PartO, PartLse, acc, m, lsum, tok, hq, row_valid, d, split,
     else:
         ptr = Out + tok[:, None] * stride_ot + hq[:, None] * stride_oh + d[None, :]
         tl.store(ptr, o.to(Out.dtype.element_ty), mask=mask)
-
-
-@triton.jit(do_not_specialize=["num_tokens", "NUM_SPLITS"])
-def _combine_splits_kernel(PartO, PartLse, Out, num_tokens, num_q_heads, stride_ot, stride_oh,
-                           NUM_SPLITS, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           BLOCK_D: tl.constexpr):
-    """Grid (T, Hq): out[t, h] = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse)."""
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, BLOCK_D)
-    smask = s < NUM_SPLITS
-    prow = (s * num_tokens + t) * num_q_heads + h  # [SPLITS_PAD]
-    lse = tl.load(PartLse + prow, mask=smask, other=float("-inf"))
-    mx = tl.max(lse, 0)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    w = tl.exp2(lse - mx)  # [SPLITS_PAD]; empty splits -> 0
-    o = tl.load(PartO + prow[:, None] * HEAD_DIM + d[None, :],
-                mask=smask[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
-    den = tl.sum(w, 0)
-    res = tl.sum(o * w[:, None], 0) / tl.where(den == 0.0, 1.0, den)  # [BLOCK_D]
-    tl.store(Out + t * stride_ot + h * stride_oh + d, res.to(Out.dtype.element_ty),
-             mask=d < HEAD_DIM)
 
 
 # ----------------------------------------------------------------------------- host helpers
@@ -236,61 +212,6 @@ def block_m_for(max_q: int, group: int) -> tuple[int, int]:
     cap = max(64, triton.next_power_of_2(group))
     block_m = min(cap, max(16, triton.next_power_of_2(max_q * group)))
     return block_m, block_m // group
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-LONG_KV = 4096  # key ranges this long (Mllama's 4 x 1601 image tokens) split even on a full grid
-LONG_KV_SPLITS = 8
-
-
-def choose_num_splits(n_programs: int, max_kv: int, block_n: int, device: torch.device,
-                      causal: bool = False) -> int:
-    """Split-KV factor from shapes only (graph-safe): split when the (request, kv head, q block)
-    grid underfills the GPU and the key range is long; each split keeps >= 4 key blocks.
-    ``max_kv`` bounds the keys a row can have (under CUDA graphs: the page table's width).
-
-    A grid that fills the GPU is still split 8 ways when a non-causal key range is
-    ``LONG_KV`` or more: cross-attention rows of very uneven lengths (1-4 image tiles,
-    text-only rows) leave most SMs idle in the last wave. Measured on the H200 (Mllama 11B
-    cross layer, 8 kv heads, 1601 tokens a tile): 18 rows 282 -> 104 us, 72 rows 361 -> 325 us
-    (``benchmarks/mllama_kernels.py``). Not for ``causal`` (self-attention) ranges: in a
-    graph their bound is the whole row's table, encoder pages included, while the decoder's
-    keys are few (Mllama 11B at 72 rows: see that benchmark's self-attention section). The
-    cost: a full grid of very uneven long histories (one long chat among short ones) loses
-    the last-wave balance the split gave it; uniform 1024-2048-key rows measured the same
-    either way."""
-    if device.type != "cuda" or n_programs == 0:
-        return 1
-    sms = _sm_count(device)
-    if n_programs >= sms:
-        return max(1, min(LONG_KV_SPLITS, triton.cdiv(max_kv, block_n) // 4)) \
-            if max_kv >= LONG_KV and not causal else 1
-    by_fill = triton.cdiv(2 * sms, n_programs)
-    by_len = triton.cdiv(max_kv, block_n) // 4
-    return max(1, min(by_fill, by_len, MAX_SPLITS))
-
-
-def split_workspaces(num_splits: int, T: int, Hq: int, D: int,
-                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 partial outputs [S, T, Hq, D] and log2-sum-exps [S, T, Hq] for split-KV."""
-    part_o = torch.empty((num_splits, T, Hq, D), dtype=torch.float32, device=device)
-    part_lse = torch.empty((num_splits, T, Hq), dtype=torch.float32, device=device)
-    return part_o, part_lse
-
-
-def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor) -> None:
-    """Merge split-KV partial results into ``out`` [T, Hq, D]."""
-    S, T, Hq, D = part_o.shape
-    _combine_splits_kernel[(T, Hq)](
-        part_o, part_lse, out, T, Hq, out.stride(0), out.stride(1), S,
-        SPLITS_PAD=triton.next_power_of_2(S), HEAD_DIM=D,
-        BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=1)
 
 
 def tile_config(block_m: int, block_d: int, dtype: torch.dtype, want_n: int) -> tuple[int, dict]:

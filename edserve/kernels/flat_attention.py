@@ -23,11 +23,9 @@ from edserve.kernels.common import (
     block_m_for,
     check_common,
     check_index,
-    choose_num_splits,
-    combine_splits,
-    split_workspaces,
     tile_config,
 )
+from edserve.kernels.split_kv import choose_num_splits, combine_splits, split_workspaces
 
 BLOCK_N = 64  # keys per loop step, page size independent (fp32 extend: 32, see tile_config)
 

@@ -42,11 +42,9 @@ from edserve.kernels.common import (
     block_m_for,
     check_index,
     check_qkv,
-    choose_num_splits,
-    combine_splits,
-    split_workspaces,
     tile_config,
 )
+from edserve.kernels.split_kv import choose_num_splits, combine_splits, split_workspaces
 
 BLOCK_N = 64  # keys per loop step by token, and the least by page (fp32: common.tile_config)
 MAX_BLOCK_N_PAGED = 128  # by page: a step covers up to one 128-slot page (as paged_attention)

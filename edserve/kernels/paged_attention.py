@@ -29,11 +29,9 @@ from edserve.kernels.common import (
     block_m_for,
     check_common,
     check_index,
-    choose_num_splits,
-    combine_splits,
-    split_workspaces,
     tile_config,
 )
+from edserve.kernels.split_kv import choose_num_splits, combine_splits, split_workspaces
 
 SUPPORTED_PAGE_SIZES: tuple[int, ...] = (16, 32, 64, 128, 256)
 MIN_BLOCK_N = 64  # pages smaller than this are read several per step
