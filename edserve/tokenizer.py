@@ -22,7 +22,9 @@ import os
 import re
 from collections.abc import Iterable
 
-from tokenizers import AddedToken, Tokenizer, decoders
+from tokenizers import AddedToken, Tokenizer
+
+from edserve.token_bytes import token_bytes
 
 NUM_TIMESTAMP_TOKENS = 1501  # <|0.00|> .. <|30.00|>
 TIMESTAMP_TOKENS_PER_SECOND = 50  # one timestamp token per 20 ms
@@ -40,32 +42,6 @@ _REQUIRED = {
     "no_timestamps": "<|notimestamps|>",
 }
 _NO_SPEECH = ("<|nocaptions|>", "<|nospeech|>")
-
-
-def _byte_level_chars() -> dict[str, int]:
-    """GPT-2's byte-level alphabet: the character each byte is written as in a byte-level BPE
-    vocabulary (printable Latin-1 as itself, the rest from U+0100 on), inverted."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    extra = (b for b in range(256) if b not in printable)
-    chars = {chr(b): b for b in printable}
-    chars.update({chr(256 + i): b for i, b in enumerate(extra)})
-    return chars
-
-
-_BYTE_OF = _byte_level_chars()
-
-
-def token_bytes(tok: Tokenizer, token: int) -> bytes:
-    """A token's own bytes (OpenAI's ``logprobs[].bytes``). For a byte-level BPE tokenizer
-    (its decoder is ``ByteLevel``: Whisper's, Llama 3's) the raw bytes of its vocabulary entry,
-    so a piece of a multi-byte UTF-8 character is that piece (not U+FFFD, as ``decode([token])``
-    shows it) and a sequence's bytes concatenate to its decoded text's UTF-8; special tokens,
-    entries outside the byte alphabet and other tokenizers: the token decoded alone, as UTF-8."""
-    piece = tok.id_to_token(int(token)) or ""
-    if isinstance(tok.decoder, decoders.ByteLevel) and piece \
-            and all(c in _BYTE_OF for c in piece):
-        return bytes(_BYTE_OF[c] for c in piece)
-    return tok.decode([int(token)], skip_special_tokens=False).encode("utf-8")
 
 
 def _timestamp_text(index: int) -> str:
@@ -247,7 +223,8 @@ class WhisperTokenizer:
         return self._tok.decode([t for t in map(int, ids) if t < eot], skip_special_tokens=False)
 
     def token_bytes(self, token: int) -> bytes:
-        """A text token's own bytes (:func:`token_bytes`): a token sequence's concatenate to
+        """A text token's own bytes (:func:`edserve.token_bytes.token_bytes`): a token
+        sequence's concatenate to
         ``decode(tokens).encode()``."""
         return token_bytes(self._tok, token)
 

@@ -129,25 +129,3 @@ def test_token_bytes_are_the_raw_pieces(tok, text):
     for t, piece in zip(ids, pieces, strict=True):
         shown = tok.decode([t])
         assert piece == shown.encode("utf-8") or "\ufffd" in shown
-
-
-def test_token_bytes_by_kind_of_tokenizer():
-    """Byte-level BPE: a lone byte of a two-byte character is that byte (its decoded text is
-    U+FFFD); any other tokenizer: the token's text as UTF-8, even where its characters happen
-    to be in the byte-level alphabet ('é' would otherwise read as the byte 0xE9)."""
-    from tokenizers import Tokenizer, decoders
-    from tokenizers.models import BPE, WordLevel
-
-    from edserve.chat.mllama_chat import ChatTokenizer
-    from edserve.tokenizer import token_bytes
-
-    byte_level = Tokenizer(BPE({"Ã": 0, "©": 1, "a": 2}, []))  # bytes 0xC3, 0xA9 ('é'), 'a'
-    byte_level.decoder = decoders.ByteLevel()
-    assert byte_level.decode([0]) == "\ufffd"
-    assert [token_bytes(byte_level, t) for t in (0, 1, 2)] == [b"\xc3", b"\xa9", b"a"]
-    assert b"".join(token_bytes(byte_level, t) for t in (2, 0, 1)).decode() == "aé"
-    words = Tokenizer(WordLevel({"café": 0, "[UNK]": 1}, unk_token="[UNK]"))
-    assert token_bytes(words, 0) == "café".encode()
-    chat = ChatTokenizer.__new__(ChatTokenizer)  # only its tokenizer matters here
-    chat.tokenizer = byte_level
-    assert chat.token_bytes(0) == b"\xc3"

@@ -36,7 +36,7 @@ from edserve.chat import tools as tool_format
 from edserve.chat.errors import ChatFormatError
 from edserve.multimodal.errors import ImageInputError
 from edserve.multimodal.image_io import ImageSource
-from edserve.tokenizer import token_bytes
+from edserve.token_bytes import token_bytes
 
 BOT, EOT = "<|begin_of_text|>", "<|eot_id|>"
 HEADER_START, HEADER_END = "<|start_header_id|>", "<|end_header_id|>"
@@ -83,7 +83,7 @@ class ChatTokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def token_bytes(self, token: int) -> bytes:
-        """A token's own bytes (:func:`edserve.tokenizer.token_bytes`)."""
+        """A token's own bytes (:func:`edserve.token_bytes.token_bytes`)."""
         return token_bytes(self.tokenizer, token)
 
 

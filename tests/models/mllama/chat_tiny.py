@@ -47,11 +47,11 @@ def save_chat_tokenizer(folder: Path, vocab_size: int = 128) -> Path:
 
 
 def _byte_chars() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (what byte-level BPE vocabularies spell): the
-    tokenizer module's alphabet, inverted."""
-    from edserve.tokenizer import _BYTE_OF
+    """GPT-2's byte -> printable character map (what byte-level BPE vocabularies spell):
+    :data:`edserve.token_bytes.BYTE_OF`, inverted."""
+    from edserve.token_bytes import BYTE_OF
 
-    return {b: c for c, b in _BYTE_OF.items()}
+    return {b: c for c, b in BYTE_OF.items()}
 
 
 BYTE_MERGES = ('{"', '":', '",', '"}')  # multi-character tokens the JSON tests cross
