@@ -18,13 +18,13 @@ from typing import Any
 from edserve.engine import readout
 from edserve.engine.admission import AdmissionPolicy
 from edserve.engine.beam_rows import is_device_row
+from edserve.engine.draw import make_generator
 from edserve.engine.groups import make_group, reserved_slots
 from edserve.engine.outputs import GenerateOutput, TokenDelta
 from edserve.engine.parts import EngineParts
 from edserve.engine.req import Req
 from edserve.engine.request import EncoderKV, GenerateRequest, check_vocab
 from edserve.engine.runner import ModelRunner
-from edserve.engine.sampler import make_generator
 from edserve.engine.scheduler import Scheduler, SchedulerLimits
 from edserve.engine.step import ScheduledBatch, StepOutput
 from edserve.engine.step_clock import StepClock

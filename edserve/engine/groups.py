@@ -8,9 +8,9 @@ import torch
 from edserve.engine.beam_rows import DeviceBeamGroup
 from edserve.engine.beam_search import BeamGroup
 from edserve.engine.best_of import BestOfGroup
+from edserve.engine.draw import make_generator
 from edserve.engine.req import Req
 from edserve.engine.row_group import RowGroup
-from edserve.engine.sampler import make_generator
 
 
 def make_group(req: Req, eos_token_id: int, device: torch.device,

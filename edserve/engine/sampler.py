@@ -2,13 +2,9 @@
 
 :func:`plan_sampling` runs on the host once per batch composition and turns the requests'
 settings into device tensors (filter groups, temperatures, top-p); :func:`sample` then works on
-``[B, V]`` logits with tensor ops only and never waits for the device. Sampling inverts the
-cumulative distribution: one uniform number per row, located in the row's running sum of
-probabilities (``searchsorted``), which draws from ``p`` exactly; each seeded request has its
-own device generator, so its draws do not depend on its batch. Probabilities are sorted only
-when some row keeps less than all of its mass (top-p < 1): on the 2-core CPU a ``[5, 51864]``
-sort plus the exponential noise of the previous method cost ~17 ms per step of a best_of 5
-fallback, this ~0.5 ms.
+``[B, V]`` logits with tensor ops only and never waits for the device. Rows at temperature > 0
+draw with :func:`edserve.engine.draw.draw` (the exact law, each seeded request from its own
+device generator, so its draws do not depend on its batch).
 
 Log-probabilities are taken from the filtered logits before temperature scaling (as
 openai-whisper does for its average log-probability).
@@ -26,6 +22,7 @@ from typing import Any
 
 import torch
 
+from edserve.engine.draw import any_nucleus, draw
 from edserve.engine.host_copy import to_device
 from edserve.engine.logits_filter import FilterContext, LogitsFilter
 from edserve.engine.req import Req
@@ -106,13 +103,8 @@ def _plan_candidates(reqs: list[Req], device: torch.device, first_step: list[boo
     up = (lambda v, dt: to_device(v, dt, device) if v else None)
     return CandidatePlan(layout, up([i for i, _ in topk], torch.int64), k,
                          up(draw_rows, torch.int64), up(temps, torch.float32),
-                         up(top_ps, torch.float32) if _nucleus(top_ps) else None, gens,
+                         up(top_ps, torch.float32) if any_nucleus(top_ps) else None, gens,
                          frozenset(i for i, _ in tops))
-
-
-def _nucleus(top_ps: list[float]) -> bool:
-    """Whether some row keeps less than all of its probability mass (then draws sort)."""
-    return any(p < 1.0 for p in top_ps)
 
 
 def _plan_tokens(reqs: list[Req], device: torch.device) -> SamplingPlan:
@@ -137,7 +129,7 @@ def _plan_tokens(reqs: list[Req], device: torch.device) -> SamplingPlan:
     top_ps = [s.top_p for s in sps]
     return SamplingPlan(groups, to_device(sampled, torch.int64, device),
                         to_device([s.temperature for s in sps], torch.float32, device),
-                        to_device(top_ps, torch.float32, device) if _nucleus(top_ps) else None,
+                        to_device(top_ps, torch.float32, device) if any_nucleus(top_ps) else None,
                         [reqs[i].generator for i in sampled])
 
 
@@ -169,8 +161,8 @@ def sample(logits: torch.Tensor, plan: SamplingPlan, history: TokenHistory,
     # [B] greedy unless a request samples
     tokens = torch.argmax(logits, dim=-1) if fused is None else fused[0]
     if plan.sampled is not None:
-        drawn = _draw(logits.index_select(0, plan.sampled), plan.temperature, plan.top_p,
-                      plan.generators)
+        drawn = draw(logits.index_select(0, plan.sampled), plan.temperature, plan.top_p,
+                     plan.generators)
         if greedy is not None:
             drawn = torch.where(greedy.index_select(0, plan.sampled),
                                 tokens.index_select(0, plan.sampled), drawn)
@@ -239,7 +231,7 @@ def _candidates(logits: torch.Tensor, lse: torch.Tensor, plan: CandidatePlan,
         lps.append(vals.reshape(-1))
     if plan.draw_rows is not None:
         sub = logits.index_select(0, plan.draw_rows)  # [D, V]
-        drawn = _draw(sub, plan.draw_temperature, plan.draw_top_p, plan.draw_generators)
+        drawn = draw(sub, plan.draw_temperature, plan.draw_top_p, plan.draw_generators)
         if greedy is not None:
             drawn = torch.where(greedy.index_select(0, plan.draw_rows),
                                 tokens.index_select(0, plan.draw_rows), drawn)
@@ -272,39 +264,9 @@ def row_candidates(plan: CandidatePlan | None, cands: tuple[list[int], list[floa
             for i, off, n in plan.layout if rows is None or i in rows}
 
 
-def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
-    """A request's own random stream on ``device`` (None: the device's default stream)."""
-    if seed is None:
-        return None
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    return gen
-
-
 def _apply(group: FilterGroup, logits: torch.Tensor, ctx: FilterContext) -> None:
     for k, f in enumerate(group.filters):
         if f.per_row:
             type(f).apply_rows([chain[k] for chain in group.chains], logits, ctx)
         else:
             f.apply(logits, ctx)
-
-
-def _draw(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor | None,
-          generators: list[torch.Generator | None]) -> torch.Tensor:
-    """[S, V] filtered logits -> [S] tokens drawn at each row's temperature ([S]) and top-p
-    ([S]; None: all 1), row i from ``generators[i]``."""
-    probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [S, V]
-    order = None
-    if top_p is not None:  # nucleus: keep the smallest prefix of the sorted mass >= top-p
-        probs, order = torch.sort(probs, dim=-1, descending=True)  # [S, V]
-        keep = torch.cumsum(probs, dim=-1) - probs < top_p[:, None]
-        probs = probs.masked_fill(~keep, 0.0)
-    cdf = torch.cumsum(probs, dim=-1)  # [S, V] non-decreasing
-    u = torch.empty(len(generators), 1, device=probs.device)
-    for i, gen in enumerate(generators):  # per-row streams: batch-independent draws
-        u[i].uniform_(generator=gen)
-    # x in (0, total]: the first index whose running sum reaches x has probability > 0
-    x = (1.0 - u) * cdf[:, -1:]  # [S, 1]
-    # (the clamp only keeps a NaN row, all logits -inf, which no filter produces, in range)
-    choice = torch.searchsorted(cdf, x).clamp_(max=cdf.shape[1] - 1)  # [S, 1]
-    return (choice if order is None else order.gather(1, choice))[:, 0]

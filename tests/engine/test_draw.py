@@ -1,11 +1,11 @@
-"""Drawing tokens (edserve.engine.sampler._draw): the law of each draw, top-p, per-row streams."""
+"""Drawing tokens (edserve.engine.draw.draw): the law of each draw, top-p, per-row streams."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from edserve.engine.sampler import _draw
+from edserve.engine.draw import draw
 
 N = 20000  # draws per check: a frequency is within 4 sigma of its probability
 
@@ -16,7 +16,7 @@ def _freq(logits: torch.Tensor, temperature: float, top_p: float | None, seed: i
     temp = torch.full((N,), temperature)
     tp = None if top_p is None else torch.full((N,), top_p)
     gens = [torch.Generator().manual_seed(seed * N + i) for i in range(N)]
-    tokens = _draw(rows, temp, tp, gens)
+    tokens = draw(rows, temp, tp, gens)
     return torch.bincount(tokens, minlength=logits.shape[-1]).double() / N
 
 
@@ -49,11 +49,11 @@ def test_each_row_draws_from_its_own_stream():
 
     def gens():
         return [torch.Generator().manual_seed(s) for s in (7, 8, 9)]
-    both = _draw(logits, temp, None, gens())
-    assert torch.equal(both, _draw(logits, temp, None, gens()))  # a seed repeats its draw
-    alone = _draw(logits[1:2], temp[:1], None, [torch.Generator().manual_seed(8)])
+    both = draw(logits, temp, None, gens())
+    assert torch.equal(both, draw(logits, temp, None, gens()))  # a seed repeats its draw
+    alone = draw(logits[1:2], temp[:1], None, [torch.Generator().manual_seed(8)])
     assert int(alone[0]) == int(both[1])  # independent of the rows beside it
-    cold = _draw(logits, torch.full((3,), 1e-4), None, gens())
+    cold = draw(logits, torch.full((3,), 1e-4), None, gens())
     assert torch.equal(cold, logits.argmax(-1))  # temperature -> 0: the argmax
 
 
@@ -65,8 +65,8 @@ def test_cuda_draws_follow_the_law_without_host_syncs():
     gens = [torch.Generator(device="cuda").manual_seed(i) for i in range(N)]
     torch.cuda.set_sync_debug_mode("error")
     try:
-        tokens = _draw(rows, torch.full((N,), 0.8, device="cuda"), None, gens)
-        nucleus = _draw(rows[:64], torch.ones(64, device="cuda"),
+        tokens = draw(rows, torch.full((N,), 0.8, device="cuda"), None, gens)
+        nucleus = draw(rows[:64], torch.ones(64, device="cuda"),
                         torch.full((64,), 0.5, device="cuda"), gens[:64])
     finally:
         torch.cuda.set_sync_debug_mode("default")
