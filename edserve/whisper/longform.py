@@ -12,7 +12,8 @@ slice of it, and a window shorter than 30 s is completed with the silence's fram
 - the window is decoded at the first temperature; if its compression ratio is too high
   (repetition) or its average log-probability too low it is decoded again at the next
   temperature (fallback);
-- a window judged silent (``no_speech_prob`` high *and* low log-probability) is skipped;
+- a window judged silent (``no_speech_prob`` high *and* low log-probability) is skipped
+  (both rules: :mod:`edserve.whisper.window_quality`);
 - otherwise it is cut into segments at pairs of timestamp tokens and the next window starts at
   the last complete timestamp (or at the window's end when the text ended with a timestamp).
 
@@ -32,7 +33,6 @@ is consumed whole.
 from __future__ import annotations
 
 import math
-import zlib
 from typing import Any
 
 import numpy as np
@@ -58,18 +58,13 @@ from edserve.whisper.logits import (
 )
 from edserve.whisper.options import TranscribeOptions
 from edserve.whisper.result import Segment, Transcription, join_text
+from edserve.whisper.window_quality import WindowScore
 from edserve.whisper.window_segments import (  # noqa: F401 (INPUT_STRIDE: re-exported)
     INPUT_STRIDE,
     TIME_PRECISION,
     place_words,
     split_window,
 )
-
-
-def compression_ratio(text: str) -> float:
-    """Bytes of ``text`` over bytes of its zlib compression (repetitive text scores high)."""
-    data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
 class LongformTask:
@@ -246,29 +241,21 @@ class LongformTask:
         tokens, logprobs = list(out.token_ids), list(out.logprobs)
         if self._detecting:
             tokens, logprobs = self._take_language(tokens, logprobs)
-        text = self.tok.decode(tokens)
-        n = len(tokens)
-        avg_logprob = (sum(logprobs) + (out.stop_logprob or 0.0)) / (n + 1)
-        ratio = compression_ratio(text)
-        no_speech = out.no_speech_prob or 0.0
+        score = WindowScore.of(self.tok.decode(tokens), logprobs, out.stop_logprob,
+                               out.no_speech_prob)
         o = self.opts
-        too_low = o.logprob_threshold is not None and avg_logprob < o.logprob_threshold
-        fallback = (o.compression_ratio_threshold is not None
-                    and ratio > o.compression_ratio_threshold) or too_low
-        if o.no_speech_threshold is not None and no_speech > o.no_speech_threshold and too_low:
-            fallback = False  # silence: no temperature will help
-        if fallback and self._temp_index + 1 < len(o.temperatures):
+        if score.needs_fallback(o) and self._temp_index + 1 < len(o.temperatures):
             self._temp_index += 1
             return []
         temperature = self.temperature
         self._temp_index = 0
         size = self._segment_size()
-        if o.no_speech_threshold is not None and no_speech > o.no_speech_threshold and (
-                o.logprob_threshold is None or avg_logprob <= o.logprob_threshold):
+        if score.is_silent(o):
             self.seek += size  # silent window
             return []
-        stats = dict(temperature=temperature, avg_logprob=avg_logprob, compression_ratio=ratio,
-                     no_speech_prob=no_speech)
+        stats = dict(temperature=temperature, avg_logprob=score.avg_logprob,
+                     compression_ratio=score.compression_ratio,
+                     no_speech_prob=score.no_speech_prob)
         segments, self.seek = split_window(self.tok, tokens, self.seek, size, self.duration,
                                            stats, logprobs)
         if self.opts.word_timestamps:

@@ -7,8 +7,9 @@ import pytest
 
 from edserve.engine.outputs import GenerateOutput
 from edserve.engine.request import FinishReason
-from edserve.whisper.longform import LongformTask, compression_ratio
+from edserve.whisper.longform import LongformTask
 from edserve.whisper.options import TranscribeOptions
+from edserve.whisper.window_quality import compression_ratio
 
 SECONDS = 45.0
 
