@@ -26,7 +26,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("edserve.layers",),
     ("edserve.mem_cache",),
     ("edserve.kernels",),
-    ("edserve.audio", "edserve.tokenizer", "edserve.config", "edserve.config_args",
+    ("edserve.audio", "edserve.tokenizer", "edserve.token_bytes", "edserve.config",
+     "edserve.config_args",
      "edserve.config_checks", "edserve.os_names"),
 ]
 
