@@ -5,9 +5,10 @@ Requests must pickle (prompt ids, the log-mel tensor, sampling params and the ba
 filters and a ``readout``, e.g. word timestamps' alignment, all do); a request with an
 ``on_finished_kv`` callback (it would run in the worker) is refused with
 :class:`~edserve.engine.errors.RequestFailed`. A ``keep_encoder`` handle is an id valid on the
-worker that made it: a request passing it as ``encoder_kv`` runs there, or re-encodes when that
-worker has restarted since (:mod:`edserve.dp.handles`; one sent without its encoder input fails
-with :class:`~edserve.dp.errors.WorkerLost` then). A request whose worker dies fails with
+worker that made it: a request passing it as ``encoder_kv`` runs there, its encoder input left
+behind (not sent), or re-encodes that input when that worker has restarted since
+(:mod:`edserve.dp.handles`; one without an encoder input fails with
+:class:`~edserve.dp.errors.WorkerLost` then). A request whose worker dies fails with
 :class:`~edserve.dp.errors.WorkerLost` (503). Also used with one worker
 (``--engine-process``).
 """
@@ -108,33 +109,41 @@ class DataParallelClient(WorkerFactsView, EngineClient):
                              f"{exc}") from None
 
     def _route(self, request: GenerateRequest) -> tuple[GenerateRequest, int | None]:
-        """The request as sent and the worker it must run on (None: any). A window of a held
-        log-mel (:class:`~edserve.audio.held_mel.MelWindowRef`) runs on the worker holding it
-        (:class:`WorkerLost` when that worker restarted since). ``encoder_kv`` becomes the
-        holding worker's id; when that worker restarted since (or does not serve, or is not
-        the log-mel's) the request goes without it and re-encodes, or, when it carries no
-        encoder input to encode (its encoder extent was the handle's), fails with
-        :class:`WorkerLost`: run without the region it would decode over no encoder at all.
-        ValueError for an unknown handle or log-mel. The caller holds the supervisor's lock
-        (no restart in between)."""
-        pinned = None
+        """The request as sent and the worker it must run on (None: any). The caller holds
+        the supervisor's lock (no restart in between).
+
+        ``encoder_kv`` whose worker still serves the incarnation that made it: the request
+        runs there, with the worker's id, and goes WITHOUT its ``encoder_input`` (the worker's
+        engine takes the encoder extent from the handle): the region is all it reads, so a
+        window's log-mel or PCM (0.35-1.5 MB) is neither pickled, sent nor validated again
+        for a fallback retry. The input stays on the caller's request because only here is it
+        known whether the handle will do: when its worker restarted since (or is not serving)
+        the handle is dropped and the request re-encodes that input on any worker, so a
+        caller that keeps its input (Whisper's fallback) never sees a restart; one that sent
+        none (a chat's sibling choices) fails with :class:`WorkerLost` (it has nothing to
+        encode). So an input that travels with a live handle is not checked against it
+        either (the engine does that in process): pass a handle only with its own input.
+
+        A window of a held log-mel (:class:`~edserve.audio.held_mel.MelWindowRef`) that is
+        encoded runs on the worker holding the log-mel (:class:`WorkerLost` when that worker
+        restarted since). ValueError for an unknown handle or log-mel."""
+        held = request.encoder_kv
+        if held is not None:
+            ref = self.supervisor.handles.get(held)
+            if self._generation(ref.worker) == ref.generation:
+                return dataclasses.replace(request, encoder_kv=id_view(held, ref.worker_id),
+                                           encoder_input=None), ref.worker
+            if request.encoder_input is None:
+                raise WorkerLost(f"encoder handle {held.id}: engine worker {ref.worker} "
+                                 "restarted and its encoder K/V went with it; the request "
+                                 "carries no encoder input to encode again")
+            logger.info("encoder handle %d: worker %d restarted, its KV is gone; re-encoding",
+                        held.id, ref.worker)
+            request = dataclasses.replace(request, encoder_kv=None)
         if isinstance(request.encoder_input, MelWindowRef):
             window, pinned = self.supervisor.mels.route(request.encoder_input, self._generation)
-            request = dataclasses.replace(request, encoder_input=window)
-        held = request.encoder_kv
-        if held is None:
-            return request, pinned
-        ref = self.supervisor.handles.get(held)
-        w = self.workers[ref.worker]
-        if self._generation(w.index) == ref.generation and pinned in (None, w.index):
-            return dataclasses.replace(request, encoder_kv=id_view(held, ref.worker_id)), w.index
-        if request.encoder_input is None:
-            raise WorkerLost(f"encoder handle {held.id}: engine worker {ref.worker} restarted "
-                             "and its encoder K/V went with it; the request carries no encoder "
-                             "input to encode again")
-        logger.info("encoder handle %d: worker %d restarted, its KV is gone; re-encoding",
-                    held.id, ref.worker)
-        return dataclasses.replace(request, encoder_kv=None), pinned
+            return dataclasses.replace(request, encoder_input=window), pinned
+        return request, None
 
     def _generation(self, index: int) -> int | None:
         """Worker slot ``index``'s generation while it serves, else None."""

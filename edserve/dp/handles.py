@@ -6,13 +6,14 @@ worker's KV pool) in its scheduler's ``held`` and sends back an id-only view (:f
 no slots). The API process gives the caller a view of its own, with an id from one counter for
 all workers (so ids never collide), and records the :class:`HandleRef`: the worker slot, that
 slot's generation (restart count) and the worker's id. A request with ``encoder_kv`` is then
-routed to that worker with the worker's id; when the worker has restarted or is not serving
+routed to that worker with the worker's id and without its ``encoder_input`` (its encoder
+extent is the handle's: the views keep ``encoder_len`` and ``enc_region``, so the worker's
+engine and an API-side check read them alike); when the worker has restarted or is not serving
 (the KV died with its process) the handle is dropped and the request runs on any worker without
-it, re-encoding its ``encoder_input``. A request may leave ``encoder_input`` None when it passes
-a handle (its encoder extent is the handle's: the views keep ``encoder_len`` and
-``enc_region``, so the worker's engine and an API-side check read them alike); such a request
-cannot re-encode and fails with :class:`~edserve.dp.errors.WorkerLost` when its handle's worker
-restarted.
+it, re-encoding its ``encoder_input`` (the client drops the input only once it knows the handle
+will do: :meth:`~edserve.dp.client.DataParallelClient._route`). A request that passes a handle
+and no ``encoder_input`` cannot re-encode and fails with
+:class:`~edserve.dp.errors.WorkerLost` when its handle's worker restarted.
 """
 
 from __future__ import annotations

@@ -147,7 +147,10 @@ class GenerateRequest:
     reuses a held encoder region (``encoder_kv``) needs none: with ``encoder_input`` None its
     encoder length and region come from the handle (the K/V it reads are the handle's, so
     nothing is encoded and no input has to travel, e.g. to an engine worker process); given
-    both, the input is validated and must match the handle (ValueError otherwise).
+    both, the input is validated and must match the handle (ValueError otherwise). Through
+    engine worker processes the input of a request with a live handle stays behind (only the
+    handle is sent) and is encoded only when the handle's worker has restarted
+    (:mod:`edserve.dp.handles`): a caller that may outlive a worker keeps it.
     """
 
     prompt_ids: list[int]

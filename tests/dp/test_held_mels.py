@@ -79,9 +79,10 @@ def test_other_answers_pass_through_and_refs_pickle_without_hooks():
 
 def test_the_client_routes_a_window_and_its_encoder_handle_to_the_holding_worker():
     """DataParallelClient._route (no worker processes started: the slots' state is set here):
-    a window runs on the worker holding its log-mel, with that worker's id; an encoder handle
-    of the same worker goes along, one of another worker is dropped (re-encode); a restarted
-    holder fails the window with 503."""
+    a window runs on the worker holding its log-mel, with that worker's id; a live encoder
+    handle takes the request to its own worker without the window (nothing to encode); a
+    handle whose worker restarted is dropped and the window re-encodes on the log-mel's
+    worker; a restarted holder fails the window with 503."""
     import torch
 
     from edserve.config import EngineConfig
@@ -98,12 +99,21 @@ def test_the_client_routes_a_window_and_its_encoder_handle_to_the_holding_worker
         same, other = sup.handles.adopt(1, 0, view), sup.handles.adopt(0, 0, view)
         window = mel.window(0, 3000)
 
-        routed, worker = client._route(GenerateRequest([1, 2], window, encoder_kv=same))
-        assert worker == 1 and routed.encoder_input.mel_id == 7 and routed.encoder_kv.id == 5
+        routed, worker = client._route(GenerateRequest([1, 2], window))
+        assert worker == 1 and routed.encoder_input.mel_id == 7 and routed.encoder_kv is None
+        retry = GenerateRequest([1, 2], window, encoder_kv=same)
+        routed, worker = client._route(retry)
+        assert worker == 1 and routed.encoder_input is None and routed.encoder_kv.id == 5
+        assert retry.encoder_input is window  # the caller's request keeps it
         routed, worker = client._route(GenerateRequest([1, 2], window, encoder_kv=other))
-        assert worker == 1 and routed.encoder_kv is None  # its KV is on worker 0
+        assert worker == 0 and routed.encoder_input is None  # its KV is on worker 0
         routed, worker = client._route(GenerateRequest([1, 2], None, encoder_kv=other))
         assert worker == 0 and routed.encoder_kv.id == 5
+        client.workers[0].generation = 1  # worker 0 restarted: its handle went with it
+        routed, worker = client._route(GenerateRequest([1, 2], window, encoder_kv=other))
+        assert worker == 1 and routed.encoder_kv is None and routed.encoder_input.mel_id == 7
+        with pytest.raises(WorkerLost, match="no encoder input"):
+            client._route(GenerateRequest([1, 2], None, encoder_kv=other))
         client.workers[1].generation = 1  # worker 1 restarted: the log-mel went with it
         with pytest.raises(WorkerLost):
             client._route(GenerateRequest([1, 2], window))
