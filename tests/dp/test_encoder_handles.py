@@ -1,13 +1,15 @@
 """Encoder reuse under engine worker processes (two tiny.en workers on CPU): a ``keep_encoder``
 handle is an id valid on the worker that made it, a retry that passes it runs there without
-encoding again, a handle whose worker restarted re-encodes, and every handle is released
-(no held region, no used KV slot after each test)."""
+encoding again (its encoder input not sent), a handle whose worker restarted re-encodes (also
+for the long-form driver's fallback), and every handle is released (no held region, no used
+KV slot after each test)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import os
+import pickle
 import signal
 
 import pytest
@@ -18,9 +20,13 @@ from edserve.config import EngineConfig
 from edserve.dp.client import DataParallelClient
 from edserve.dp.errors import WorkerLost
 from edserve.dp.router import pick
+from edserve.engine.async_engine import AsyncEngine
+from edserve.engine.local_client import InProcessClient
+from edserve.engine.request import GenerateRequest
 from edserve.runtime import build_engine
 from edserve.whisper.options import TranscribeOptions
-from edserve.whisper.transcribe import make_task, run_tasks, transcribe_async
+from edserve.whisper.transcribe import make_task, transcribe_async
+from edserve.whisper.usage import TokenUsage
 
 # logprob_threshold 0: every window's average log-probability is below it, so each window is
 # decoded at all three temperatures (the last one is accepted).
@@ -145,29 +151,104 @@ def test_handle_nobody_takes_is_released(client, jfk):
     assert_clean(client)
 
 
-def test_fallback_driver_reuses_the_encoder_like_in_process(client, jfk):
-    engine = build_engine()
-    task = make_task(engine, jfk, FORCED, "jfk")
-    before = engine.runner.num_encoded_inputs
-    run_tasks(engine, [task])
-    assert engine.runner.num_encoded_inputs - before == 1  # one window, three temperatures
-    expected = task.result()
-    assert expected.segments[0].temperature == 0.4  # the fallback ran to the end
+def sent_requests(client, monkeypatch) -> list[tuple[GenerateRequest, int]]:
+    """Spy on the supervisor: every request as it went on the wire, with its bytes."""
+    sent = []
+    submit = client.supervisor.submit
+
+    def spy(rid, frames, worker=None):
+        msg = pickle.loads(frames[0], buffers=frames[1:])
+        sent.append((msg.request, sum(memoryview(f).nbytes for f in frames)))
+        return submit(rid, frames, worker)
+
+    monkeypatch.setattr(client.supervisor, "submit", spy)
+    return sent
+
+
+def run_fallback(engine, audio, on_output=None):
+    """jfk's one window at the three temperatures through ``transcribe_async``: the result,
+    the (request, output) pairs and the token usage."""
+    task, outputs, usage = make_task(engine, audio, FORCED, "jfk"), [], TokenUsage()
+    assert task.reuse_encoder
+
+    def seen(req, out):
+        outputs.append((req, out))
+        usage.add(req, out)
+        if on_output is not None:
+            on_output(req, out)
 
     async def run():
-        dp_task = make_task(client, jfk, FORCED, "jfk")
-        assert dp_task.reuse_encoder
-        outputs = []
-        async for _ in transcribe_async(client, dp_task, lambda q, o: outputs.append((q, o))):
+        async for _ in transcribe_async(engine, task, seen):
             pass
-        return dp_task.result(), outputs
 
-    before_dp = encoder_counts(client)
-    got, outputs = asyncio.run(run())
-    after_dp = encoder_counts(client)
-    assert len(outputs) == 3 and outputs[0][1].encoder_kv is not None
-    assert all(q.encoder_kv is outputs[0][1].encoder_kv for q, _ in outputs[1:])
-    assert sum(c["encoded"] for c in after_dp) == sum(c["encoded"] for c in before_dp) + 1
+    asyncio.run(run())
+    return task.result(), outputs, usage
+
+
+@pytest.fixture(scope="module")
+def in_process(jfk):
+    """The fallback on an in-process engine: result, outputs, usage, encoder runs."""
+    aengine = AsyncEngine(engine := build_engine()).start()
+    try:
+        before = engine.runner.num_encoded_inputs
+        expected, outputs, usage = run_fallback(InProcessClient(aengine), jfk)
+        encoded = engine.runner.num_encoded_inputs - before
+    finally:
+        aengine.shutdown()
+    assert expected.segments[0].temperature == 0.4  # the fallback ran to the end
+    assert len(outputs) == 3 and encoded == 1  # one window, three temperatures, one encode
+    return expected, usage
+
+
+def test_fallback_retries_go_without_their_window(client, jfk, in_process, monkeypatch):
+    """The retries reuse the first attempt's handle: the client sends them without the
+    window's log-mel (the caller's requests keep it), the worker does not encode again, and
+    the tokens and the usage are the in-process engine's."""
+    expected, expected_usage = in_process
+    sent = sent_requests(client, monkeypatch)
+    before = encoder_counts(client)
+    got, outputs, usage = run_fallback(client, jfk)
+    after = encoder_counts(client)
+    handle = outputs[0][1].encoder_kv
+    assert len(outputs) == 3 and handle is not None
+    assert all(q.encoder_kv is handle and q.encoder_input is not None for q, _ in outputs[1:])
+    (first, first_bytes), *retries = sent
+    # the 11 s clip's compact log-mel: [80, 1152] float32 (369 kB), then its fill value
+    assert first.encoder_input is not None and first.keep_encoder and first_bytes > 300_000
+    assert len(retries) == 2
+    for request, size in retries:
+        assert request.encoder_input is None and request.encoder_kv is not None
+        assert size < 5_000, size  # prompt, filters, sampling (~1 kB)
+    assert sum(c["encoded"] for c in after) == sum(c["encoded"] for c in before) + 1
     assert got.text == expected.text
     assert [s.tokens for s in got.segments] == [s.tokens for s in expected.segments]
+    assert usage == expected_usage and usage.audio_tokens == 3 * 1500
+    assert_clean(client)
+
+
+def test_fallback_re_encodes_when_the_handles_worker_restarted(client, jfk, in_process,
+                                                               monkeypatch):
+    """The handle's worker dies after the first attempt: the retries go with their window
+    and re-encode it (no 503), and the transcript and usage do not change."""
+    expected, expected_usage = in_process
+    sent = sent_requests(client, monkeypatch)
+    restarted = {}
+
+    def kill_the_owner(req, out):
+        if out.encoder_kv is None:
+            return
+        owner = client.workers[client.supervisor.handles.get(out.encoder_kv).worker]
+        generation = owner.generation
+        os.kill(owner.pid, signal.SIGKILL)
+        wait_for(lambda: owner.generation > generation and owner.ready, 120, "the restart")
+        restarted["encoded"] = sum(c["encoded"] for c in encoder_counts(client))
+
+    got, outputs, usage = run_fallback(client, jfk, kill_the_owner)
+    assert len(outputs) == 3 and restarted
+    assert [(r.encoder_input is None, r.encoder_kv is None) for r, _ in sent[1:]] == \
+        [(False, True)] * 2  # sent with the window, without the dead handle
+    assert sum(c["encoded"] for c in encoder_counts(client)) == restarted["encoded"] + 2
+    assert got.text == expected.text
+    assert [s.tokens for s in got.segments] == [s.tokens for s in expected.segments]
+    assert usage == expected_usage
     assert_clean(client)
