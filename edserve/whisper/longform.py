@@ -38,11 +38,7 @@ from typing import Any
 import numpy as np
 
 from edserve.audio.held_mel import HeldMel
-from edserve.audio.mel import (
-    N_FRAMES,
-    SAMPLE_RATE,
-    window_features,
-)
+from edserve.audio.mel import N_FRAMES, SAMPLE_RATE, window_features
 from edserve.audio.prepare import PreparedAudio, longform_compact_mel
 from edserve.engine.errors import RequestFailed
 from edserve.engine.outputs import GenerateOutput
@@ -87,7 +83,8 @@ class LongformTask:
             raise ValueError("word_timestamps needs an aligner (see whisper.transcribe.make_task)")
         self.aligner = aligner
         # reuse_encoder: a window's first request keeps its encoder KV (a handle in its
-        # output) so fallback retries skip the encoder; handles come back through
+        # output) so fallback retries skip the encoder; they still carry the window (sent only
+        # if the handle's worker restarted: dp/client.py _route). Handles come back through
         # :meth:`take_released` for the driver to release.
         self.reuse_encoder = reuse_encoder
         # a single-row detecting window guesses this language (language.py; needs handles)
