@@ -22,8 +22,7 @@ class TokenUsage:
 
     def add(self, request: GenerateRequest, output: GenerateOutput) -> None:
         self.text_tokens += len(request.prompt_ids)
-        mel = request.encoder_input
-        self.audio_tokens += mel.shape[-1] // INPUT_STRIDE if mel is not None else 0
+        self.audio_tokens += audio_tokens(request)
         self.output_tokens += len(output.token_ids)
 
     def openai(self) -> dict[str, object]:
@@ -33,3 +32,13 @@ class TokenUsage:
                 "input_token_details": {"text_tokens": self.text_tokens,
                                         "audio_tokens": self.audio_tokens},
                 "output_tokens": self.output_tokens, "total_tokens": n_in + self.output_tokens}
+
+
+def audio_tokens(request: GenerateRequest) -> int:
+    """Encoder positions ``request`` attends to: its log-mel's frames over the encoder's
+    stride, or, without an encoder input, its held region's (``encoder_kv``: the engine reads
+    the extent from the handle then, so a retry counts as its first attempt did)."""
+    mel = request.encoder_input
+    if mel is not None:
+        return mel.shape[-1] // INPUT_STRIDE
+    return request.encoder_kv.encoder_len if request.encoder_kv is not None else 0
