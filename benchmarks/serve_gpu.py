@@ -243,6 +243,12 @@ def serve_figures(args, flags: str, work: Path, folder: Path, clip_path: Path,
                       f"{d['device_ms_per_step']:.2f} ms, GPU idle before "
                       f"{d['gap_ms_per_step']:.2f}, host wait "
                       f"{d['wait_ms_per_step']:.2f}", flush=True)
+            steps = s["engine_steps"] or {}
+            busy, late = (sum(d["steps_per_s"] * d[k] for d in steps.values()) / 1e3
+                          for k in ("device_ms_per_step", "gap_ms_per_step"))
+            if busy:  # CUDA: the step events' device seconds per second of the level
+                print(f"#   device busy {100 * busy:.0f} % of the level by the steps' events, "
+                      f"idle before steps {100 * late:.1f} %", flush=True)
         items = [AudioItem(p.name, p.read_bytes(), len(a) / 16000) for p, a in longs]
         if not items:  # --longform 0
             return out
