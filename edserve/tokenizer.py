@@ -224,8 +224,7 @@ class WhisperTokenizer:
 
     def token_bytes(self, token: int) -> bytes:
         """A text token's own bytes (:func:`edserve.token_bytes.token_bytes`): a token
-        sequence's concatenate to
-        ``decode(tokens).encode()``."""
+        sequence's concatenate to ``decode(tokens).encode()``."""
         return token_bytes(self._tok, token)
 
     def decode_with_timestamps(self, ids: Iterable[int]) -> str:

@@ -27,10 +27,9 @@ from edserve.audio.wav_pcm import PCM16_SCALE, pcm16_to_float
 from edserve.models.mel_staging import MelStager
 
 
-def float_samples(samples: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """``[num_samples]`` as a float32 tensor on its device (int16 scaled by 2**-15, exact)."""
-    if torch.is_tensor(samples):
-        return samples * float(PCM16_SCALE) if samples.dtype == torch.int16 else samples.float()
+def float_samples(samples: np.ndarray) -> torch.Tensor:
+    """``[num_samples]`` host samples as a float32 CPU tensor (int16 scaled by 2**-15,
+    exact)."""
     if samples.dtype == np.int16:
         return torch.from_numpy(pcm16_to_float(samples))
     return torch.from_numpy(samples)
