@@ -258,8 +258,8 @@ def main() -> None:
                             encoder_kv=strategy, page_size=ps,
                             max_prefill_tokens=conc * 1600, debug_checks=False,
                             kv_cache_dtype=args.kv_cache_dtype)
-    if dev != "cuda" and "graphs" in args.variants:
-        args.variants.remove("graphs")  # CUDA graphs: CUDA only
+    if dev != "cuda":  # CUDA graphs and the TMA kernel (bf16, Hopper+): CUDA only
+        args.variants = [v for v in args.variants if v not in ("graphs", "tma")]
     vs = Variants(engine, backend, fp8=any(v.startswith("fp8") for v in args.variants),
                   graph_max_bs=max(args.batch + [args.profile_batch]))
     n_mels = wg.ARCHS[args.arch]["n_mels"]

@@ -11,6 +11,9 @@
                 + each residual add fused into the next LayerNorm (one Triton kernel)
   tanh          eager + ``--encoder-gelu tanh`` (bias + GELU in the fc1 GEMM's cuBLASLt
                 epilogue, GELU's tanh form: no separate GELU pass)
+  tma           tanh + ``--encoder-attention tma`` (the encoder's attention by the Triton
+                kernel fed by TMA descriptors instead of SDPA/cuDNN; every other variant
+                runs ``sdpa``)
   prompt-eager  eager, but the prompt through an eager decoder pass (the default of wave 4)
   compiled      eager + ``--compile-encoder`` (one torch.compile graph for all layers)
   graphs        eager + ``--encoder-cuda-graph-max-bs`` (the eager encoder in CUDA graphs at
@@ -31,13 +34,14 @@ import torch
 import torch.nn.functional as F
 
 from edserve.layers.add_norm import TORCH_ADD_NORM
+from edserve.layers.encoder_attention import set_encoder_attention
 from edserve.layers.linear_gelu import set_linear_gelu
 from edserve.models.encoder_graphs import EncoderGraphs
 from edserve.models.fp8 import fp8_encoder_layers
 from edserve.models.whisper_encoder import run_unfused_layer
 
-VARIANTS = ("before", "contiguous", "unfused", "eager", "tanh", "prompt-eager", "compiled",
-            "graphs", "fp8", "fp8-compiled")
+VARIANTS = ("before", "contiguous", "unfused", "eager", "tanh", "tma", "prompt-eager",
+            "compiled", "graphs", "fp8", "fp8-compiled")
 TORCH_NORM_VARIANTS = ("before", "contiguous", "unfused")  # separate torch adds and norms
 
 
@@ -82,7 +86,9 @@ class Variants:
         self.inner.encoder = enc
         enc.__dict__.pop("forward", None)
         enc.add_norm = TORCH_ADD_NORM if name in TORCH_NORM_VARIANTS else None
-        set_linear_gelu(enc, "tanh" if name in ("tanh", "fp8", "fp8-compiled") else "exact")
+        set_linear_gelu(enc, "tanh" if name in ("tanh", "tma", "fp8", "fp8-compiled")
+                        else "exact")
+        set_encoder_attention(enc, "tma" if name == "tma" else "sdpa")
         if name == "before":
             enc.forward = types.MethodType(transposed_layout_forward, enc)
         self.engine.pools.kv_pool.write_kernel = self.can_write_kernel and \

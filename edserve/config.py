@@ -102,6 +102,15 @@ class EngineConfig:
         "benchmarks/RESULTS.md 'Encoder GELU'.",
         choices=("auto", "exact", "tanh"),
     )
+    encoder_attention: str = _f(
+        "auto",
+        "Self-attention of Whisper's encoder: sdpa (torch's scaled_dot_product_attention, "
+        "cuDNN's kernel on an H100/H200), tma (edserve's Triton flash attention fed by TMA "
+        "descriptors: CUDA compute capability 9.0+, bfloat16/float16; measured 5-7 percent faster "
+        "than cuDNN at large-v3's shape), or auto (tma where it runs and the encoder is not "
+        "compiled, else sdpa). See benchmarks/RESULTS.md 'TMA attention'.",
+        choices=("auto", "sdpa", "tma"),
+    )
     decoder_gelu: str = _f(
         "auto",
         "GELU of Whisper's decoder MLPs, the same forms as --encoder-gelu: exact (erf, as "

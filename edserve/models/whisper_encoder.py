@@ -1,12 +1,14 @@
 """Whisper's audio encoder: two convolutions, positions, ``encoder_layers`` transformer layers.
 
 It runs batched over the requests admitted in a step (one stacked batch in the model's dtype,
-SDPA, no KV cache). The residual stream is kept **token-major and contiguous** (``[N, S, d]``,
-stride ``(S d, d, 1)``): the convolutions produce ``[N, d, S]``, and adding the positions to
-its transposed view would give a tensor laid out ``[N, d, S]`` in memory; every residual add
-then kept that layout (TensorIterator follows its first operand) and every layer norm copied
-it to a contiguous one (on the H200 at batch 16 that was 14 ms of strided adds and 13 ms of
-copies in a 114 ms prefill step). The first add now writes into a contiguous buffer.
+no KV cache; the attention is ``--encoder-attention``'s form,
+:mod:`edserve.layers.encoder_attention`). The residual stream is kept **token-major and
+contiguous** (``[N, S, d]``, stride ``(S d, d, 1)``): the convolutions produce ``[N, d, S]``,
+and adding the positions to its transposed view would give a tensor laid out ``[N, d, S]`` in
+memory; every residual add then kept that layout (TensorIterator follows its first operand)
+and every layer norm copied it to a contiguous one (on the H200 at batch 16 that was 14 ms of
+strided adds and 13 ms of copies in a 114 ms prefill step). The first add now writes into a
+contiguous buffer.
 
 Every residual add is fused into the LayerNorm that follows it (issue 19: on the H200 the
 separate adds and norms were 8 ms of a 83.5 ms batch-16 prefill step): layer ``i`` takes the
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edserve.layers.add_norm import TORCH_ADD_NORM, AddNormOps, add_norm_ops
+from edserve.layers.encoder_attention import Attend, sdpa_attend
 from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
 from edserve.models.weights.fused import FusedLinear
 from edserve.models.whisper_config import WhisperConfig
@@ -61,6 +64,7 @@ class WhisperEncoderLayer(nn.Module):
         self.fc2 = nn.Linear(cfg.encoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d)
         self.linear_gelu: LinearGelu = linear_gelu_exact  # --encoder-gelu (layers/linear_gelu)
+        self.attend: Attend = sdpa_attend  # --encoder-attention (layers/encoder_attention)
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None,
                 ops: AddNormOps) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,9 +75,8 @@ class WhisperEncoderLayer(nn.Module):
         x, h = ops.add_layer_norm(self.self_attn_layer_norm, x, delta)
         qkv = a.qkv_proj(h)  # [N, S, 3d]
         q, k, v = qkv.view(N, S, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # [N, H, S, hd]
-        o = F.scaled_dot_product_attention(q, k, v)  # [N, H, S, hd]
-        x, h = ops.add_layer_norm(self.final_layer_norm, x,
-                                  a.out_proj(o.transpose(1, 2).reshape(N, S, d)))
+        o = self.attend(q, k, v)  # [N, S, H, hd]
+        x, h = ops.add_layer_norm(self.final_layer_norm, x, a.out_proj(o.reshape(N, S, d)))
         return x, self.fc2(self.linear_gelu(self.fc1, h))
 
 

@@ -17,6 +17,7 @@ from edserve.engine.cuda_graph import DecodeGraphRunner
 from edserve.engine.engine import Engine
 from edserve.engine.parts import EngineParts
 from edserve.layers.attention import create_backend
+from edserve.layers.encoder_attention import resolve_encoder_attention, set_encoder_attention
 from edserve.layers.linear_gelu import resolve_linear_gelu, set_linear_gelu
 from edserve.models.catalog import model_cache_dir
 from edserve.models.cpu_linear import apply_cpu_linear
@@ -80,6 +81,7 @@ def build_engine(config: EngineConfig | None = None, *, checkpoint: Any = None,
         set_linear_gelu(model, resolve_linear_gelu(config.decoder_gelu, s.device, s.dtype,
                                                    model_type, "--decoder-gelu"),
                         "mlp_gelu", "--decoder-gelu")
+        _encoder_attention(model, config, s)
         model = apply_cpu_linear(model, config.cpu_linear, s.onednn_linears,
                                  config.compile_encoder)
         _encoder_options(model, config, s)
@@ -135,6 +137,22 @@ def encoder_graph_max_bs(config: EngineConfig, s: RuntimeSettings, whisper: bool
         return config.encoder_cuda_graph_max_bs
     auto = whisper and not config.compile_encoder and use_cuda_graph(config, s)
     return ENCODER_GRAPH_MAX_BS_AUTO if auto else 0
+
+
+def _encoder_attention(model: Any, config: EngineConfig, s: RuntimeSettings) -> None:
+    """``--encoder-attention`` on Whisper's encoder layers (other models: only ``auto``)."""
+    encoder = getattr(getattr(model, "model", None), "encoder", None)
+    layers = getattr(encoder, "layers", None)
+    if not layers or not hasattr(layers[0], "attend"):
+        if config.encoder_attention != "auto":
+            raise ValueError(f"--encoder-attention {config.encoder_attention}: Whisper "
+                             f"models only, got {type(model).__name__}")
+        return
+    cfg = model.config
+    head_dim = cfg.d_model // cfg.encoder_attention_heads
+    mode = resolve_encoder_attention(config.encoder_attention, s.device, s.dtype, head_dim,
+                                     config.compile_encoder)
+    set_encoder_attention(encoder, mode)
 
 
 def _encoder_options(model: Any, config: EngineConfig, s: RuntimeSettings) -> None:

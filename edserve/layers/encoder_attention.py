@@ -1,0 +1,87 @@
+"""The bidirectional self-attention of Whisper's audio encoder, chosen by ``--encoder-attention``.
+
+A form is a function ``(q, k, v) -> o``: q, k, v ``[N, H, S, hd]`` (strided views of the
+fused qkv projection), o ``[N, S, H, hd]`` (what ``out_proj`` reads after a reshape). The
+registry :data:`ENCODER_ATTENTION`:
+
+  sdpa  ``F.scaled_dot_product_attention`` (on an H100/H200 it picks cuDNN's fused kernel):
+        any device, dtype and head dim; what torch.compile traces (``--compile-encoder``).
+  tma   :func:`edserve.kernels.tma_attention.tma_attention`, a Triton flash attention whose
+        tiles move by TMA descriptors: CUDA with compute capability 9.0+, bfloat16/float16,
+        head dims 16/32/64/128. Measured 5-7 % faster than cuDNN at large-v3's shape (20 x 64,
+        1500 tokens) on an H100 (benchmarks/RESULTS.md, wave 38).
+
+``auto`` (:func:`resolve_encoder_attention`) takes ``tma`` where it runs and the encoder is
+not compiled, else ``sdpa``. A layer holds its form as ``layer.attend``;
+:func:`set_encoder_attention` sets it on every encoder layer of a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q/k/v ``[N, H, S, hd]`` -> ``[N, S, H, hd]`` (a transposed view of SDPA's output)."""
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+
+
+def tma_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """As :func:`sdpa_attend`, by the TMA kernel (a contiguous ``[N, S, H, hd]``; imported
+    here: a CPU engine never imports Triton)."""
+    from edserve.kernels.tma_attention import tma_attention
+
+    return tma_attention(q, k, v)
+
+
+ENCODER_ATTENTION: dict[str, Attend] = {"sdpa": sdpa_attend, "tma": tma_attend}
+TMA_HEAD_DIMS = (16, 32, 64, 128)
+
+
+def tma_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """None when the ``tma`` form runs here, else why not."""
+    if device.type != "cuda":
+        return f"needs CUDA, the device is {device}"
+    if torch.cuda.get_device_capability(device)[0] < 9:
+        return "needs compute capability 9.0+ (TMA)"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"needs bfloat16 or float16, the encoder runs {dtype}"
+    if head_dim not in TMA_HEAD_DIMS:
+        return f"needs a head dim in {TMA_HEAD_DIMS}, the encoder's is {head_dim}"
+    return None
+
+
+def resolve_encoder_attention(mode: str, device: torch.device, dtype: torch.dtype,
+                              head_dim: int, compiled: bool) -> str:
+    """``--encoder-attention`` resolved to a key of :data:`ENCODER_ATTENTION`: ``auto`` is
+    ``tma`` where it runs and the encoder is not compiled, else ``sdpa``; ``tma`` where it
+    cannot run (or with ``--compile-encoder``) raises ValueError saying why."""
+    if mode not in ("auto", *ENCODER_ATTENTION):
+        raise ValueError(f"--encoder-attention must be auto or one of "
+                         f"{sorted(ENCODER_ATTENTION)}, got {mode!r}")
+    why = tma_supported(device, dtype, head_dim)
+    if compiled:
+        why = "is not traced by --compile-encoder (use sdpa)"
+    if mode == "auto":
+        return "sdpa" if why else "tma"
+    if mode == "tma" and why:
+        raise ValueError(f"--encoder-attention tma {why}")
+    return mode
+
+
+def set_encoder_attention(model: nn.Module, mode: str) -> int:
+    """Give every module of ``model`` with an ``attend`` attribute (Whisper's encoder layers)
+    the form ``mode``; returns how many were set."""
+    attend = ENCODER_ATTENTION[mode]
+    n = 0
+    for m in model.modules():
+        if hasattr(m, "attend"):
+            m.attend = attend
+            n += 1
+    return n

@@ -1,0 +1,98 @@
+"""``--encoder-attention``: the sdpa and tma forms of Whisper's encoder self-attention, how
+``auto`` resolves, what is refused, and a whole encoder in either form (CPU: the Triton
+interpreter runs the tma kernel; GPU: large-v3's layer shape against float64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edserve.config import EngineConfig
+from edserve.layers.encoder_attention import (
+    ENCODER_ATTENTION,
+    resolve_encoder_attention,
+    sdpa_attend,
+    set_encoder_attention,
+    tma_attend,
+)
+from edserve.models.whisper_config import WhisperConfig
+from edserve.models.whisper_encoder import WhisperEncoder
+
+CPU = torch.device("cpu")
+
+
+def _encoder(dtype=torch.bfloat16, device="cpu") -> WhisperEncoder:
+    cfg = WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=2,
+                        encoder_ffn_dim=128, decoder_layers=1, decoder_attention_heads=2,
+                        decoder_ffn_dim=128, num_mel_bins=8, max_source_positions=24,
+                        max_target_positions=8, vocab_size=16)
+    torch.manual_seed(0)
+    enc = WhisperEncoder(cfg)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.copy_(torch.randn_like(p) * 0.2)
+    return enc.to(device=device, dtype=dtype).eval()
+
+
+def test_auto_is_sdpa_off_hopper_and_tma_is_refused_there():
+    assert resolve_encoder_attention("auto", CPU, torch.bfloat16, 64, False) == "sdpa"
+    assert resolve_encoder_attention("sdpa", CPU, torch.float32, 80, True) == "sdpa"
+    with pytest.raises(ValueError, match="needs CUDA"):
+        resolve_encoder_attention("tma", CPU, torch.bfloat16, 64, False)
+    with pytest.raises(ValueError, match="must be auto or one of"):
+        resolve_encoder_attention("flash", CPU, torch.bfloat16, 64, False)
+    assert EngineConfig().encoder_attention == "auto"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+def test_auto_on_cuda_follows_the_device_dtype_head_dim_and_compilation():
+    dev = torch.device("cuda")
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    assert resolve_encoder_attention("auto", dev, torch.bfloat16, 64, False) == \
+        ("tma" if hopper else "sdpa")
+    assert resolve_encoder_attention("auto", dev, torch.float32, 64, False) == "sdpa"
+    assert resolve_encoder_attention("auto", dev, torch.bfloat16, 80, False) == "sdpa"
+    assert resolve_encoder_attention("auto", dev, torch.bfloat16, 64, True) == "sdpa"
+    with pytest.raises(ValueError, match="compile-encoder"):
+        resolve_encoder_attention("tma", dev, torch.bfloat16, 64, True)
+
+
+def test_set_reaches_every_encoder_layer_and_the_encoder_agrees_in_either_form():
+    enc = _encoder()
+    assert all(layer.attend is sdpa_attend for layer in enc.layers)
+    mel = torch.randn(2, 8, 48, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    with torch.inference_mode():
+        want = enc(mel).float()
+        assert set_encoder_attention(enc, "tma") == 2
+        assert all(layer.attend is tma_attend for layer in enc.layers)
+        got = enc(mel).float()
+    assert got.shape == want.shape == (2, 24, 64)
+    # two bf16 computations of one function: the rounding of p and of the outputs differs
+    torch.testing.assert_close(got, want, atol=6e-2, rtol=6e-2)
+    assert set(ENCODER_ATTENTION) == {"sdpa", "tma"}
+
+
+def test_build_refuses_tma_where_it_cannot_run(tmp_path):
+    from whisper_fixtures import make_random_whisper
+
+    from edserve.runtime.build import build_engine
+
+    folder = make_random_whisper(tmp_path / "w")
+    with pytest.raises(ValueError, match="--encoder-attention tma needs CUDA"):
+        build_engine(EngineConfig(model=str(folder), device="cpu", encoder_attention="tma"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available()
+                    or torch.cuda.get_device_capability()[0] < 9, reason="Hopper+ only")
+def test_large_v3_layer_shape_on_gpu_against_float64():
+    """One large-v3-shaped attention (20 x 64, 1500 tokens) through both forms: the tma form
+    is as close to float64 as cuDNN's."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(2, 1500, 3, 20, 64, generator=g, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    ref = ref.transpose(1, 2)
+    err_tma = (tma_attend(q, k, v).double() - ref).abs().max().item()
+    err_sdpa = (sdpa_attend(q, k, v).double() - ref).abs().max().item()
+    assert err_tma <= 2 * err_sdpa + 1e-3, (err_tma, err_sdpa)
