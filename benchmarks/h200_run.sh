@@ -16,7 +16,7 @@
 #   w21-verify (~7 min: GPU tests of the final tree, beam 5 on the transcription path, both top-k paths)
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
-#   w38 (~9 min: --encoder-attention tma: GPU tests, sweep, prefill sdpa vs tma, real path vs _ab/before)
+#   w38 (~7 min: the TMA attention's GPU tests, kernel sweep, prefill sdpa vs tma), w38-b (~8 min: real path vs _ab/before, vision tower)
 #   w38-attn (~2 min: the encoder's attention through TMA descriptors vs cuDNN, swept)
 #   w37 (~9 min; _ab/before0 = git archive ca68fb9 edserve, _ab/before = the tree before the worker's input
 #     thread, carried: GPU tests of wave 37, then the server at 32 clients from before0 / before / this tree twice)
@@ -418,15 +418,27 @@ for part in "$@"; do
              | tee "$OUT/w34_step.log" | grep -v "^Writing" | grep -v "^#   [a-z_]* .*(n=") ;;
     # wave 34's new defaults (step log-mels, four windows per mixed step): 32 clients + 16 long files, the real
     # path at 64 (no HF), arrivals at the default budget, after the two GPU tests of wave 34 (~5 min)
-    # wave 38: --encoder-attention tma verified and measured: GPU tests (engine with it as the default), the
-    # kernel sweep, the prefill with sdpa vs tma, the real path with this tree vs _ab/before (HEAD before it) (~9 min)
+    # wave 38: the TMA attention verified and measured: GPU tests (engine with it as the encoder's default),
+    # the kernel at the Whisper and vision shapes, the prefill with sdpa vs tma (~7 min)
     w38) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_tma_attention.py \
              tests/layers/test_encoder_attention.py tests/models/test_encoder_graphs.py tests/engine/test_gpu.py 2>&1 \
              | tee "$OUT/w38_tests.log" | tail -3
-           timeout 150 python3 -W ignore benchmarks/attn_tma_gpu.py 2>&1 | tee "$OUT/w38_attn_tma.log" | grep -E "cudnn|BEST|w8 s3 x1"
+           timeout 200 python3 -W ignore benchmarks/attn_tma_gpu.py 2>&1 | tee "$OUT/w38_attn_tma.log" | grep -E "cudnn|BEST|dense|w8 s3"
            timeout 240 python3 -W ignore benchmarks/prefill_gpu.py --arch large-v3 --batch 16 32 --variants tanh tma \
-             --repeats 5 2>&1 | tee "$OUT/w38_prefill.log" | grep -E "^(# batch|tanh|tma|## profile|# one prefill|aten::_cudnn|aten::addmm|_tma_attn)"
-           realpath_ab w38_real 110 "after large-v3 64" "before large-v3 64" "after large-v3 64" "before large-v3 64" ;;
+             --repeats 5 2>&1 | tee "$OUT/w38_prefill.log" | grep -E "^(# batch|tanh|tma|## profile|# one prefill|aten::_cudnn|aten::addmm|_tma_attn)" ;;
+    # wave 38, after the last-block fix: GPU tests (TMA kernel, encoder attention, vision plan, engine), the kernel
+    # at the Whisper and vision shapes, the 11B vision tower with tma vs triton (~6 min)
+    w38c) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_tma_attention.py \
+             tests/layers/test_encoder_attention.py tests/models/mllama/test_vision_plan.py tests/engine/test_gpu.py 2>&1 \
+             | tee "$OUT/w38c_tests.log" | tail -3
+           timeout 200 python3 -W ignore benchmarks/attn_tma_gpu.py 2>&1 | tee "$OUT/w38c_attn_tma.log" | grep -E "cudnn|BEST|dense|64x128 w4 s2|128x64 w4 s4"
+           timeout 200 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 3 --shapes 4,1,mixed 2>&1 \
+             | tee "$OUT/w38c_vision.log" | tail -6 ;;
+    # wave 38: the real path with this tree vs _ab/before (HEAD before the TMA attention), twice; the 11B vision tower
+    # with the tma kernel vs triton / sdpa (~8 min)
+    w38-b) realpath_ab w38_real 110 "after large-v3 64" "before large-v3 64" "after large-v3 64" "before large-v3 64"
+           timeout 200 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 3 --shapes 4,mixed 2>&1 \
+             | tee "$OUT/w38_vision.log" | tail -6 ;;
     # wave 38: the encoder's attention through TMA descriptors vs cuDNN, its GPU tests (~2 min)
     w38-attn) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_tma_attention.py 2>&1 \
              | tee "$OUT/w38_attn_tests.log" | tail -2

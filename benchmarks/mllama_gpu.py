@@ -176,8 +176,8 @@ def measure(eng, hf, b: dict, n: int, args, hf_once: dict, ctx: dict) -> dict:
              **agreement(tokens, hf_tokens, n))
     busy = "n/a" if r["gpu_busy"] is None else f"{100 * r['gpu_busy']:.0f}%"
     syncs = "n/a" if r["syncs_per_step"] is None else f"{r['syncs_per_step']:.2f}"
-    mix = ("" if ctx["mixed"] else " nomix") + (" sdpa" if ctx["vision_kernel"] == "sdpa"
-                                                   else "")
+    mix = ("" if ctx["mixed"] else " nomix") + ("" if ctx["vision_kernel"] == "auto"
+                                                   else " " + ctx["vision_kernel"])
     print(f"{ctx['strategy']}/{ctx['page']}{mix} {n:3d} img + {rows - n:2d} txt: "
           f"{r['requests_per_s']:7.2f} req/s {r['tokens_per_s']:8.0f} tok/s "
           f"(HF {r['hf_tokens_per_s']:7.0f}{hf_note(hf_once[n]['chunk'], rows)}, "
@@ -212,9 +212,9 @@ def parse_args(argv=None):
                     help="timed generation runs per system and batch (the median counts; HF's "
                     "figure moved ~10 %% between runs at 64 image requests)")
     ap.add_argument("--strategies", default="flat:1,aligned:128,ragged:1",
-                    help="strategy:page_size[:eager][:nomix][:sdpa],... (CUDA graphs on CUDA "
-                    "unless :eager; ragged always runs eager; :nomix: --no-mixed-steps; :sdpa: "
-                    "the vision tower's attention on SDPA, not the Triton kernel)")
+                    help="strategy:page_size[:eager][:nomix][:sdpa|:tma|:triton],... (CUDA graphs "
+                    "on CUDA unless :eager; ragged always runs eager; :nomix: --no-mixed-steps; "
+                    ":sdpa / :tma / :triton: the vision tower's attention kernel, default auto)")
     ap.add_argument("--dense-tiles", default=None, help="BM,BN,WARPS,STAGES of the Triton "
                     "vision attention (default: the kernel's DEFAULT_TILES)")
     ap.add_argument("--ops", default="auto", choices=("auto", "torch", "triton"))
@@ -271,7 +271,8 @@ def main(argv=None) -> int:
     for spec in args.strategies.split(","):
         strategy, page, *mode = spec.split(":")
         page, want_graph, mixed = int(page), "eager" not in mode, "nomix" not in mode
-        opts = dict(vision_kernel="sdpa" if "sdpa" in mode else "auto")
+        opts = dict(vision_kernel=next((k for k in ("sdpa", "tma", "triton") if k in mode),
+                                       "auto"))
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()

@@ -5,7 +5,8 @@ Random weights (HF's init, gates U(0.5, 1.5), zero tensors N(0, in^-0.5)) in HF
 1..4, a batch of ``--images`` images of that many tiles, then a mixed batch (4, 1, 2, 3, ...
 tiles): median wall time of ``--runs`` runs after a warm-up, per image and per real tile, for
 edserve's "grouped" (mask-free, SDPA) and "masked" (HF's mask) attention plans, "triton" (grouped
-on the Triton dense-attention kernel, the engine's default on CUDA), "unfused" (grouped,
+on the Triton dense-attention kernel, the engine's default on CUDA), "tma" (grouped on the
+TMA-fed Triton kernel; Hopper+), "unfused" (grouped,
 the residual adds and LayerNorms as separate torch ops, not the fused Triton add + LayerNorm)
 and HF (which always runs and projects all 4 tile slots). On the mixed batch it also times
 the grouped plan with each SDPA backend alone (CUDA) and prints the largest difference of the
@@ -182,6 +183,8 @@ def main(argv=None) -> int:
                "unfused": lambda b: run_ours(ours, proj, "grouped", b, TORCH_ADD_NORM),
                "tanh": lambda b: run_ours(ours, proj, "grouped", b, gelu="tanh"),
                "triton": lambda b: run_ours(ours, proj, "grouped", b, kernel="triton")}
+    if device == "cuda" and torch.cuda.get_device_capability()[0] >= 9:
+        runners["tma"] = lambda b: run_ours(ours, proj, "grouped", b, kernel="tma")
     if not args.no_hf:
         runners["hf"] = lambda b: run_hf(hf, proj, b)
     print(f"# vision {'toy' if args.dry_run else args.size} on {device} {dtype}, "

@@ -1,16 +1,19 @@
 """Triton bidirectional attention whose tiles move through TMA tensor descriptors (Hopper+).
 
 The same function as :mod:`edserve.kernels.dense_attention` (``softmax(q k^T * scale) v`` per
-(batch, head), no mask) for power-of-two head dims, written for the Whisper encoder's shape
-(20 heads of 64, 1500 tokens): q, k and v are read as 4-D descriptors over their strided views
+(batch, head), no mask), written for the Whisper encoder's shape (20 heads of 64, 1500 tokens)
+and the Mllama vision tower's (16 heads of 80: read as two column chunks, 64 + 16, so the dots
+do the work of 80 columns, not 128): q, k and v are read as 4-D descriptors over their strided views
 (``[B, H, L, D]``, e.g. the fused qkv projection's output seen per head), so a tile load is one
 TMA copy instead of ``BLOCK x D`` address computations, and rows past ``L`` come back as zeros
 without masks; the output is stored through a ``[B, Lq, H, D]`` descriptor (rows past ``Lq``
 are clipped by the copy engine). The score scale is folded into the exponent's FMA
-(``exp2(s * c - m)``) and only the last, partial key block is masked.
+(``exp2(s * c - m)``); only the last key block is masked, and it is read ending at ``Lk``
+(over keys already folded, masked) so that no K/V tile is read past the end.
 
 Contract: q ``[B, H, Lq, D]``, k and v ``[B, H, Lk, D]`` with unit stride on D, every other
-stride and the base addresses 16-byte aligned (TMA's rule); D a power of two in 16..128;
+stride and the base addresses 16-byte aligned (TMA's rule); D a power of two in 16..128 or
+the sum of two (:func:`head_dim_chunks`);
 ``out`` ``[B, Lq, H, D]`` likewise. ``Lk == 0`` gives zeros. No host syncs. On CPU the Triton
 interpreter runs it (tests); whether it beats cuDNN is measured in
 ``benchmarks/attn_tma_gpu.py``.
@@ -32,83 +35,83 @@ _DTYPES = (torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _online_softmax(s, j, Lk, m_i, l_i, acc, qk_scale, BLOCK_N: tl.constexpr,
-                    MASK: tl.constexpr):
-    """Scores ``s`` [M, N] of keys ``[j, j + N)`` (``MASK``: some are past Lk) -> (p [M, N],
-    new max, new sum, the accumulator rescaled to the new max)."""
+def _fold_block(qa, qb, ka_desc, kb_desc, va_desc, vb_desc, b, h, j, lo, hi, m_i, l_i, acc_a,
+                acc_b, qk_scale, D_A: tl.constexpr, D_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                MASK: tl.constexpr, UPCAST: tl.constexpr):
+    """Fold keys ``[j, j + BLOCK_N)`` into the online softmax (``MASK``: only keys in
+    ``[lo, hi)``).
+    The head dim is read as two column chunks ``[0, D_A)`` and ``[D_A, D_A + D_B)`` (``D_B``
+    0: one chunk): the score tile is ``qa ka^T + qb kb^T``, the output two accumulators."""
+    ka = ka_desc.load([b, h, j, 0]).reshape(BLOCK_N, D_A)
+    if UPCAST:  # the CPU interpreter's bf16 dot is wrong: fp32 dots there
+        ka = ka.to(tl.float32)
+    s = tl.dot(qa, tl.trans(ka))  # [M, N] fp32
+    if D_B > 0:
+        kb = kb_desc.load([b, h, j, 0]).reshape(BLOCK_N, D_B)
+        if UPCAST:
+            kb = kb.to(tl.float32)
+        s = tl.dot(qb, tl.trans(kb), s)
     if MASK:
         cols = j + tl.arange(0, BLOCK_N)
-        s = tl.where((cols < Lk)[None, :], s, float("-inf"))
+        s = tl.where(((cols >= lo) & (cols < hi))[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # log2 units (qk_scale > 0)
     p = tl.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    return p, m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None]
-
-
-@triton.jit
-def _fold_block(qa, qb, k_desc, v_desc, b, h, j, Lk, ma, la, acca, mb, lb, accb, qk_scale,
-                D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-                HALVES: tl.constexpr, UPCAST: tl.constexpr):
-    """Fold keys ``[j, j + BLOCK_N)`` into the online softmax of one or two q tiles. With two,
-    both score dots are issued before either softmax, so one tile's tensor-core work can run
-    under the other's exponentials (the overlap FlashAttention-3 schedules by hand)."""
-    k = k_desc.load([b, h, j, 0]).reshape(BLOCK_N, D)
-    v = v_desc.load([b, h, j, 0]).reshape(BLOCK_N, D)
-    if UPCAST:  # the CPU interpreter's bf16 dot is wrong: fp32 dots there
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    kt = tl.trans(k)
-    sa = tl.dot(qa, kt)  # [M, N] fp32
-    if HALVES == 2:
-        sb = tl.dot(qb, kt)
-    p, ma, la, acca = _online_softmax(sa, j, Lk, ma, la, acca, qk_scale, BLOCK_N, MASK)
-    acca = tl.dot(p.to(v.dtype), v, acca)
-    if HALVES == 2:
-        p, mb, lb, accb = _online_softmax(sb, j, Lk, mb, lb, accb, qk_scale, BLOCK_N, MASK)
-        accb = tl.dot(p.to(v.dtype), v, accb)
-    return ma, la, acca, mb, lb, accb
-
-
-@triton.jit
-def _store_tile(o_desc, b, m0, h, acc, l_i, TILE_M: tl.constexpr, D: tl.constexpr):
-    inv = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)  # no keys: acc == 0 -> 0
-    o = (acc * inv[:, None]).to(o_desc.dtype)
-    o_desc.store([b, m0, h, 0], o.reshape(1, TILE_M, 1, D))  # rows past Lq: clipped
+    l_i = l_i * alpha + tl.sum(p, 1)
+    va = va_desc.load([b, h, j, 0]).reshape(BLOCK_N, D_A)
+    if UPCAST:
+        va = va.to(tl.float32)
+    p = p.to(va.dtype)
+    acc_a = tl.dot(p, va, acc_a * alpha[:, None])
+    if D_B > 0:
+        vb = vb_desc.load([b, h, j, 0]).reshape(BLOCK_N, D_B)
+        if UPCAST:
+            vb = vb.to(tl.float32)
+        acc_b = tl.dot(p, vb, acc_b * alpha[:, None])
+    return m_new, l_i, acc_a, acc_b
 
 
 @triton.jit(do_not_specialize=["Lq", "Lk"])
-def _tma_attn_kernel(q_desc, k_desc, v_desc, o_desc, H, Lq, Lk, qk_scale,
-                     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     STAGES: tl.constexpr, HALVES: tl.constexpr, UPCAST: tl.constexpr):
+def _tma_attn_kernel(qa_desc, qb_desc, ka_desc, kb_desc, va_desc, vb_desc, oa_desc, ob_desc,
+                     H, Lq, Lk, qk_scale, D_A: tl.constexpr, D_B: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+                     UPCAST: tl.constexpr):
     mblk = tl.program_id(0)  # fastest: the q blocks of one (batch, head) share its K/V in L2
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    TILE_M: tl.constexpr = BLOCK_M // HALVES
     m0 = mblk * BLOCK_M
-    qa = q_desc.load([b, h, m0, 0]).reshape(TILE_M, D)  # rows past Lq: zeros
-    qb = qa
-    if HALVES == 2:
-        qb = q_desc.load([b, h, m0 + TILE_M, 0]).reshape(TILE_M, D)
+    W_B: tl.constexpr = D_B if D_B > 0 else 16  # placeholder width without a second chunk
+    qa = qa_desc.load([b, h, m0, 0]).reshape(BLOCK_M, D_A)  # rows past Lq: zeros
+    qb = tl.zeros([BLOCK_M, W_B], dtype=qa.dtype)
+    if D_B > 0:
+        qb = qb_desc.load([b, h, m0, 0]).reshape(BLOCK_M, D_B)
     if UPCAST:
         qa = qa.to(tl.float32)
         qb = qb.to(tl.float32)
-    ma = tl.zeros([TILE_M], dtype=tl.float32) - float("inf")
-    la = tl.zeros([TILE_M], dtype=tl.float32)
-    acca = tl.zeros([TILE_M, D], dtype=tl.float32)
-    mb, lb, accb = ma, la, acca
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc_a = tl.zeros([BLOCK_M, D_A], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_M, W_B], dtype=tl.float32)
     n_full = Lk // BLOCK_N
     for nb in tl.range(0, n_full, num_stages=STAGES):  # whole key blocks: no mask
-        ma, la, acca, mb, lb, accb = _fold_block(
-            qa, qb, k_desc, v_desc, b, h, nb * BLOCK_N, Lk, ma, la, acca, mb, lb, accb,
-            qk_scale, D, BLOCK_N, False, HALVES, UPCAST)
-    if n_full * BLOCK_N < Lk:  # the last, partial key block
-        ma, la, acca, mb, lb, accb = _fold_block(
-            qa, qb, k_desc, v_desc, b, h, n_full * BLOCK_N, Lk, ma, la, acca, mb, lb, accb,
-            qk_scale, D, BLOCK_N, True, HALVES, UPCAST)
-    _store_tile(o_desc, b, m0, h, acca, la, TILE_M, D)
-    if HALVES == 2:
-        _store_tile(o_desc, b, m0 + TILE_M, h, accb, lb, TILE_M, D)
+        m_i, l_i, acc_a, acc_b = _fold_block(
+            qa, qb, ka_desc, kb_desc, va_desc, vb_desc, b, h, nb * BLOCK_N, 0, Lk, m_i, l_i,
+            acc_a, acc_b, qk_scale, D_A, D_B, BLOCK_N, False, UPCAST)
+    if n_full * BLOCK_N < Lk:
+        # The rest. With a whole block before it: the block ending at Lk, its keys already
+        # folded masked, so no tile is read past Lk (on the H200 the 16-column chunk of a tile
+        # read partly past the end gave wrong sums, wave 38); else the one partial block.
+        j = tl.where(n_full > 0, Lk - BLOCK_N, 0)
+        m_i, l_i, acc_a, acc_b = _fold_block(
+            qa, qb, ka_desc, kb_desc, va_desc, vb_desc, b, h, j, n_full * BLOCK_N, Lk, m_i, l_i,
+            acc_a, acc_b, qk_scale, D_A, D_B, BLOCK_N, True, UPCAST)
+    inv = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)  # no keys: acc == 0 -> 0
+    o = (acc_a * inv[:, None]).to(oa_desc.dtype)
+    oa_desc.store([b, m0, h, 0], o.reshape(1, BLOCK_M, 1, D_A))  # rows past Lq: clipped
+    if D_B > 0:
+        o = (acc_b * inv[:, None]).to(ob_desc.dtype)
+        ob_desc.store([b, m0, h, 0], o.reshape(1, BLOCK_M, 1, D_B))
 
 
 @dataclass(frozen=True)
@@ -119,13 +122,27 @@ class TmaTiles:
     block_n: int = 64
     num_warps: int = 8
     num_stages: int = 3
-    halves: int = 1  # q tiles per program (2: two BLOCK_M / 2 tiles, their dots interleaved)
 
 
-# The H100's best of attn_tma_gpu.py's sweep at large-v3's encoder shape, 16 and 64 clips, in two
-# calls (RESULTS.md wave 38): 0.452 / 1.796 ms against cuDNN's 0.484 / 1.897; two q tiles per
-# program no faster with 4 warps and 2x slower with 8.
-DEFAULT_TILES = TmaTiles()
+# attn_tma_gpu.py's sweeps (RESULTS.md wave 38): at large-v3's encoder shape (one 64-column
+# chunk) 64 x 128 tiles with 4 warps were the best or within 2 % of it on the H100 and the H200
+# (0.460 ms for 16 clips; cuDNN 0.482); at the vision tower's (64 + 16 columns) 128 x 64 with
+# 4 warps and 4 stages on the H200. (Two q tiles a program, both score dots issued before
+# either softmax, were no faster with 4 warps and 2x slower with 8: not kept.)
+DEFAULT_TILES = {False: TmaTiles(64, 128, 4, 2),  # by D_B > 0
+                 True: TmaTiles(128, 64, 4, 4)}
+
+
+def head_dim_chunks(D: int) -> tuple[int, int] | None:
+    """``(D_A, D_B)``: the head dim as one power of two in 16..128 (``D_B == 0``) or the sum
+    of two, the larger first (80 -> (64, 16)); None when it is neither."""
+    sizes = (128, 64, 32, 16)
+    for a in sizes:
+        if D == a:
+            return a, 0
+        if D - a in sizes and D - a < a:
+            return a, D - a
+    return None
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -144,8 +161,9 @@ def check_tma_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if k.shape != v.shape or k.shape[:2] != (B, H) or k.shape[3] != D:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [B, H, Lk, D] "
                          f"with q's B, H, D = {B}, {H}, {D}")
-    if D not in (16, 32, 64, 128):
-        raise ValueError(f"head_dim {D} unsupported (a power of two in 16..128)")
+    if head_dim_chunks(D) is None:
+        raise ValueError(f"head_dim {D} unsupported (a power of two in 16..128, or the sum of "
+                         f"two: 48, 80, 96, 144, 160, 192)")
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v must share one of {_DTYPES}; got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}")
@@ -154,6 +172,9 @@ def check_tma_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          f"{tuple(out.shape)} {out.dtype}")
     if len({t.device for t in (q, k, v, out)}) != 1:
         raise ValueError("q, k, v and out must be on one device")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"tma_attention runs on CUDA tensors (on the CPU only under "
+                         f"TRITON_INTERPRET=1); got {q.device}")
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if not _aligned(t):
             raise ValueError(f"{name} needs unit stride on D and 16-byte aligned strides and "
@@ -175,19 +196,29 @@ def tma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Lk = k.shape[2]
     if B * H * Lq == 0 or Lk == 0:
         return out.zero_()
-    t = tiles or DEFAULT_TILES
-    if t.halves not in (1, 2) or t.block_m % t.halves:
-        raise ValueError(f"tiles.halves must be 1 or 2 and divide block_m; got {t}")
-    tile_m = t.block_m // t.halves
-    q_desc = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 1, tile_m, D])
-    k_desc = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, t.block_n, D])
-    v_desc = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, t.block_n, D])
-    o_desc = TensorDescriptor(out, list(out.shape), list(out.stride()), [1, tile_m, 1, D])
+    d_a, d_b = head_dim_chunks(D)
+    t = tiles or DEFAULT_TILES[d_b > 0]
+
+    def descs(x: torch.Tensor, block: list[int]) -> tuple[TensorDescriptor, TensorDescriptor]:
+        """Descriptors of x's head-dim chunks [0, d_a) and [d_a, D) (the first twice when
+        there is one chunk); ``block`` has -1 where the chunk's width goes."""
+        a = TensorDescriptor(x, [*x.shape[:3], d_a], list(x.stride()),
+                             [d_a if n < 0 else n for n in block])
+        if not d_b:
+            return a, a
+        xb = x[..., d_a:]
+        return a, TensorDescriptor(xb, list(xb.shape), list(xb.stride()),
+                                   [d_b if n < 0 else n for n in block])
+
+    qa, qb = descs(q, [1, 1, t.block_m, -1])
+    ka, kb = descs(k, [1, 1, t.block_n, -1])
+    va, vb = descs(v, [1, 1, t.block_n, -1])
+    oa, ob = descs(out, [1, t.block_m, 1, -1])
     grid = (triton.cdiv(Lq, t.block_m), B * H)
     _tma_attn_kernel[grid](
-        q_desc, k_desc, v_desc, o_desc, H, Lq, Lk,
+        qa, qb, ka, kb, va, vb, oa, ob, H, Lq, Lk,
         float(D ** -0.5 if scale is None else scale) * LOG2E,
-        D=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STAGES=t.num_stages, HALVES=t.halves,
+        D_A=d_a, D_B=d_b, BLOCK_M=t.block_m, BLOCK_N=t.block_n, STAGES=t.num_stages,
         UPCAST=os.environ.get("TRITON_INTERPRET") == "1",
         num_warps=t.num_warps, num_stages=t.num_stages)
     return out

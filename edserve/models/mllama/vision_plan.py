@@ -16,8 +16,9 @@ computed there; every other encoder op acts per token, so it runs in any order:
 Plans are built on the host from the aspect-ratio masks (no device sync when they are on the
 CPU), once per batch, and their index tensors moved to the device once. The grouped plan's
 mask-free calls run on one of :data:`VISION_KERNELS`: SDPA (whatever backend it picks, then a
-copy into the plan's layout) or the Triton kernel of :mod:`edserve.kernels.dense_attention`
-(head dim 80 without padding it to 128, written in place).
+copy into the plan's layout), the Triton kernel of :mod:`edserve.kernels.dense_attention`
+(head dim 80 without padding it to 128, written in place) or its TMA-fed sibling
+:mod:`edserve.kernels.tma_attention` (Hopper+).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from edserve.kernels.dense_attention import dense_attention
+from edserve.kernels.tma_attention import tma_attention
 
 AttendInto = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], object]
 
@@ -43,9 +45,16 @@ def triton_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
     dense_attention(q, k, v, out=out)
 
 
+def tma_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    """As :func:`triton_into`, by the kernel fed by TMA descriptors (compute capability 9.0+;
+    head dim 80 as 64 + 16), :mod:`edserve.kernels.tma_attention`."""
+    tma_attention(q, k, v, out=out)
+
+
 # name -> mask-free attention written into a [n, Lq, H, hd] view (MllamaVisionModel's
 # attention_kernel; "auto" there picks by device)
-VISION_KERNELS: dict[str, AttendInto] = {"sdpa": sdpa_into, "triton": triton_into}
+VISION_KERNELS: dict[str, AttendInto] = {"sdpa": sdpa_into, "triton": triton_into,
+                                         "tma": tma_into}
 
 
 def real_tokens(ar_mask: torch.Tensor, num_patches: int, padded_len: int) -> torch.Tensor:
