@@ -434,6 +434,19 @@ for part in "$@"; do
            timeout 200 python3 -W ignore benchmarks/attn_tma_gpu.py 2>&1 | tee "$OUT/w38c_attn_tma.log" | grep -E "cudnn|BEST|dense|64x128 w4 s2|128x64 w4 s4"
            timeout 200 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 3 --shapes 4,1,mixed 2>&1 \
              | tee "$OUT/w38c_vision.log" | tail -6 ;;
+    # wave 38, the tail masked through the score accumulator: GPU tests of the kernel and the vision plan on it,
+    # the kernel at the Whisper and vision shapes, the 11B vision tower (~4 min)
+    w38d) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_tma_attention.py \
+             tests/layers/test_encoder_attention.py tests/models/mllama/test_vision_plan.py 2>&1 \
+             | tee "$OUT/w38d_tests.log" | grep -E "^FAILED|passed|failed"
+           timeout 150 python3 -W ignore benchmarks/attn_tma_gpu.py 2>&1 | tee "$OUT/w38d_attn_tma.log" | grep -vE "flash"
+           timeout 150 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 3 --shapes 4,mixed 2>&1 \
+             | tee "$OUT/w38d_vision.log" | tail -4 ;;
+    # wave 38: issue 24's protocol at 16 and 64 image requests, the vision tower's attention on tma vs the default
+    # (triton), medians of 2 (~8 min)
+    w38-mllama) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 560 python3 -W ignore benchmarks/mllama_gpu.py \
+               --size 11b --batches 16,64 --strategies aligned:128:tma,aligned:128 --decode-steps 10 --repeats 2 \
+               --json "$OUT/w38_mllama.json" 2>&1 | tee "$OUT/w38_mllama.log" | grep -E "^(aligned|flat)" ;;
     # wave 38: the real path with this tree vs _ab/before (HEAD before the TMA attention), twice; the 11B vision tower
     # with the tma kernel vs triton / sdpa (~8 min)
     w38-b) realpath_ab w38_real 110 "after large-v3 64" "before large-v3 64" "after large-v3 64" "before large-v3 64"

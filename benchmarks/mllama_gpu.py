@@ -94,7 +94,8 @@ def make_engine(config: dict, hf, args, strategy: str, page: int, pre: list,
                 graph: bool = True, mixed: bool = True, vision_kernel: str = "auto"):
     """An engine whose KV pool holds the requests ``pre`` (prompt, preprocessed image or
     None) once, plus slack; CUDA graphs up to their number; ``mixed``: mixed steps;
-    ``vision_kernel``: the vision tower's attention kernel (auto: Triton on CUDA)."""
+    ``vision_kernel``: the vision tower's attention kernel (auto: Triton on CUDA, fed by TMA
+    descriptors on Hopper)."""
     from edserve.models.weights import Checkpoint
     from edserve.runtime import build_engine
 

@@ -8,8 +8,8 @@ do the work of 80 columns, not 128): q, k and v are read as 4-D descriptors over
 TMA copy instead of ``BLOCK x D`` address computations, and rows past ``L`` come back as zeros
 without masks; the output is stored through a ``[B, Lq, H, D]`` descriptor (rows past ``Lq``
 are clipped by the copy engine). The score scale is folded into the exponent's FMA
-(``exp2(s * c - m)``); only the last key block is masked, and it is read ending at ``Lk``
-(over keys already folded, masked) so that no K/V tile is read past the end.
+(``exp2(s * c - m)``); keys past ``Lk`` in the last block are masked through the score
+accumulator's initial value.
 
 Contract: q ``[B, H, Lq, D]``, k and v ``[B, H, Lk, D]`` with unit stride on D, every other
 stride and the base addresses 16-byte aligned (TMA's rule); D a power of two in 16..128 or
@@ -35,25 +35,27 @@ _DTYPES = (torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _fold_block(qa, qb, ka_desc, kb_desc, va_desc, vb_desc, b, h, j, lo, hi, m_i, l_i, acc_a,
-                acc_b, qk_scale, D_A: tl.constexpr, D_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                MASK: tl.constexpr, UPCAST: tl.constexpr):
-    """Fold keys ``[j, j + BLOCK_N)`` into the online softmax (``MASK``: only keys in
-    ``[lo, hi)``).
-    The head dim is read as two column chunks ``[0, D_A)`` and ``[D_A, D_A + D_B)`` (``D_B``
-    0: one chunk): the score tile is ``qa ka^T + qb kb^T``, the output two accumulators."""
+def _fold_block(qa, qb, ka_desc, kb_desc, va_desc, vb_desc, b, h, j, Lk, m_i, l_i, acc_a,
+                acc_b, qk_scale, D_A: tl.constexpr, D_B: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+    """Fold keys ``[j, j + BLOCK_N)`` into the online softmax. The head dim is read as two
+    column chunks ``[0, D_A)`` and ``[D_A, D_A + D_B)`` (``D_B`` 0: one chunk): the score tile
+    is ``qa ka^T + qb kb^T``, the output two accumulators. Keys past Lk (read as zeros) are
+    masked by starting the score accumulator at -inf in their columns (no select after the
+    dots: on the H200 a select after the 16-column chunk's dot in a separate tail block gave
+    wrong sums, wave 38)."""
+    cols = j + tl.arange(0, BLOCK_N)
+    s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32) + \
+        tl.where(cols < Lk, 0.0, float("-inf"))[None, :]
     ka = ka_desc.load([b, h, j, 0]).reshape(BLOCK_N, D_A)
     if UPCAST:  # the CPU interpreter's bf16 dot is wrong: fp32 dots there
         ka = ka.to(tl.float32)
-    s = tl.dot(qa, tl.trans(ka))  # [M, N] fp32
+    s = tl.dot(qa, tl.trans(ka), s)  # [M, N] fp32
     if D_B > 0:
         kb = kb_desc.load([b, h, j, 0]).reshape(BLOCK_N, D_B)
         if UPCAST:
             kb = kb.to(tl.float32)
         s = tl.dot(qb, tl.trans(kb), s)
-    if MASK:
-        cols = j + tl.arange(0, BLOCK_N)
-        s = tl.where(((cols >= lo) & (cols < hi))[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # log2 units (qk_scale > 0)
     p = tl.exp2(s * qk_scale - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
@@ -93,19 +95,11 @@ def _tma_attn_kernel(qa_desc, qb_desc, ka_desc, kb_desc, va_desc, vb_desc, oa_de
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc_a = tl.zeros([BLOCK_M, D_A], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_M, W_B], dtype=tl.float32)
-    n_full = Lk // BLOCK_N
-    for nb in tl.range(0, n_full, num_stages=STAGES):  # whole key blocks: no mask
+    # one pipelined loop over every key block, the last one partial (its tail masked)
+    for nb in tl.range(0, tl.cdiv(Lk, BLOCK_N), num_stages=STAGES):
         m_i, l_i, acc_a, acc_b = _fold_block(
-            qa, qb, ka_desc, kb_desc, va_desc, vb_desc, b, h, nb * BLOCK_N, 0, Lk, m_i, l_i,
-            acc_a, acc_b, qk_scale, D_A, D_B, BLOCK_N, False, UPCAST)
-    if n_full * BLOCK_N < Lk:
-        # The rest. With a whole block before it: the block ending at Lk, its keys already
-        # folded masked, so no tile is read past Lk (on the H200 the 16-column chunk of a tile
-        # read partly past the end gave wrong sums, wave 38); else the one partial block.
-        j = tl.where(n_full > 0, Lk - BLOCK_N, 0)
-        m_i, l_i, acc_a, acc_b = _fold_block(
-            qa, qb, ka_desc, kb_desc, va_desc, vb_desc, b, h, j, n_full * BLOCK_N, Lk, m_i, l_i,
-            acc_a, acc_b, qk_scale, D_A, D_B, BLOCK_N, True, UPCAST)
+            qa, qb, ka_desc, kb_desc, va_desc, vb_desc, b, h, nb * BLOCK_N, Lk, m_i, l_i,
+            acc_a, acc_b, qk_scale, D_A, D_B, BLOCK_M, BLOCK_N, UPCAST)
     inv = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)  # no keys: acc == 0 -> 0
     o = (acc_a * inv[:, None]).to(oa_desc.dtype)
     oa_desc.store([b, m0, h, 0], o.reshape(1, BLOCK_M, 1, D_A))  # rows past Lq: clipped
@@ -124,13 +118,14 @@ class TmaTiles:
     num_stages: int = 3
 
 
-# attn_tma_gpu.py's sweeps (RESULTS.md wave 38): at large-v3's encoder shape (one 64-column
-# chunk) 64 x 128 tiles with 4 warps were the best or within 2 % of it on the H100 and the H200
-# (0.460 ms for 16 clips; cuDNN 0.482); at the vision tower's (64 + 16 columns) 128 x 64 with
-# 4 warps and 4 stages on the H200. (Two q tiles a program, both score dots issued before
-# either softmax, were no faster with 4 warps and 2x slower with 8: not kept.)
+# attn_tma_gpu.py's sweeps (RESULTS.md wave 38, H100 and H200): at large-v3's encoder shape
+# (one 64-column chunk) 64 x 128 tiles with 4 warps were the best at 16 clips on both (0.460-
+# 0.466 ms; cuDNN 0.476-0.482); at the 11B vision tower's (64 + 16 columns) 128 x 64 with 4
+# warps and 3 stages (16 four-tile images 8.24 ms; the pointer-load kernel 8.57, cuDNN 9.58).
+# (Two q tiles a program, both score dots issued before either softmax, were no faster with
+# 4 warps and 2x slower with 8: not kept.)
 DEFAULT_TILES = {False: TmaTiles(64, 128, 4, 2),  # by D_B > 0
-                 True: TmaTiles(128, 64, 4, 4)}
+                 True: TmaTiles(128, 64, 4, 3)}
 
 
 def head_dim_chunks(D: int) -> tuple[int, int] | None:

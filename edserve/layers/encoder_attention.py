@@ -8,11 +8,12 @@ registry :data:`ENCODER_ATTENTION`:
         any device, dtype and head dim; what torch.compile traces (``--compile-encoder``).
   tma   :func:`edserve.kernels.tma_attention.tma_attention`, a Triton flash attention whose
         tiles move by TMA descriptors: CUDA with compute capability 9.0+, bfloat16/float16,
-        head dims 16/32/64/128. Measured 5-7 % faster than cuDNN at large-v3's shape (20 x 64,
-        1500 tokens) on an H100 (benchmarks/RESULTS.md, wave 38).
+        head dims 16/32/64/128. At large-v3's shape (20 x 64, 1500 tokens) it measured 1-5 %
+        faster than cuDNN for 16 clips and even at 64, and a prefill of 16 / 32 clips no
+        faster than with SDPA (benchmarks/RESULTS.md, wave 38, H100 and H200).
 
-``auto`` (:func:`resolve_encoder_attention`) takes ``tma`` where it runs and the encoder is
-not compiled, else ``sdpa``. A layer holds its form as ``layer.attend``;
+``auto`` (:func:`resolve_encoder_attention`) is ``sdpa``: the measured gain is inside the
+prefill's run-to-run spread. A layer holds its form as ``layer.attend``;
 :func:`set_encoder_attention` sets it on every encoder layer of a model.
 """
 
@@ -60,19 +61,19 @@ def tma_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> st
 def resolve_encoder_attention(mode: str, device: torch.device, dtype: torch.dtype,
                               head_dim: int, compiled: bool) -> str:
     """``--encoder-attention`` resolved to a key of :data:`ENCODER_ATTENTION`: ``auto`` is
-    ``tma`` where it runs and the encoder is not compiled, else ``sdpa``; ``tma`` where it
-    cannot run (or with ``--compile-encoder``) raises ValueError saying why."""
+    ``sdpa`` (see the module doc); ``tma`` where it cannot run (or with ``--compile-encoder``)
+    raises ValueError saying why."""
     if mode not in ("auto", *ENCODER_ATTENTION):
         raise ValueError(f"--encoder-attention must be auto or one of "
                          f"{sorted(ENCODER_ATTENTION)}, got {mode!r}")
-    why = tma_supported(device, dtype, head_dim)
-    if compiled:
-        why = "is not traced by --compile-encoder (use sdpa)"
-    if mode == "auto":
-        return "sdpa" if why else "tma"
-    if mode == "tma" and why:
-        raise ValueError(f"--encoder-attention tma {why}")
-    return mode
+    if mode == "tma":
+        why = tma_supported(device, dtype, head_dim)
+        if compiled:
+            why = "is not traced by --compile-encoder (use sdpa)"
+        if why:
+            raise ValueError(f"--encoder-attention tma {why}")
+        return mode
+    return "sdpa"
 
 
 def set_encoder_attention(model: nn.Module, mode: str) -> int:

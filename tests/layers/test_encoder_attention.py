@@ -35,7 +35,7 @@ def _encoder(dtype=torch.bfloat16, device="cpu") -> WhisperEncoder:
     return enc.to(device=device, dtype=dtype).eval()
 
 
-def test_auto_is_sdpa_off_hopper_and_tma_is_refused_there():
+def test_auto_is_sdpa_and_tma_is_refused_off_cuda():
     assert resolve_encoder_attention("auto", CPU, torch.bfloat16, 64, False) == "sdpa"
     assert resolve_encoder_attention("sdpa", CPU, torch.float32, 80, True) == "sdpa"
     with pytest.raises(ValueError, match="needs CUDA"):
@@ -45,15 +45,15 @@ def test_auto_is_sdpa_off_hopper_and_tma_is_refused_there():
     assert EngineConfig().encoder_attention == "auto"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
-def test_auto_on_cuda_follows_the_device_dtype_head_dim_and_compilation():
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="Hopper+ only")
+def test_auto_on_cuda_is_sdpa_and_tma_is_refused_where_it_cannot_run():
     dev = torch.device("cuda")
-    hopper = torch.cuda.get_device_capability()[0] >= 9
-    assert resolve_encoder_attention("auto", dev, torch.bfloat16, 64, False) == \
-        ("tma" if hopper else "sdpa")
-    assert resolve_encoder_attention("auto", dev, torch.float32, 64, False) == "sdpa"
-    assert resolve_encoder_attention("auto", dev, torch.bfloat16, 80, False) == "sdpa"
-    assert resolve_encoder_attention("auto", dev, torch.bfloat16, 64, True) == "sdpa"
+    assert resolve_encoder_attention("auto", dev, torch.bfloat16, 64, False) == "sdpa"
+    with pytest.raises(ValueError, match="float16"):
+        resolve_encoder_attention("tma", dev, torch.float32, 64, False)
+    with pytest.raises(ValueError, match="head dim"):
+        resolve_encoder_attention("tma", dev, torch.bfloat16, 80, False)
     with pytest.raises(ValueError, match="compile-encoder"):
         resolve_encoder_attention("tma", dev, torch.bfloat16, 64, True)
 

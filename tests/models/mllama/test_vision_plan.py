@@ -81,12 +81,14 @@ def test_grouped_on_the_triton_kernel_equals_masked():
     m.attention_kernel = "triton"
     torch.testing.assert_close(_run(m, "grouped", *args), want, atol=2e-5, rtol=2e-5)
     assert m.kernel_for(torch.device("cpu"), torch.float32) == "triton"
-    m.attention_kernel = "auto"  # auto: the Triton kernel on CUDA in fp16 / bf16, else SDPA
+    m.attention_kernel = "auto"  # auto: a Triton kernel on CUDA in fp16 / bf16, else SDPA
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert m.kernel_for(cpu, torch.bfloat16) == "sdpa"
-    assert m.kernel_for(cuda, torch.bfloat16) == "triton"
-    assert m.kernel_for(cuda, torch.float16) == "triton"
     assert m.kernel_for(cuda, torch.float32) == "sdpa"
+    if torch.cuda.is_available():  # TMA (Hopper+) or the pointer-load kernel
+        tma = torch.cuda.get_device_capability()[0] >= 9
+        assert m.kernel_for(cuda, torch.bfloat16) == ("tma" if tma else "triton")
+        assert m.kernel_for(cuda, torch.float16) == ("tma" if tma else "triton")
 
 
 def test_unknown_kernel_is_rejected():
