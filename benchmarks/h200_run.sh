@@ -17,6 +17,7 @@
 #   w23-mllama (~5 min: the 11B decode step synced and back to back), w23-beam-hf (~5 min: beam 5 vs HF's)
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
 #   w38 (~7 min: the TMA attention's GPU tests, kernel sweep, prefill sdpa vs tma), w38-b (~8 min: real path vs _ab/before, vision tower)
+#   w38c / w38d (~4-6 min: GPU tests, kernel sweep, the 11B vision tower), w38-mllama (~8 min: issue 24's protocol, vision on tma vs triton)
 #   w38-attn (~2 min: the encoder's attention through TMA descriptors vs cuDNN, swept)
 #   w37 (~9 min; _ab/before0 = git archive ca68fb9 edserve, _ab/before = the tree before the worker's input
 #     thread, carried: GPU tests of wave 37, then the server at 32 clients from before0 / before / this tree twice)
@@ -442,10 +443,10 @@ for part in "$@"; do
            timeout 150 python3 -W ignore benchmarks/attn_tma_gpu.py 2>&1 | tee "$OUT/w38d_attn_tma.log" | grep -vE "flash"
            timeout 150 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 3 --shapes 4,mixed 2>&1 \
              | tee "$OUT/w38d_vision.log" | tail -4 ;;
-    # wave 38: issue 24's protocol at 16 and 64 image requests, the vision tower's attention on tma vs the default
-    # (triton), medians of 2 (~8 min)
+    # wave 38: issue 24's protocol at 16 and 64 image requests, the vision tower's attention on tma (the default on Hopper) vs
+    # the pointer-load kernel (triton), medians of 2 (~8 min)
     w38-mllama) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 560 python3 -W ignore benchmarks/mllama_gpu.py \
-               --size 11b --batches 16,64 --strategies aligned:128:tma,aligned:128 --decode-steps 10 --repeats 2 \
+               --size 11b --batches 16,64 --strategies aligned:128:tma,aligned:128:triton --decode-steps 10 --repeats 2 \
                --json "$OUT/w38_mllama.json" 2>&1 | tee "$OUT/w38_mllama.log" | grep -E "^(aligned|flat)" ;;
     # wave 38: the real path with this tree vs _ab/before (HEAD before the TMA attention), twice; the 11B vision tower
     # with the tma kernel vs triton / sdpa (~8 min)

@@ -87,3 +87,15 @@ def test_logits_gemm_dry_run(capsys):
     out = capsys.readouterr().out
     assert "exact" in out and "padded 112 + copy" in out and "engine" in out and "out= view" in out
     assert "max diff 0.0e+00" in out
+
+
+def test_attn_tma_dry_run(capsys):
+    """The pointer-load and TMA-fed kernels at a head dim of one chunk (64) and of two (80),
+    each checked against float64 SDPA (bf16 inputs), before they would be timed."""
+    import attn_tma_gpu
+
+    assert attn_tma_gpu.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    diffs = _diffs(out, "tma 32x16") + _diffs(out, "dense (pointer")
+    assert len(diffs) == 4 and max(diffs) < 2e-2, out
+    assert out.count("BEST tma") == 2
