@@ -162,6 +162,18 @@ def head_dim_chunks(D: int) -> tuple[int, int]:
     return d_a, (0 if rest == 0 else max(16, triton.next_power_of_2(rest)))
 
 
+def check_qkv_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
+    """``(B, H, Lq, D)`` of q ``[B, H, Lq, D]`` with k, v ``[B, H, Lk, D]``; ValueError else."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be [B, H, L, D]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    B, H, Lq, D = q.shape
+    if k.shape != v.shape or k.shape[:2] != (B, H) or k.shape[3] != D:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [B, H, Lk, D] "
+                         f"with q's B, H, D = {B}, {H}, {D}")
+    return B, H, Lq, D
+
+
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                     out: torch.Tensor | None = None, scale: float | None = None,
                     tiles: DenseTiles | None = None) -> torch.Tensor:
@@ -170,13 +182,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     q ``[B, H, Lq, D]``; k, v ``[B, H, Lk, D]``; ``out`` ``[B, Lq, H, D]`` (allocated when
     None) is returned. ``scale`` defaults to ``D ** -0.5``. Raises ValueError on shapes, dtypes
     or devices that do not match."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be [B, H, L, D]; got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    B, H, Lq, D = q.shape
-    if k.shape != v.shape or k.shape[:2] != (B, H) or k.shape[3] != D:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [B, H, Lk, D] "
-                         f"with q's B, H, D = {B}, {H}, {D}")
+    B, H, Lq, D = check_qkv_shapes(q, k, v)
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"head_dim {D} unsupported (1..{MAX_HEAD_DIM})")
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:

@@ -13,7 +13,7 @@ accumulator's initial value.
 
 Contract: q ``[B, H, Lq, D]``, k and v ``[B, H, Lk, D]`` with unit stride on D, every other
 stride and the base addresses 16-byte aligned (TMA's rule); D a power of two in 16..128 or
-the sum of two (:func:`head_dim_chunks`);
+the sum of two (:func:`tma_chunks`);
 ``out`` ``[B, Lq, H, D]`` likewise. ``Lk == 0`` gives zeros. No host syncs. On CPU the Triton
 interpreter runs it (tests); whether it beats cuDNN is measured in
 ``benchmarks/attn_tma_gpu.py``.
@@ -22,7 +22,6 @@ interpreter runs it (tests); whether it beats cuDNN is measured in
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -30,6 +29,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from edserve.kernels.common import LOG2E
+from edserve.kernels.dense_attention import DenseTiles, check_qkv_shapes
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -108,14 +108,8 @@ def _tma_attn_kernel(qa_desc, qb_desc, ka_desc, kb_desc, va_desc, vb_desc, oa_de
         ob_desc.store([b, m0, h, 0], o.reshape(1, BLOCK_M, 1, D_B))
 
 
-@dataclass(frozen=True)
-class TmaTiles:
-    """Launch shape of :func:`tma_attention` (``benchmarks/attn_tma_gpu.py`` sweeps it)."""
-
-    block_m: int = 128
-    block_n: int = 64
-    num_warps: int = 8
-    num_stages: int = 3
+TmaTiles = DenseTiles  # launch shape (block_m, block_n, num_warps, num_stages), swept by
+# benchmarks/attn_tma_gpu.py
 
 
 # attn_tma_gpu.py's sweeps (RESULTS.md wave 38, H100 and H200): at large-v3's encoder shape
@@ -128,7 +122,7 @@ DEFAULT_TILES = {False: TmaTiles(64, 128, 4, 2),  # by D_B > 0
                  True: TmaTiles(128, 64, 4, 3)}
 
 
-def head_dim_chunks(D: int) -> tuple[int, int] | None:
+def tma_chunks(D: int) -> tuple[int, int] | None:
     """``(D_A, D_B)``: the head dim as one power of two in 16..128 (``D_B == 0``) or the sum
     of two, the larger first (80 -> (64, 16)); None when it is neither."""
     sizes = (128, 64, 32, 16)
@@ -149,14 +143,8 @@ def _aligned(t: torch.Tensor) -> bool:
 def check_tma_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      out: torch.Tensor) -> None:
     """Raise ValueError unless q/k/v/out meet the module's contract."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be [B, H, L, D]; got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    B, H, Lq, D = q.shape
-    if k.shape != v.shape or k.shape[:2] != (B, H) or k.shape[3] != D:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [B, H, Lk, D] "
-                         f"with q's B, H, D = {B}, {H}, {D}")
-    if head_dim_chunks(D) is None:
+    B, H, Lq, D = check_qkv_shapes(q, k, v)
+    if tma_chunks(D) is None:
         raise ValueError(f"head_dim {D} unsupported (a power of two in 16..128, or the sum of "
                          f"two: 48, 80, 96, 144, 160, 192)")
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
@@ -191,7 +179,7 @@ def tma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Lk = k.shape[2]
     if B * H * Lq == 0 or Lk == 0:
         return out.zero_()
-    d_a, d_b = head_dim_chunks(D)
+    d_a, d_b = tma_chunks(D)
     t = tiles or DEFAULT_TILES[d_b > 0]
 
     def descs(x: torch.Tensor, block: list[int]) -> tuple[TensorDescriptor, TensorDescriptor]:

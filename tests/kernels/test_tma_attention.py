@@ -10,24 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from attention_oracle import DEV, fused_qkv, reference
 
-from edserve.kernels.tma_attention import TmaTiles, head_dim_chunks, tma_attention
+from edserve.kernels.tma_attention import TmaTiles, tma_attention, tma_chunks
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the Triton interpreter
 needs_tma = pytest.mark.skipif(DEV == "cuda" and torch.cuda.get_device_capability()[0] < 9,
                                reason="TMA descriptors need compute capability 9.0+")
-
-
-def reference(q, k, v, scale):
-    """float64 ``softmax(q k^T scale) v``: [B, H, Lq, D] -> [B, Lq, H, D]."""
-    s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * scale
-    return torch.einsum("bhqk,bhkd->bhqd", s.softmax(-1), v.double()).transpose(1, 2)
-
-
-def fused_qkv(B, L, H, D, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    qkv = torch.randn(B, L, 3, H, D, generator=g, dtype=torch.float64).to(dtype).to(DEV)
-    return qkv.permute(2, 0, 3, 1, 4)  # 3 x [B, H, L, D] views, strides of the fused layout
 
 
 @needs_tma
@@ -59,7 +47,7 @@ def test_rejects_what_tma_cannot_read():
     q, k, v = fused_qkv(1, 8, 2, 64, torch.bfloat16)
     with pytest.raises(ValueError, match="head_dim"):
         tma_attention(q[..., :40], k[..., :40], v[..., :40])
-    assert [head_dim_chunks(d) for d in (64, 80, 96, 48, 72, 256)] == \
+    assert [tma_chunks(d) for d in (64, 80, 96, 48, 72, 256)] == \
         [(64, 0), (64, 16), (64, 32), (32, 16), None, None]
     with pytest.raises(ValueError, match="share one of"):
         tma_attention(q.float(), k.float(), v.float())
