@@ -54,10 +54,11 @@ def check_engine_config(c: Any) -> None:
     if c.tensor_parallel_size > 1 and (c.compile_encoder
                                           or c.encoder_cuda_graph_max_bs
                                           or c.encoder_gelu == "tanh"
-                                          or c.decoder_gelu == "tanh"):
-        raise ValueError("--compile-encoder, --encoder-cuda-graph-max-bs and --encoder-gelu "
-                         "/ --decoder-gelu tanh cannot be used with --tensor-parallel-size "
-                         "> 1")
+                                          or c.decoder_gelu == "tanh"
+                                          or c.encoder_attention == "tma"):
+        raise ValueError("--compile-encoder, --encoder-cuda-graph-max-bs, --encoder-gelu "
+                         "/ --decoder-gelu tanh and --encoder-attention tma cannot be used "
+                         "with --tensor-parallel-size > 1")
     if c.encoder_warmup_max_bs is not None and c.encoder_warmup_max_bs < 0:
         raise ValueError(f"--encoder-warmup-max-bs must be >= 0, got "
                          f"{c.encoder_warmup_max_bs}")

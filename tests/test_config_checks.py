@@ -16,6 +16,7 @@ from edserve.config import EngineConfig
     ({"quantization": "int4"}, "--quantization must be one of"),
     ({"tensor_parallel_size": 2, "cuda_graph": True}, "--cuda-graph cannot be used"),
     ({"tensor_parallel_size": 2, "decoder_gelu": "tanh"}, "--decoder-gelu tanh"),
+    ({"tensor_parallel_size": 2, "encoder_attention": "tma"}, "--encoder-attention tma"),
     ({"prompt_cuda_graph_max_tokens": -1}, "--prompt-cuda-graph-max-tokens"),
     ({"max_new_tokens": 0}, "--max-new-tokens must be >= 1"),
 ])
