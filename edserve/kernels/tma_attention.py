@@ -144,6 +144,8 @@ def check_tma_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      out: torch.Tensor) -> None:
     """Raise ValueError unless q/k/v/out meet the module's contract."""
     B, H, Lq, D = check_qkv_shapes(q, k, v)
+    if B * H > 65535:  # the grid's second axis
+        raise ValueError(f"batch x heads = {B * H} exceeds 65535 (split the batch)")
     if tma_chunks(D) is None:
         raise ValueError(f"head_dim {D} unsupported (a power of two in 16..128, or the sum of "
                          f"two: 48, 80, 96, 144, 160, 192)")

@@ -49,6 +49,9 @@ def test_rejects_what_tma_cannot_read():
         tma_attention(q[..., :40], k[..., :40], v[..., :40])
     assert [tma_chunks(d) for d in (64, 80, 96, 48, 72, 256)] == \
         [(64, 0), (64, 16), (64, 32), (32, 16), None, None]
+    big = q.expand(40000, 2, 8, 64)  # a stride-0 batch: 80,000 (batch, head) programs
+    with pytest.raises(ValueError, match="exceeds 65535"):
+        tma_attention(big, big, big)
     with pytest.raises(ValueError, match="share one of"):
         tma_attention(q.float(), k.float(), v.float())
     with pytest.raises(ValueError, match="16-byte"):  # rows 2 elements apart: 4-byte stride
