@@ -106,8 +106,8 @@ class EngineConfig:
         "auto",
         "Self-attention of Whisper's encoder: sdpa (torch's scaled_dot_product_attention, "
         "cuDNN's kernel on an H100/H200), tma (edserve's Triton flash attention fed by TMA "
-        "descriptors: CUDA compute capability 9.0+, bfloat16/float16; 1-5 percent faster than "
-        "cuDNN at large-v3's shape, a prefill no faster), or auto (sdpa). See "
+        "descriptors: CUDA compute capability 9.0+, bfloat16/float16; 2-7 percent faster than "
+        "cuDNN at large-v3's shape for 16 clips, a prefill no faster), or auto (sdpa). See "
         "benchmarks/RESULTS.md 'TMA attention'.",
         choices=("auto", "sdpa", "tma"),
     )

@@ -8,9 +8,10 @@ registry :data:`ENCODER_ATTENTION`:
         any device, dtype and head dim; what torch.compile traces (``--compile-encoder``).
   tma   :func:`edserve.kernels.tma_attention.tma_attention`, a Triton flash attention whose
         tiles move by TMA descriptors: CUDA with compute capability 9.0+, bfloat16/float16,
-        head dims 16/32/64/128. At large-v3's shape (20 x 64, 1500 tokens) it measured 1-5 %
-        faster than cuDNN for 16 clips and even at 64, and a prefill of 16 / 32 clips no
-        faster than with SDPA (benchmarks/RESULTS.md, wave 38, H100 and H200).
+        head dims 16/32/64/128. At large-v3's shape (20 x 64, 1500 tokens) it measured 2-7 %
+        faster than cuDNN for 16 clips, between 5 % faster and 4 % slower for 64, and a
+        prefill of 16 / 32 clips no faster than with SDPA (benchmarks/RESULTS.md, wave 38,
+        H100 and H200).
 
 ``auto`` (:func:`resolve_encoder_attention`) is ``sdpa``: the measured gain is inside the
 prefill's run-to-run spread. A layer holds its form as ``layer.attend``;
