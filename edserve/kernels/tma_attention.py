@@ -122,6 +122,11 @@ DEFAULT_TILES = {False: TmaTiles(64, 128, 4, 2),  # by D_B > 0
                  True: TmaTiles(128, 64, 4, 3)}
 
 
+def has_tma(device: torch.device) -> bool:
+    """A CUDA device with TMA (compute capability 9.0+), which this kernel needs."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def tma_chunks(D: int) -> tuple[int, int] | None:
     """``(D_A, D_B)``: the head dim as one power of two in 16..128 (``D_B == 0``) or the sum
     of two, the larger first (80 -> (64, 16)); None when it is neither."""
@@ -174,8 +179,8 @@ def tma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     q ``[B, H, Lq, D]``; k, v ``[B, H, Lk, D]``; ``out`` ``[B, Lq, H, D]`` (allocated when
     None) is returned. ``scale`` defaults to ``D ** -0.5``. Raises ValueError on shapes, dtypes,
     strides or devices that do not match."""
-    B, H, Lq, D = q.shape if q.dim() == 4 else (0, 0, 0, 0)
-    if out is None and q.dim() == 4:
+    B, H, Lq, D = check_qkv_shapes(q, k, v)
+    if out is None:
         out = torch.empty(B, Lq, H, D, dtype=q.dtype, device=q.device)
     check_tma_inputs(q, k, v, out)
     Lk = k.shape[2]

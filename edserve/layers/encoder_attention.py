@@ -8,10 +8,10 @@ registry :data:`ENCODER_ATTENTION`:
         any device, dtype and head dim; what torch.compile traces (``--compile-encoder``).
   tma   :func:`edserve.kernels.tma_attention.tma_attention`, a Triton flash attention whose
         tiles move by TMA descriptors: CUDA with compute capability 9.0+, bfloat16/float16,
-        head dims 16/32/64/128. At large-v3's shape (20 x 64, 1500 tokens) it measured 2-7 %
-        faster than cuDNN for 16 clips, between 5 % faster and 4 % slower for 64, and a
-        prefill of 16 / 32 clips no faster than with SDPA (benchmarks/RESULTS.md, wave 38,
-        H100 and H200).
+        head dims of one or two power-of-two chunks (Whisper's 64). At large-v3's shape
+        (20 x 64, 1500 tokens) it measured 2-7 % faster than cuDNN for 16 clips, between 5 %
+        faster and 4 % slower for 64, and a prefill of 16 / 32 clips no faster than with SDPA
+        (benchmarks/RESULTS.md, wave 38, H100 and H200).
 
 ``auto`` (:func:`resolve_encoder_attention`) is ``sdpa``: the measured gain is inside the
 prefill's run-to-run spread. A layer holds its form as ``layer.attend``;
@@ -43,19 +43,22 @@ def tma_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
 
 
 ENCODER_ATTENTION: dict[str, Attend] = {"sdpa": sdpa_attend, "tma": tma_attend}
-TMA_HEAD_DIMS = (16, 32, 64, 128)
 
 
 def tma_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
-    """None when the ``tma`` form runs here, else why not."""
+    """None when the ``tma`` form runs here, else why not (the kernel's own rules:
+    :func:`~edserve.kernels.tma_attention.has_tma`, :func:`~edserve.kernels.tma_attention.
+    tma_chunks`; imported past the CUDA check, so a CPU engine never imports Triton)."""
     if device.type != "cuda":
         return f"needs CUDA, the device is {device}"
-    if torch.cuda.get_device_capability(device)[0] < 9:
+    from edserve.kernels.tma_attention import has_tma, tma_chunks
+
+    if not has_tma(device):
         return "needs compute capability 9.0+ (TMA)"
     if dtype not in (torch.bfloat16, torch.float16):
         return f"needs bfloat16 or float16, the encoder runs {dtype}"
-    if head_dim not in TMA_HEAD_DIMS:
-        return f"needs a head dim in {TMA_HEAD_DIMS}, the encoder's is {head_dim}"
+    if tma_chunks(head_dim) is None:
+        return f"cannot read the encoder's head dim {head_dim} (tma_chunks)"
     return None
 
 

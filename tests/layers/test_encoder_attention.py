@@ -53,7 +53,7 @@ def test_auto_on_cuda_is_sdpa_and_tma_is_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match="float16"):
         resolve_encoder_attention("tma", dev, torch.float32, 64, False)
     with pytest.raises(ValueError, match="head dim"):
-        resolve_encoder_attention("tma", dev, torch.bfloat16, 80, False)
+        resolve_encoder_attention("tma", dev, torch.bfloat16, 72, False)
     with pytest.raises(ValueError, match="compile-encoder"):
         resolve_encoder_attention("tma", dev, torch.bfloat16, 64, True)
 
