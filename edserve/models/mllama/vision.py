@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edserve.kernels.tma_attention import has_tma, tma_chunks
 from edserve.layers.add_norm import NO_PENDING, AddNormOps, Pending, add_norm_ops, add_pending
 from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
 from edserve.models.mllama.config import MllamaVisionConfig
@@ -182,14 +183,16 @@ class MllamaVisionModel(nn.Module):
         """The attention kernel for weights on ``device`` in ``dtype``: "auto" is, on CUDA in
         fp16 / bf16, the TMA-fed Triton kernel where the GPU has TMA (compute capability 9.0+:
         the 11B tower 2.5-3.8 % faster than on the pointer-load kernel on an H100, RESULTS.md
-        wave 38) and the pointer-load Triton kernel elsewhere (head dim 80 without padding:
-        ~3 % faster than SDPA's cuDNN on the H200, wave 24); SDPA off CUDA (no Triton on the
-        CPU) and in fp32 (IEEE dots on CUDA cores)."""
+        wave 38) and reads the head dim (:func:`~edserve.kernels.tma_attention.tma_chunks`:
+        the 11B's 80 = 64 + 16), else the pointer-load Triton kernel (any head dim; 80 without
+        padding: ~3 % faster than SDPA's cuDNN on the H200, wave 24); SDPA off CUDA (no Triton
+        on the CPU) and in fp32 (IEEE dots on CUDA cores)."""
         if self.attention_kernel != "auto":
             return self.attention_kernel
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
             return "sdpa"
-        return "tma" if torch.cuda.get_device_capability(device)[0] >= 9 else "triton"
+        head_dim = self.cfg.hidden_size // self.cfg.attention_heads
+        return "tma" if has_tma(device) and tma_chunks(head_dim) else "triton"
 
     @property
     def padded_len(self) -> int:

@@ -85,10 +85,15 @@ def test_grouped_on_the_triton_kernel_equals_masked():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert m.kernel_for(cpu, torch.bfloat16) == "sdpa"
     assert m.kernel_for(cuda, torch.float32) == "sdpa"
-    if torch.cuda.is_available():  # TMA (Hopper+) or the pointer-load kernel
+    if torch.cuda.is_available():  # TMA (Hopper+) where it reads the head dim, else pointers
         tma = torch.cuda.get_device_capability()[0] >= 9
-        assert m.kernel_for(cuda, torch.bfloat16) == ("tma" if tma else "triton")
-        assert m.kernel_for(cuda, torch.float16) == ("tma" if tma else "triton")
+        assert m.kernel_for(cuda, torch.bfloat16) == "triton"  # head dim 8: not TMA's
+        hd80 = MllamaVisionModel(MllamaVisionConfig(
+            hidden_size=160, attention_heads=2, intermediate_size=32, num_hidden_layers=1,
+            num_global_layers=1, image_size=56, intermediate_layers_indices=(0,),
+            vision_output_dim=320))
+        assert hd80.kernel_for(cuda, torch.bfloat16) == ("tma" if tma else "triton")
+        assert hd80.kernel_for(cuda, torch.float16) == ("tma" if tma else "triton")
 
 
 def test_unknown_kernel_is_rejected():
