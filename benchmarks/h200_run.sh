@@ -18,6 +18,7 @@
 #   w28-final (~5 min: GPU tests of the wave, beam 5 flat/aligned and with EOS + timestamps)
 #   w38 (~7 min: the TMA attention's GPU tests, kernel sweep, prefill sdpa vs tma), w38-b (~8 min: real path vs _ab/before, vision tower)
 #   w38c / w38d (~4-6 min: GPU tests, kernel sweep, the 11B vision tower), w38-mllama (~8 min: issue 24's protocol, vision on tma vs triton)
+#   w39 (~9 min: GPU tests of wave 38's last commits, the default server at 1/32/64 clients, arrivals)
 #   w38-attn (~2 min: the encoder's attention through TMA descriptors vs cuDNN, swept)
 #   w37 (~9 min; _ab/before0 = git archive ca68fb9 edserve, _ab/before = the tree before the worker's input
 #     thread, carried: GPU tests of wave 37, then the server at 32 clients from before0 / before / this tree twice)
@@ -443,6 +444,16 @@ for part in "$@"; do
            timeout 150 python3 -W ignore benchmarks/attn_tma_gpu.py 2>&1 | tee "$OUT/w38d_attn_tma.log" | grep -vE "flash"
            timeout 150 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 3 --shapes 4,mixed 2>&1 \
              | tee "$OUT/w38d_vision.log" | tail -4 ;;
+    # wave 39: GPU tests of wave 38's last commits (vision auto kernel, tma in encoder graphs), the default server at 1, 32
+    # and 64 clients (issue 18), the engine under arrivals (issue 19) (~9 min)
+    w39) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_tma_attention.py \
+             tests/layers/test_encoder_attention.py tests/models/mllama/test_vision_plan.py tests/models/mllama/test_gpu_graph.py 2>&1 \
+             | tee "$OUT/w39_tests.log" | grep -E "^FAILED|passed|failed"
+         (cd benchmarks && timeout 290 python3 -W ignore serve_gpu.py --concurrency 1 32 64 --longform 0 \
+             --json "$OUT/w39_serve.json" 2>&1 | tee "$OUT/w39_serve.log" | grep -v "^Writing" \
+             | grep -v "^#   [a-z_]* .*(n=" | grep -v "language guesses")
+         timeout 100 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 \
+             | tee "$OUT/w39_arrivals.log" | tail -4 ;;
     # wave 38: issue 24's protocol at 16 and 64 image requests, the vision tower's attention on tma (the default on Hopper) vs
     # the pointer-load kernel (triton), medians of 2 (~8 min)
     w38-mllama) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 560 python3 -W ignore benchmarks/mllama_gpu.py \

@@ -100,3 +100,26 @@ def test_large_v3_layer_shape_on_gpu_against_float64():
     err_tma = (tma_attend(q, k, v).double() - ref).abs().max().item()
     err_sdpa = (sdpa_attend(q, k, v).double() - ref).abs().max().item()
     assert err_tma <= 2 * err_sdpa + 1e-3, (err_tma, err_sdpa)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available()
+                    or torch.cuda.get_device_capability()[0] < 9, reason="Hopper+ only")
+def test_tma_form_inside_encoder_cuda_graphs_equals_its_eager_forward():
+    """``--encoder-attention tma`` with ``--encoder-cuda-graph-max-bs``: the TMA descriptors are
+    built on the host at capture, so a replay must read the graph's static input (not the
+    capture-time tensors' contents) and give the eager forward's output (up to the GEMMs'
+    choices at another batch size)."""
+    from edserve.models.encoder_graphs import EncoderGraphs
+
+    enc = _encoder(device="cuda")
+    set_encoder_attention(enc, "tma")
+    graphs = EncoderGraphs(enc, 3, (8, 48), torch.bfloat16, torch.device("cuda"))
+    gen = torch.Generator().manual_seed(2)
+    for n in (1, 2, 3, 2):  # a padded replay (2 in the graph of 3) after a full one
+        mel = torch.randn(n, 8, 48, generator=gen).to("cuda", torch.bfloat16)
+        with torch.inference_mode():
+            want = enc(mel)
+            got = graphs.run(mel)
+        assert got is not None and got.shape == (n, 24, 64)
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)

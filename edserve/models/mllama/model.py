@@ -32,6 +32,7 @@ from edserve.models.mllama.text import (
     CrossAttentionDecoderLayer,
     RMSNorm,
     SelfAttentionDecoderLayer,
+    kv_pool_layers,
 )
 from edserve.models.mllama.vision import MllamaVisionModel
 from edserve.multimodal.mllama_image import MllamaImageInput
@@ -44,8 +45,9 @@ class MllamaTextModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size + 8, cfg.hidden_size)
         cross = set(cfg.cross_attention_layers)
         self.layers = nn.ModuleList(
-            CrossAttentionDecoderLayer(cfg, i) if i in cross else SelfAttentionDecoderLayer(cfg, i)
-            for i in range(cfg.num_hidden_layers))
+            CrossAttentionDecoderLayer(cfg, kv) if i in cross
+            else SelfAttentionDecoderLayer(cfg, kv)
+            for i, kv in enumerate(kv_pool_layers(cfg)))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg.rope, cfg.head_dim)
 
@@ -68,8 +70,10 @@ class MllamaModel(MllamaInputs, nn.Module):
     # ---- sizes the engine lays out the KV pool with ------------------------------------
     @property
     def num_kv_layers(self) -> int:
-        """One KV-pool layer per text layer (cross layers: encoder region; self: decoder)."""
-        return self.config.text.num_hidden_layers
+        """KV-pool layers: a self layer and a cross layer share one (self K/V at decoder
+        slots, cross K/V at encoder slots: :func:`~edserve.models.mllama.text.kv_pool_layers`),
+        so max(self layers, cross layers)."""
+        return max(kv_pool_layers(self.config.text)) + 1
 
     @property
     def num_kv_heads(self) -> int:

@@ -99,7 +99,8 @@ def test_registry_builder(hf_tiny):
         tokenizer_path = None
 
     model, tok = build_mllama(Ckpt(), torch.float32, torch.device("cpu"))
-    assert tok is None and model.num_kv_layers == 4 and model.num_kv_heads == 2
+    assert tok is None and model.num_kv_heads == 2
+    assert model.num_kv_layers == 3  # 3 self layers + 1 cross layer sharing pool layer 0
     assert model.head_dim == 16 and model.max_encoder_len == 4 * 4 * 17
     assert torch.equal(model.lm_head.weight, hf_tiny.lm_head.weight)
 
@@ -125,3 +126,17 @@ def test_fused_projections_hold_hf_rows(hf_tiny):
     for (na, a), (nb, b) in zip(model.state_dict().items(), again.state_dict().items(),
                                 strict=True):
         assert na == nb and torch.equal(a, b)
+
+
+def test_self_and_cross_layers_share_kv_pool_layers():
+    """The 11B layout: 32 self + 8 cross layers in a 32-layer pool; each pool layer serves at
+    most one self layer (decoder slots) and one cross layer (encoder slots)."""
+    from edserve.models.mllama.text import kv_pool_layers
+
+    text = MllamaConfig.from_hf(CONFIG_11B_V4).text
+    ids = kv_pool_layers(text)
+    cross = text.cross_attention_layers
+    assert [ids[i] for i in cross] == list(range(8))
+    assert [k for i, k in enumerate(ids) if i not in cross] == list(range(32))
+    assert ids[:5] == [0, 1, 2, 0, 3]
+    assert max(ids) + 1 == 32  # one per text layer would be 40: a fifth more KV memory
