@@ -19,6 +19,7 @@
 #   w38 (~7 min: the TMA attention's GPU tests, kernel sweep, prefill sdpa vs tma), w38-b (~8 min: real path vs _ab/before, vision tower)
 #   w38c / w38d (~4-6 min: GPU tests, kernel sweep, the 11B vision tower), w38-mllama (~8 min: issue 24's protocol, vision on tma vs triton)
 #   w39 (~9 min: GPU tests of wave 38's last commits, the default server at 1/32/64 clients, arrivals)
+#   w39-mllama (~5 min: Mllama GPU tests, 16 / 64 image requests vs HF with the shared KV-pool layers)
 #   w38-attn (~2 min: the encoder's attention through TMA descriptors vs cuDNN, swept)
 #   w37 (~9 min; _ab/before0 = git archive ca68fb9 edserve, _ab/before = the tree before the worker's input
 #     thread, carried: GPU tests of wave 37, then the server at 32 clients from before0 / before / this tree twice)
@@ -454,6 +455,14 @@ for part in "$@"; do
              | grep -v "^#   [a-z_]* .*(n=" | grep -v "language guesses")
          timeout 100 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 \
              | tee "$OUT/w39_arrivals.log" | tail -4 ;;
+    # wave 39: Mllama with self and cross layers sharing KV-pool layers: its GPU tests, then 16 and 64 image requests
+    # against HF (issue 24's protocol, one strategy) (~5 min)
+    w39-mllama) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
+                  tests/models/mllama/test_engine.py tests/models/mllama/test_vision_plan.py 2>&1 \
+                  | tee "$OUT/w39_mllama_tests.log" | grep -E "^FAILED|passed|failed"
+                PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 330 python3 -W ignore benchmarks/mllama_gpu.py \
+                  --size 11b --batches 16,64 --strategies aligned:128 --decode-steps 10 --repeats 2 \
+                  --json "$OUT/w39_mllama.json" 2>&1 | tee "$OUT/w39_mllama.log" | grep -E "^(aligned|flat)|steps" ;;
     # wave 38: issue 24's protocol at 16 and 64 image requests, the vision tower's attention on tma (the default on Hopper) vs
     # the pointer-load kernel (triton), medians of 2 (~8 min)
     w38-mllama) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 560 python3 -W ignore benchmarks/mllama_gpu.py \
