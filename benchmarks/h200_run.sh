@@ -20,6 +20,7 @@
 #   w38c / w38d (~4-6 min: GPU tests, kernel sweep, the 11B vision tower), w38-mllama (~8 min: issue 24's protocol, vision on tma vs triton)
 #   w39 (~9 min: GPU tests of wave 38's last commits, the default server at 1/32/64 clients, arrivals)
 #   w39-mllama (~5 min: Mllama GPU tests, 16 / 64 image requests vs HF with the shared KV-pool layers)
+#   w39-pixels (~6 min: Mllama pixel upload by stack_pixels vs the host cat, 64 image requests this tree vs _ab/before)
 #   w38-attn (~2 min: the encoder's attention through TMA descriptors vs cuDNN, swept)
 #   w37 (~9 min; _ab/before0 = git archive ca68fb9 edserve, _ab/before = the tree before the worker's input
 #     thread, carried: GPU tests of wave 37, then the server at 32 clients from before0 / before / this tree twice)
@@ -463,6 +464,19 @@ for part in "$@"; do
                 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 330 python3 -W ignore benchmarks/mllama_gpu.py \
                   --size 11b --batches 16,64 --strategies aligned:128 --decode-steps 10 --repeats 2 \
                   --json "$OUT/w39_mllama.json" 2>&1 | tee "$OUT/w39_mllama.log" | grep -E "^(aligned|flat)|steps" ;;
+    # wave 39: Mllama pixel values to the GPU by stack_pixels (valid tiles, cast on the device): GPU tests, the upload
+    # timed against the old host cat + cast, then 64 image requests vs HF from this tree and _ab/before (~6 min)
+    w39-pixels) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
+                  tests/models/mllama/test_vision_plan.py tests/models/mllama/test_vision.py 2>&1 \
+                  | tee "$OUT/w39_pixels_tests.log" | grep -E "^FAILED|passed|failed"
+                timeout 100 python3 -W ignore benchmarks/mllama_pixels_gpu.py --images 16 64 2>&1 | tee "$OUT/w39_pixels.log"
+                for tree in after before after; do  # from /tmp: the working directory's edserve/ must not shadow _ab's
+                  pp=$PWD:$PWD/benchmarks:/tmp/site; [ $tree != after ] && pp=$PWD/_ab/$tree:$PWD/benchmarks:/tmp/site
+                  echo "--- $tree"
+                  (R=$PWD; cd /tmp && PYTHONPATH=$pp PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 150 python3 -W ignore \
+                    "$R/benchmarks/mllama_gpu.py" --size 11b --batches 64 --strategies aligned:128 --decode-steps 4 --repeats 2 \
+                    2>&1 | tee -a "$OUT/w39_pixels_ab_$tree.log" | grep -E "^(aligned|flat)|steps")
+                done ;;
     # wave 38: issue 24's protocol at 16 and 64 image requests, the vision tower's attention on tma (the default on Hopper) vs
     # the pointer-load kernel (triton), medians of 2 (~8 min)
     w38-mllama) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 560 python3 -W ignore benchmarks/mllama_gpu.py \

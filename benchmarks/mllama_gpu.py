@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: A/B trees
 
 from mllama_hf import (  # noqa: E402
     BOS,
@@ -46,7 +46,6 @@ from mllama_hf import (  # noqa: E402
     build_hf,
     fresh_cache,
     hf_config,
-    hf_generate,
     hf_generate_fitting,
     hf_vision_seconds,
     set_dense_tiles,
@@ -267,7 +266,7 @@ def main(argv=None) -> int:
                           hf_img=batch_inputs(hf, pre[:n], args.device),
                           tiles=[x.num_tiles[0] for _, x in pre[:n]])
     largest = batches[max(batches)]
-    hf_generate(hf, batches[min(batches)]["hf"], 2)  # warm-up
+    hf_generate_fitting(hf, batches[min(batches)]["hf"], 2)  # warm-up (chunked if it must)
     results, hf_once = [], {}
     for spec in args.strategies.split(","):
         strategy, page, *mode = spec.split(":")

@@ -99,3 +99,11 @@ def test_attn_tma_dry_run(capsys):
     diffs = _diffs(out, "tma 32x16") + _diffs(out, "dense (pointer")
     assert len(diffs) == 4 and max(diffs) < 2e-2, out
     assert out.count("BEST tma") == 2
+
+
+def test_mllama_pixels_dry_run(capsys):
+    """The old host concatenation and stack_pixels give equal tensors (checked inside)."""
+    import mllama_pixels_gpu
+
+    assert mllama_pixels_gpu.main(["--dry-run"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("True")

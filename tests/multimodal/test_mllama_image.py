@@ -16,6 +16,7 @@ from edserve.multimodal.mllama_image import (
     fit_to_canvas,
     optimal_canvas,
     preprocess_images,
+    stack_pixels,
     supported_aspect_ratios,
 )
 from tests.models.mllama.hf_tiny import hf_image_processor, synthetic_image
@@ -70,6 +71,24 @@ def test_padding_is_normalised_zero():
     # 100x50 stays 100x50 on a 56x112 canvas: rows 50.. and cols 100.. are padding.
     pad = out.pixel_values[0, 0, :, 55, 0]
     assert torch.allclose(pad, torch.tensor([-1.7923, -1.7521, -1.4802]), atol=1e-4)
+
+
+@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stack_pixels_equals_the_concatenation_and_reads_valid_tiles_only(staged, dtype):
+    """What the vision tower gets: the concatenated pixel values cast to the model dtype
+    (through the staging buffer or not); padding tiles come out zero even when the input's
+    are poisoned, because they are never read."""
+    cfg = MllamaImageConfig(image_size=56)
+    reqs = [preprocess_images([synthetic_image(50, 40, 1)], cfg),  # 1 tile
+            preprocess_images([synthetic_image(100, 50, 2), synthetic_image(300, 40, 3)], cfg)]
+    want = torch.cat([r.pixel_values for r in reqs]).to(dtype)  # [3, 4, 3, 56, 56]
+    for r in reqs:  # tiles past num_tiles: NaN (never read)
+        for j, t in enumerate(r.num_tiles):
+            r.pixel_values[j, t:] = float("nan")
+    got = stack_pixels(reqs, torch.device("cpu"), dtype, staged=staged)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert torch.equal(got, want)
 
 
 def test_canvas_rules():

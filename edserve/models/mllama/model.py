@@ -35,7 +35,7 @@ from edserve.models.mllama.text import (
     kv_pool_layers,
 )
 from edserve.models.mllama.vision import MllamaVisionModel
-from edserve.multimodal.mllama_image import MllamaImageInput
+from edserve.multimodal.mllama_image import MllamaImageInput, stack_pixels
 
 
 class MllamaTextModel(nn.Module):
@@ -105,7 +105,7 @@ class MllamaModel(MllamaInputs, nn.Module):
         present = [x for x in images if x is not None and x.num_images > 0]
         if not present:
             return [torch.zeros(0, hidden, device=p.device, dtype=p.dtype) for _ in images]
-        pv = torch.cat([x.pixel_values for x in present]).to(p.device, p.dtype)
+        pv = stack_pixels(present, p.device, p.dtype)  # [N, T, 3, S, S]
         ids = torch.cat([x.aspect_ratio_ids for x in present]).to(p.device)
         mask = torch.cat([x.aspect_ratio_mask for x in present])  # host: the vision plan's
         T = pv.shape[1]
