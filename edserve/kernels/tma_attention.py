@@ -146,8 +146,9 @@ def _aligned(t: torch.Tensor) -> bool:
 
 
 def check_tma_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     out: torch.Tensor) -> None:
-    """Raise ValueError unless q/k/v/out meet the module's contract."""
+                     out: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """``(B, H, Lq, D)``; ValueError unless q/k/v and ``out`` (None: one to be allocated,
+    which meets it) meet the module's contract."""
     B, H, Lq, D = check_qkv_shapes(q, k, v)
     if B * H > 65535:  # the grid's second axis
         raise ValueError(f"batch x heads = {B * H} exceeds 65535 (split the batch)")
@@ -157,18 +158,20 @@ def check_tma_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v must share one of {_DTYPES}; got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}")
-    if out.shape != (B, Lq, H, D) or out.dtype != q.dtype:
+    if out is not None and (out.shape != (B, Lq, H, D) or out.dtype != q.dtype):
         raise ValueError(f"out must be [B, Lq, H, D] = {[B, Lq, H, D]} in {q.dtype}; got "
                          f"{tuple(out.shape)} {out.dtype}")
-    if len({t.device for t in (q, k, v, out)}) != 1:
+    tensors = {"q": q, "k": k, "v": v, **({} if out is None else {"out": out})}
+    if len({t.device for t in tensors.values()}) != 1:
         raise ValueError("q, k, v and out must be on one device")
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"tma_attention runs on CUDA tensors (on the CPU only under "
                          f"TRITON_INTERPRET=1); got {q.device}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+    for name, t in tensors.items():
         if not _aligned(t):
             raise ValueError(f"{name} needs unit stride on D and 16-byte aligned strides and "
                              f"base (TMA); got strides {t.stride()}")
+    return B, H, Lq, D
 
 
 def tma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -179,10 +182,9 @@ def tma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     q ``[B, H, Lq, D]``; k, v ``[B, H, Lk, D]``; ``out`` ``[B, Lq, H, D]`` (allocated when
     None) is returned. ``scale`` defaults to ``D ** -0.5``. Raises ValueError on shapes, dtypes,
     strides or devices that do not match."""
-    B, H, Lq, D = check_qkv_shapes(q, k, v)
+    B, H, Lq, D = check_tma_inputs(q, k, v, out)
     if out is None:
         out = torch.empty(B, Lq, H, D, dtype=q.dtype, device=q.device)
-    check_tma_inputs(q, k, v, out)
     Lk = k.shape[2]
     if B * H * Lq == 0 or Lk == 0:
         return out.zero_()
