@@ -107,9 +107,11 @@ class EngineConfig:
         "Self-attention of Whisper's encoder: sdpa (torch's scaled_dot_product_attention, "
         "cuDNN's kernel on an H100/H200), tma (edserve's Triton flash attention fed by TMA "
         "descriptors: CUDA compute capability 9.0+, bfloat16/float16; 2-7 percent faster than "
-        "cuDNN at large-v3's shape for 16 clips, a prefill no faster), or auto (sdpa). See "
-        "benchmarks/RESULTS.md 'TMA attention'.",
-        choices=("auto", "sdpa", "tma"),
+        "cuDNN at large-v3's shape for 16 clips, a prefill no faster), fa3 (FlashAttention-3's "
+        "Hopper kernel from the library EDSERVE_FA3_LIB names, built by tools/build_fa3.sh: "
+        "compute capability 9.0, bfloat16), or auto (fa3 where it runs, else sdpa). See "
+        "benchmarks/RESULTS.md 'TMA attention' and 'FlashAttention-3'.",
+        choices=("auto", "sdpa", "tma", "fa3"),
     )
     decoder_gelu: str = _f(
         "auto",

@@ -12,9 +12,14 @@ registry :data:`ENCODER_ATTENTION`:
         (20 x 64, 1500 tokens) it measured 2-7 % faster than cuDNN for 16 clips, between 5 %
         faster and 4 % slower for 64, and a prefill of 16 / 32 clips no faster than with SDPA
         (benchmarks/RESULTS.md, wave 38, H100 and H200).
+  fa3   :func:`edserve.kernels.fa3_attention.fa3_attention`, FlashAttention-3's Hopper kernel
+        through its C entry point: compute capability 9.0, bfloat16, head dims <= 96, and the
+        library ``EDSERVE_FA3_LIB`` names (tools/build_fa3.sh builds it from FA3's source).
 
-``auto`` (:func:`resolve_encoder_attention`) is ``sdpa``: the measured gain is inside the
-prefill's run-to-run spread. A layer holds its form as ``layer.attend``;
+``auto`` (:func:`resolve_encoder_attention`) is ``fa3`` where it runs (its library loads, a
+Hopper GPU, bfloat16, not compiled: 22 % faster than cuDNN at large-v3's shape for 16 clips, 7 %
+for 64, H100, RESULTS.md wave 40), else ``sdpa`` (``tma``'s gain was inside the prefill's
+run-to-run spread). A layer holds its form as ``layer.attend``;
 :func:`set_encoder_attention` sets it on every encoder layer of a model.
 """
 
@@ -42,7 +47,15 @@ def tma_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return tma_attention(q, k, v)
 
 
-ENCODER_ATTENTION: dict[str, Attend] = {"sdpa": sdpa_attend, "tma": tma_attend}
+def fa3_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """As :func:`sdpa_attend`, by FlashAttention-3 (a contiguous ``[N, S, H, hd]``)."""
+    from edserve.kernels.fa3_attention import fa3_attention
+
+    return fa3_attention(q, k, v)
+
+
+ENCODER_ATTENTION: dict[str, Attend] = {"sdpa": sdpa_attend, "tma": tma_attend,
+                                        "fa3": fa3_attend}
 
 
 def tma_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -65,18 +78,28 @@ def tma_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> st
 def resolve_encoder_attention(mode: str, device: torch.device, dtype: torch.dtype,
                               head_dim: int, compiled: bool) -> str:
     """``--encoder-attention`` resolved to a key of :data:`ENCODER_ATTENTION`: ``auto`` is
-    ``sdpa`` (see the module doc); ``tma`` where it cannot run (or with ``--compile-encoder``)
-    raises ValueError saying why."""
+    ``fa3`` where it runs, else ``sdpa`` (see the module doc); ``tma`` or ``fa3`` where it
+    cannot run (or with ``--compile-encoder``) raises ValueError saying why."""
     if mode not in ("auto", *ENCODER_ATTENTION):
         raise ValueError(f"--encoder-attention must be auto or one of "
                          f"{sorted(ENCODER_ATTENTION)}, got {mode!r}")
-    if mode == "tma":
-        why = tma_supported(device, dtype, head_dim)
+    if mode in ("tma", "fa3"):
+        if mode == "tma":
+            why = tma_supported(device, dtype, head_dim)
+        else:
+            from edserve.kernels.fa3_attention import fa3_unsupported
+
+            why = fa3_unsupported(device, dtype, head_dim)
         if compiled:
             why = "is not traced by --compile-encoder (use sdpa)"
         if why:
-            raise ValueError(f"--encoder-attention tma {why}")
+            raise ValueError(f"--encoder-attention {mode} {why}")
         return mode
+    if mode == "auto" and not compiled and device.type == "cuda":
+        from edserve.kernels.fa3_attention import fa3_unsupported
+
+        if fa3_unsupported(device, dtype, head_dim) is None:
+            return "fa3"
     return "sdpa"
 
 

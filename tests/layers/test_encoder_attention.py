@@ -4,6 +4,8 @@ interpreter runs the tma kernel; GPU: large-v3's layer shape against float64).""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -73,7 +75,26 @@ def test_set_reaches_every_encoder_layer_and_the_encoder_agrees_in_either_form()
     assert got.shape == want.shape == (2, 24, 64)
     # two bf16 computations of one function: the rounding of p and of the outputs differs
     torch.testing.assert_close(got, want, atol=6e-2, rtol=6e-2)
-    assert set(ENCODER_ATTENTION) == {"sdpa", "tma"}
+    assert set(ENCODER_ATTENTION) == {"sdpa", "tma", "fa3"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
+                    or not os.environ.get("EDSERVE_FA3_LIB"),
+                    reason="needs a Hopper GPU and EDSERVE_FA3_LIB (tools/build_fa3.sh)")
+def test_fa3_form_agrees_with_sdpa_and_is_refused_under_compile():
+    enc = _encoder(device="cuda")
+    mel = torch.randn(2, 8, 48, generator=torch.Generator().manual_seed(1))
+    mel = mel.to(device="cuda", dtype=torch.bfloat16)
+    dev = torch.device("cuda")
+    assert resolve_encoder_attention("fa3", dev, torch.bfloat16, 32, False) == "fa3"
+    with pytest.raises(ValueError, match="compile-encoder"):
+        resolve_encoder_attention("fa3", dev, torch.bfloat16, 32, True)
+    with torch.inference_mode():
+        want = enc(mel).float()
+        assert set_encoder_attention(enc, "fa3") == 2
+        got = enc(mel).float()
+    torch.testing.assert_close(got, want, atol=6e-2, rtol=6e-2)
 
 
 def test_build_refuses_tma_where_it_cannot_run(tmp_path):
@@ -105,15 +126,20 @@ def test_large_v3_layer_shape_on_gpu_against_float64():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available()
                     or torch.cuda.get_device_capability()[0] < 9, reason="Hopper+ only")
-def test_tma_form_inside_encoder_cuda_graphs_equals_its_eager_forward():
-    """``--encoder-attention tma`` with ``--encoder-cuda-graph-max-bs``: the TMA descriptors are
-    built on the host at capture, so a replay must read the graph's static input (not the
-    capture-time tensors' contents) and give the eager forward's output (up to the GEMMs'
-    choices at another batch size)."""
+@pytest.mark.parametrize("form", ["tma", "fa3"])
+def test_tma_form_inside_encoder_cuda_graphs_equals_its_eager_forward(form):
+    """``--encoder-attention tma`` (or ``fa3``) with ``--encoder-cuda-graph-max-bs``: the TMA
+    descriptors are built on the host at capture, so a replay must read the graph's static
+    input (not the capture-time tensors' contents) and give the eager forward's output (up to
+    the GEMMs' choices at another batch size). fa3 launches from its own (static) CUDA runtime
+    through ctypes: its kernel must be captured on torch's capture stream too."""
+    from edserve.kernels.fa3_attention import fa3_unsupported
     from edserve.models.encoder_graphs import EncoderGraphs
 
+    if form == "fa3" and fa3_unsupported(torch.device("cuda"), torch.bfloat16, 32):
+        pytest.skip(fa3_unsupported(torch.device("cuda"), torch.bfloat16, 32))
     enc = _encoder(device="cuda")
-    set_encoder_attention(enc, "tma")
+    set_encoder_attention(enc, form)
     graphs = EncoderGraphs(enc, 3, (8, 48), torch.bfloat16, torch.device("cuda"))
     gen = torch.Generator().manual_seed(2)
     for n in (1, 2, 3, 2):  # a padded replay (2 in the graph of 3) after a full one

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from edserve.kernels.fa3_attention import fa3_unsupported
 from edserve.kernels.tma_attention import has_tma, tma_chunks
 from edserve.layers.add_norm import NO_PENDING, AddNormOps, Pending, add_norm_ops, add_pending
 from edserve.layers.linear_gelu import LinearGelu, linear_gelu_exact
@@ -186,12 +187,16 @@ class MllamaVisionModel(nn.Module):
         wave 38) and reads the head dim (:func:`~edserve.kernels.tma_attention.tma_chunks`:
         the 11B's 80 = 64 + 16), else the pointer-load Triton kernel (any head dim; 80 without
         padding: ~3 % faster than SDPA's cuDNN on the H200, wave 24); SDPA off CUDA (no Triton
-        on the CPU) and in fp32 (IEEE dots on CUDA cores)."""
+        on the CPU) and in fp32 (IEEE dots on CUDA cores). FlashAttention-3 before all of them
+        where its library loads (``EDSERVE_FA3_LIB``) on a Hopper GPU in bf16: the 11B tower
+        10-11 % faster than on the TMA kernel, H100, RESULTS.md wave 40."""
         if self.attention_kernel != "auto":
             return self.attention_kernel
         if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
             return "sdpa"
         head_dim = self.cfg.hidden_size // self.cfg.attention_heads
+        if fa3_unsupported(device, dtype, head_dim) is None:
+            return "fa3"
         return "tma" if has_tma(device) and tma_chunks(head_dim) else "triton"
 
     @property

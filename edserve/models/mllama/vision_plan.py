@@ -51,10 +51,18 @@ def tma_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
     tma_attention(q, k, v, out=out)
 
 
+def fa3_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    """As :func:`triton_into`, by FlashAttention-3's Hopper kernel (head dim 80 in its 96
+    kernel; needs ``EDSERVE_FA3_LIB``), :mod:`edserve.kernels.fa3_attention`."""
+    from edserve.kernels.fa3_attention import fa3_attention
+
+    fa3_attention(q, k, v, out=out)
+
+
 # name -> mask-free attention written into a [n, Lq, H, hd] view (MllamaVisionModel's
 # attention_kernel; "auto" there picks by device)
 VISION_KERNELS: dict[str, AttendInto] = {"sdpa": sdpa_into, "triton": triton_into,
-                                         "tma": tma_into}
+                                         "tma": tma_into, "fa3": fa3_into}
 
 
 def real_tokens(ar_mask: torch.Tensor, num_patches: int, padded_len: int) -> torch.Tensor:

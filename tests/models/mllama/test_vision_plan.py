@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edserve.kernels.fa3_attention import fa3_unsupported
 from edserve.models.mllama.config import MllamaVisionConfig
 from edserve.models.mllama.vision import MllamaVisionModel
 from edserve.models.mllama.vision_plan import VISION_PLANS, grouped_plan
@@ -85,14 +86,16 @@ def test_grouped_on_the_triton_kernel_equals_masked():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert m.kernel_for(cpu, torch.bfloat16) == "sdpa"
     assert m.kernel_for(cuda, torch.float32) == "sdpa"
-    if torch.cuda.is_available():  # TMA (Hopper+) where it reads the head dim, else pointers
-        tma = torch.cuda.get_device_capability()[0] >= 9
-        assert m.kernel_for(cuda, torch.bfloat16) == "triton"  # head dim 8: not TMA's
+    if torch.cuda.is_available():  # FA3 where its library loads (Hopper, bf16); then TMA
+        tma = torch.cuda.get_device_capability()[0] >= 9  # (Hopper+) where it reads the head
+        fa3 = fa3_unsupported(cuda, torch.bfloat16, 80) is None  # dim, else pointers
+        assert m.kernel_for(cuda, torch.bfloat16) == ("fa3" if fa3 else "triton")  # head dim 8
         hd80 = MllamaVisionModel(MllamaVisionConfig(
             hidden_size=160, attention_heads=2, intermediate_size=32, num_hidden_layers=1,
             num_global_layers=1, image_size=56, intermediate_layers_indices=(0,),
             vision_output_dim=320))
-        assert hd80.kernel_for(cuda, torch.bfloat16) == ("tma" if tma else "triton")
+        assert hd80.kernel_for(cuda, torch.bfloat16) == ("fa3" if fa3 else "tma" if tma
+                                                         else "triton")
         assert hd80.kernel_for(cuda, torch.float16) == ("tma" if tma else "triton")
 
 
@@ -138,7 +141,7 @@ def test_image_without_valid_tile_is_rejected(plan):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kernel", ["sdpa", "triton", "tma"])
+@pytest.mark.parametrize("kernel", ["sdpa", "triton", "tma", "fa3"])
 def test_gpu_grouped_plan_runs_on_flash_and_matches_masked(kernel):
     """bf16 on CUDA at the real sequence (560 px tiles: P = 1601, L = 6432) and head size 80:
     the grouped plan runs with the flash SDPA kernel alone (the masked plan cannot), or on the
@@ -147,6 +150,8 @@ def test_gpu_grouped_plan_runs_on_flash_and_matches_masked(kernel):
 
     if kernel == "tma" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the TMA kernel needs compute capability 9.0+")
+    if kernel == "fa3" and fa3_unsupported(torch.device("cuda"), torch.bfloat16, 80):
+        pytest.skip(fa3_unsupported(torch.device("cuda"), torch.bfloat16, 80))
     cfg = MllamaVisionConfig(hidden_size=160, attention_heads=2, intermediate_size=320,
                              num_hidden_layers=2, num_global_layers=1,
                              intermediate_layers_indices=(0,), vision_output_dim=320)
