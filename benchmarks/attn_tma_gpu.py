@@ -1,4 +1,5 @@
-"""The encoders' attention: cuDNN (SDPA) vs edserve's Triton kernels, TMA tiles swept.
+"""The encoders' attention: cuDNN (SDPA) vs edserve's Triton kernels, TMA tiles swept, and
+FlashAttention-3 where ``EDSERVE_FA3_LIB`` names its library (tools/build_fa3.sh).
 
 Large-v3's encoder runs 20 heads of 64 over 1500 tokens, the 11B vision tower 16 heads of 80
 over 6432-token images (its grouped plan's two calls per image group); q/k/v are strided views
@@ -96,6 +97,7 @@ def run_shape(shape: tuple, dev: str, g: torch.Generator, runs: int) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from edserve.kernels.dense_attention import dense_attention
+    from edserve.kernels.fa3_attention import fa3_attention, fa3_unsupported
     from edserve.kernels.tma_attention import tma_attention
 
     name, N, H, (qa, qb), nk, L, hd = shape
@@ -117,6 +119,8 @@ def run_shape(shape: tuple, dev: str, g: torch.Generator, runs: int) -> None:
         rows += [("sdpa cudnn", lambda: sdpa(SDPBackend.CUDNN_ATTENTION)),
                  ("sdpa flash", lambda: sdpa(SDPBackend.FLASH_ATTENTION))]
     rows.append(("dense (pointer loads)", lambda: dense_attention(q, k, v, out=out)))
+    if dev == "cuda" and fa3_unsupported(q.device, q.dtype, hd) is None:
+        rows.append(("fa3 (FlashAttention-3)", lambda: fa3_attention(q, k, v, out=out)))
     for t in sweep(dev != "cuda", hd):
         label = f"tma {t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"
         rows.append((label, lambda t=t: tma_attention(q, k, v, out=out, tiles=t)))

@@ -21,6 +21,11 @@
 #   w39 (~9 min: GPU tests of wave 38's last commits, the default server at 1/32/64 clients, arrivals)
 #   w39-mllama (~5 min: Mllama GPU tests, 16 / 64 image requests vs HF with the shared KV-pool layers)
 #   w39-pixels (~6 min: Mllama pixel upload by stack_pixels vs the host cat, 64 image requests this tree vs _ab/before)
+#   w40-fa3 (~7 min: FlashAttention-3 (build/fa3, tools/build_fa3.sh, carried): its GPU tests, the kernel against
+#     cuDNN and the TMA kernel, the large-v3 prefill with it, the 11B vision tower with it)
+#   w40-serve (~9 min: engine GPU tests with fa3 as auto, the server at 32 clients sdpa / fa3 twice), w40-mllama (~9 min:
+#     Mllama GPU tests, issue 24's protocol with the vision tower on fa3 vs tma), w40-arrivals (~6 min: the engine
+#     under arrivals, sdpa / fa3 twice)
 #   w38-attn (~2 min: the encoder's attention through TMA descriptors vs cuDNN, swept)
 #   w37 (~9 min; _ab/before0 = git archive ca68fb9 edserve, _ab/before = the tree before the worker's input
 #     thread, carried: GPU tests of wave 37, then the server at 32 clients from before0 / before / this tree twice)
@@ -466,6 +471,35 @@ for part in "$@"; do
                   --json "$OUT/w39_mllama.json" 2>&1 | tee "$OUT/w39_mllama.log" | grep -E "^(aligned|flat)|steps" ;;
     # wave 39: Mllama pixel values to the GPU by stack_pixels (valid tiles, cast on the device): GPU tests, the upload
     # timed against the old host cat + cast, then 64 image requests vs HF from this tree and _ab/before (~6 min)
+    w40-fa3) export EDSERVE_FA3_LIB=$PWD/build/fa3/libedserve_fa3.so
+             timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fa3_attention.py \
+               tests/layers/test_encoder_attention.py 2>&1 | tee "$OUT/w40_fa3_tests.log" | grep -E "^FAILED|passed|failed|Error"
+             timeout 200 python3 -W ignore benchmarks/attn_tma_gpu.py 2>&1 | tee "$OUT/w40_attn.log" \
+               | grep -E "^#|cudnn|BEST|fa3"
+             timeout 200 python3 -W ignore benchmarks/prefill_gpu.py --arch large-v3 --batch 4 16 --variants tanh fa3 \
+               --repeats 5 2>&1 | tee "$OUT/w40_prefill.log" | grep -vE "^ *$" | tail -30
+             timeout 200 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 3 --shapes 4,mixed 2>&1 \
+               | tee "$OUT/w40_vision.log" | tail -6 ;;
+    w40-serve) export EDSERVE_FA3_LIB=$PWD/build/fa3/libedserve_fa3.so
+             timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py 2>&1 \
+               | tee "$OUT/w40_serve_tests.log" | grep -E "^FAILED|passed|failed|Error"
+             (cd benchmarks && timeout 430 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 \
+               --serve-flags="--encoder-attention sdpa" --serve-flags="--encoder-attention fa3" \
+               --serve-flags="--encoder-attention sdpa" --serve-flags="--encoder-attention fa3" \
+               --json "$OUT/w40_serve.json" 2>&1 | tee "$OUT/w40_serve.log" \
+               | grep -E "^(# engine|## |conc|32 )|steps (decode|mixed)") ;;
+    w40-mllama) export EDSERVE_FA3_LIB=$PWD/build/fa3/libedserve_fa3.so
+             timeout 100 python3 -m pytest -q -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
+               tests/models/mllama/test_vision_plan.py 2>&1 | tee "$OUT/w40_mllama_tests.log" | grep -E "^FAILED|passed|failed"
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 470 python3 -W ignore benchmarks/mllama_gpu.py \
+               --size 11b --batches 16,64 --strategies aligned:128:fa3,aligned:128:tma --decode-steps 10 --repeats 2 \
+               --json "$OUT/w40_mllama.json" 2>&1 | tee "$OUT/w40_mllama.log" | grep -E "^(aligned|flat)|steps" ;;
+    w40-arrivals) for form in sdpa fa3 sdpa fa3; do  # auto is fa3 with the library given, sdpa without
+               lib=; [ $form = fa3 ] && lib=$PWD/build/fa3/libedserve_fa3.so
+               echo "--- $form"
+               EDSERVE_FA3_LIB=$lib timeout 110 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 \
+                 | tee -a "$OUT/w40_arrivals_$form.log" | tail -2
+             done ;;
     w39-pixels) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
                   tests/models/mllama/test_vision_plan.py tests/models/mllama/test_vision.py 2>&1 \
                   | tee "$OUT/w39_pixels_tests.log" | grep -E "^FAILED|passed|failed"

@@ -214,7 +214,8 @@ def parse_args(argv=None):
     ap.add_argument("--strategies", default="flat:1,aligned:128,ragged:1",
                     help="strategy:page_size[:eager][:nomix][:sdpa|:tma|:triton],... (CUDA graphs "
                     "on CUDA unless :eager; ragged always runs eager; :nomix: --no-mixed-steps; "
-                    ":sdpa / :tma / :triton: the vision tower's attention kernel, default auto)")
+                    ":sdpa / :tma / :triton / :fa3: the vision tower's attention kernel, default "
+                    "auto)")
     ap.add_argument("--dense-tiles", default=None, help="BM,BN,WARPS,STAGES of the Triton "
                     "vision attention (default: the kernel's DEFAULT_TILES)")
     ap.add_argument("--ops", default="auto", choices=("auto", "torch", "triton"))
@@ -271,7 +272,7 @@ def main(argv=None) -> int:
     for spec in args.strategies.split(","):
         strategy, page, *mode = spec.split(":")
         page, want_graph, mixed = int(page), "eager" not in mode, "nomix" not in mode
-        opts = dict(vision_kernel=next((k for k in ("sdpa", "tma", "triton") if k in mode),
+        opts = dict(vision_kernel=next((k for k in ("sdpa", "tma", "triton", "fa3") if k in mode),
                                        "auto"))
         gc.collect()
         if args.device == "cuda":

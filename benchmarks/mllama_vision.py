@@ -19,6 +19,7 @@ kept tiles' projected states between the plans and against HF.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -185,6 +186,8 @@ def main(argv=None) -> int:
                "triton": lambda b: run_ours(ours, proj, "grouped", b, kernel="triton")}
     if device == "cuda" and torch.cuda.get_device_capability()[0] >= 9:
         runners["tma"] = lambda b: run_ours(ours, proj, "grouped", b, kernel="tma")
+    if os.environ.get("EDSERVE_FA3_LIB"):  # FlashAttention-3 (tools/build_fa3.sh)
+        runners["fa3"] = lambda b: run_ours(ours, proj, "grouped", b, kernel="fa3")
     if not args.no_hf:
         runners["hf"] = lambda b: run_hf(hf, proj, b)
     print(f"# vision {'toy' if args.dry_run else args.size} on {device} {dtype}, "

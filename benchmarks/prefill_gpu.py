@@ -259,7 +259,9 @@ def main() -> None:
                             max_prefill_tokens=conc * 1600, debug_checks=False,
                             kv_cache_dtype=args.kv_cache_dtype)
     if dev != "cuda":  # CUDA graphs and the TMA kernel (bf16, Hopper+): CUDA only
-        args.variants = [v for v in args.variants if v not in ("graphs", "tma")]
+        args.variants = [v for v in args.variants if v not in ("graphs", "tma", "fa3")]
+    if not os.environ.get("EDSERVE_FA3_LIB"):  # FlashAttention-3's library: tools/build_fa3.sh
+        args.variants = [v for v in args.variants if v != "fa3"]
     vs = Variants(engine, backend, fp8=any(v.startswith("fp8") for v in args.variants),
                   graph_max_bs=max(args.batch + [args.profile_batch]))
     n_mels = wg.ARCHS[args.arch]["n_mels"]

@@ -14,6 +14,8 @@
   tma           tanh + ``--encoder-attention tma`` (the encoder's attention by the Triton
                 kernel fed by TMA descriptors instead of SDPA/cuDNN; every other variant
                 runs ``sdpa``)
+  fa3           tanh + ``--encoder-attention fa3`` (FlashAttention-3's Hopper kernel; needs
+                ``EDSERVE_FA3_LIB``, tools/build_fa3.sh)
   prompt-eager  eager, but the prompt through an eager decoder pass (the default of wave 4)
   compiled      eager + ``--compile-encoder`` (one torch.compile graph for all layers)
   graphs        eager + ``--encoder-cuda-graph-max-bs`` (the eager encoder in CUDA graphs at
@@ -40,7 +42,7 @@ from edserve.models.encoder_graphs import EncoderGraphs
 from edserve.models.fp8 import fp8_encoder_layers
 from edserve.models.whisper_encoder import run_unfused_layer
 
-VARIANTS = ("before", "contiguous", "unfused", "eager", "tanh", "tma", "prompt-eager",
+VARIANTS = ("before", "contiguous", "unfused", "eager", "tanh", "tma", "fa3", "prompt-eager",
             "compiled", "graphs", "fp8", "fp8-compiled")
 TORCH_NORM_VARIANTS = ("before", "contiguous", "unfused")  # separate torch adds and norms
 
@@ -86,9 +88,9 @@ class Variants:
         self.inner.encoder = enc
         enc.__dict__.pop("forward", None)
         enc.add_norm = TORCH_ADD_NORM if name in TORCH_NORM_VARIANTS else None
-        set_linear_gelu(enc, "tanh" if name in ("tanh", "tma", "fp8", "fp8-compiled")
+        set_linear_gelu(enc, "tanh" if name in ("tanh", "tma", "fa3", "fp8", "fp8-compiled")
                         else "exact")
-        set_encoder_attention(enc, "tma" if name == "tma" else "sdpa")
+        set_encoder_attention(enc, name if name in ("tma", "fa3") else "sdpa")
         if name == "before":
             enc.forward = types.MethodType(transposed_layout_forward, enc)
         self.engine.pools.kv_pool.write_kernel = self.can_write_kernel and \
