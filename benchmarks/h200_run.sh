@@ -25,7 +25,7 @@
 #     cuDNN and the TMA kernel, the large-v3 prefill with it, the 11B vision tower with it)
 #   w40-serve (~9 min: engine GPU tests with fa3 as auto, the server at 32 clients sdpa / fa3 twice), w40-mllama (~9 min:
 #     Mllama GPU tests, issue 24's protocol with the vision tower on fa3 vs tma), w40-arrivals (~6 min: the engine
-#     under arrivals, sdpa / fa3 twice)
+#     under arrivals, sdpa / fa3 twice), w40-final (~7 min: the wave's GPU tests, issue 24's protocol on fa3)
 #   w38-attn (~2 min: the encoder's attention through TMA descriptors vs cuDNN, swept)
 #   w37 (~9 min; _ab/before0 = git archive ca68fb9 edserve, _ab/before = the tree before the worker's input
 #     thread, carried: GPU tests of wave 37, then the server at 32 clients from before0 / before / this tree twice)
@@ -500,6 +500,13 @@ for part in "$@"; do
                EDSERVE_FA3_LIB=$lib timeout 110 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 \
                  | tee -a "$OUT/w40_arrivals_$form.log" | tail -2
              done ;;
+    w40-final) export EDSERVE_FA3_LIB=$PWD/build/fa3/libedserve_fa3.so
+             timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fa3_attention.py \
+               tests/layers/test_encoder_attention.py tests/models/mllama/test_vision_plan.py 2>&1 \
+               | tee "$OUT/w40_final_tests.log" | grep -E "^FAILED|passed|failed|Error"
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 420 python3 -W ignore benchmarks/mllama_gpu.py \
+               --size 11b --batches 16,64 --strategies aligned:128:fa3 --decode-steps 10 --repeats 2 \
+               --json "$OUT/w40_final_mllama.json" 2>&1 | tee "$OUT/w40_final_mllama.log" | grep -E "^(aligned|flat)|steps" ;;
     w39-pixels) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
                   tests/models/mllama/test_vision_plan.py tests/models/mllama/test_vision.py 2>&1 \
                   | tee "$OUT/w39_pixels_tests.log" | grep -E "^FAILED|passed|failed"

@@ -50,8 +50,14 @@ def test_auto_is_sdpa_and_tma_is_refused_off_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="Hopper+ only")
 def test_auto_on_cuda_is_sdpa_and_tma_is_refused_where_it_cannot_run():
-    dev = torch.device("cuda")
-    assert resolve_encoder_attention("auto", dev, torch.bfloat16, 64, False) == "sdpa"
+    from edserve.kernels.fa3_attention import fa3_unsupported
+
+    dev = torch.device("cuda")  # auto: fa3 where its library loads, else sdpa
+    fa3 = fa3_unsupported(dev, torch.bfloat16, 64) is None
+    assert resolve_encoder_attention("auto", dev, torch.bfloat16, 64, False) == \
+        ("fa3" if fa3 else "sdpa")
+    assert resolve_encoder_attention("auto", dev, torch.bfloat16, 64, True) == "sdpa"
+    assert resolve_encoder_attention("auto", dev, torch.float16, 64, False) == "sdpa"
     with pytest.raises(ValueError, match="float16"):
         resolve_encoder_attention("tma", dev, torch.float32, 64, False)
     with pytest.raises(ValueError, match="head dim"):
