@@ -16,8 +16,12 @@ set -euo pipefail
 FA=${1:?flash-attention checkout}; CUTLASS=${2:?cutlass checkout}
 OUT=${3:-build/fa3}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-if ! command -v nvcc >/dev/null; then
-  CU=$(python3 -c "import nvidia, os; print(os.path.join(nvidia.__path__[0], 'cu13'))")
+if ! command -v nvcc >/dev/null; then  # the pip wheels' nvcc (nvidia is a namespace package)
+  CU=$(python3 -c "
+import os, nvidia
+print(next((os.path.join(p, 'cu13') for p in nvidia.__path__
+            if os.path.exists(os.path.join(p, 'cu13', 'bin', 'nvcc'))), ''))" 2>/dev/null || true)
+  [ -n "$CU" ] || { echo "no nvcc on PATH and none from pip (see the header)" >&2; exit 1; }
   export PATH=$CU/bin:$PATH
 fi
 CU_LIB=$(dirname "$(command -v nvcc)")/../lib
@@ -34,9 +38,12 @@ for f in BACKWARD PAGEDKV SPLIT APPENDKV LOCAL SOFTCAP PACKGQA FP16 FP8 VARLEN C
 done
 FLAGS+=(-DFLASH_ATTENTION_DISABLE_HDIMDIFF64 -DFLASH_ATTENTION_DISABLE_HDIMDIFF192)
 nvcc "${FLAGS[@]}" -c "$FA/hopper/instantiations/flash_fwd_hdim64_bf16_sm90.cu" -o "$OUT/h64.o" &
+h64=$!
 nvcc "${FLAGS[@]}" -c "$FA/hopper/instantiations/flash_fwd_hdim96_bf16_sm90.cu" -o "$OUT/h96.o" &
+h96=$!
 nvcc "${FLAGS[@]}" -c "$HERE/edserve/kernels/csrc/fa3_shim.cu" -o "$OUT/shim.o"
-wait
+wait $h64  # set -e: a failed compile stops the build here
+wait $h96
 nvcc -shared -gencode arch=compute_90a,code=sm_90a "$OUT/shim.o" "$OUT/h64.o" "$OUT/h96.o" \
   -o "$OUT/libedserve_fa3.so" -cudart static -L"$CU_LIB"
 echo "built $OUT/libedserve_fa3.so: export EDSERVE_FA3_LIB=$(cd "$OUT" && pwd)/libedserve_fa3.so"
