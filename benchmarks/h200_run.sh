@@ -505,7 +505,7 @@ for part in "$@"; do
                tests/layers/test_encoder_attention.py tests/models/mllama/test_vision_plan.py 2>&1 \
                | tee "$OUT/w40_final_tests.log" | grep -E "^FAILED|passed|failed|Error"
              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 420 python3 -W ignore benchmarks/mllama_gpu.py \
-               --size 11b --batches 16,64 --strategies aligned:128:fa3 --decode-steps 10 --repeats 2 \
+               --size 11b --batches 1,16,64 --strategies aligned:128:fa3 --decode-steps 10 --repeats 2 \
                --json "$OUT/w40_final_mllama.json" 2>&1 | tee "$OUT/w40_final_mllama.log" | grep -E "^(aligned|flat)|steps" ;;
     w39-pixels) timeout 150 python3 -m pytest -q -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
                   tests/models/mllama/test_vision_plan.py tests/models/mllama/test_vision.py 2>&1 \
