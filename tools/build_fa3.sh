@@ -12,6 +12,8 @@
 #     nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
 # The CUDA runtime is linked statically and the .so needs no torch: one build serves any torch
 # on a driver of CUDA 13.0 or newer.
+# The .so contains FlashAttention-3's and CUTLASS's code (both BSD-3-Clause: keep their LICENSE
+# files beside it if you ship it); this repository holds only the shim that calls them.
 set -euo pipefail
 FA=${1:?flash-attention checkout}; CUTLASS=${2:?cutlass checkout}
 OUT=${3:-build/fa3}
