@@ -54,6 +54,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+FA3_LIB=$PWD/build/fa3/libedserve_fa3.so  # tools/build_fa3.sh, carried (the w40 modes)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # realpath_ab NAME LIMIT "TREE ARCH CONC"...: whisper_realpath.py (flat/128, overlap on, no HF)
 # once per run, TREE "after" = this tree, else _ab/TREE (an untracked copy of another tree's
@@ -471,7 +472,7 @@ for part in "$@"; do
                   --json "$OUT/w39_mllama.json" 2>&1 | tee "$OUT/w39_mllama.log" | grep -E "^(aligned|flat)|steps" ;;
     # wave 39: Mllama pixel values to the GPU by stack_pixels (valid tiles, cast on the device): GPU tests, the upload
     # timed against the old host cat + cast, then 64 image requests vs HF from this tree and _ab/before (~6 min)
-    w40-fa3) export EDSERVE_FA3_LIB=$PWD/build/fa3/libedserve_fa3.so
+    w40-fa3) export EDSERVE_FA3_LIB=$FA3_LIB
              timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fa3_attention.py \
                tests/layers/test_encoder_attention.py 2>&1 | tee "$OUT/w40_fa3_tests.log" | grep -E "^FAILED|passed|failed|Error"
              timeout 200 python3 -W ignore benchmarks/attn_tma_gpu.py 2>&1 | tee "$OUT/w40_attn.log" \
@@ -480,7 +481,7 @@ for part in "$@"; do
                --repeats 5 2>&1 | tee "$OUT/w40_prefill.log" | grep -vE "^ *$" | tail -30
              timeout 200 python3 -W ignore benchmarks/mllama_vision.py --size 11b --no-hf --runs 3 --shapes 4,mixed 2>&1 \
                | tee "$OUT/w40_vision.log" | tail -6 ;;
-    w40-serve) export EDSERVE_FA3_LIB=$PWD/build/fa3/libedserve_fa3.so
+    w40-serve) export EDSERVE_FA3_LIB=$FA3_LIB
              timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py 2>&1 \
                | tee "$OUT/w40_serve_tests.log" | grep -E "^FAILED|passed|failed|Error"
              (cd benchmarks && timeout 430 python3 -W ignore serve_gpu.py --concurrency 32 --longform 0 \
@@ -488,19 +489,19 @@ for part in "$@"; do
                --serve-flags="--encoder-attention sdpa" --serve-flags="--encoder-attention fa3" \
                --json "$OUT/w40_serve.json" 2>&1 | tee "$OUT/w40_serve.log" \
                | grep -E "^(# engine|## |conc|32 )|steps (decode|mixed)") ;;
-    w40-mllama) export EDSERVE_FA3_LIB=$PWD/build/fa3/libedserve_fa3.so
+    w40-mllama) export EDSERVE_FA3_LIB=$FA3_LIB
              timeout 100 python3 -m pytest -q -p no:cacheprovider tests/models/mllama/test_gpu_graph.py \
                tests/models/mllama/test_vision_plan.py 2>&1 | tee "$OUT/w40_mllama_tests.log" | grep -E "^FAILED|passed|failed"
              PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 470 python3 -W ignore benchmarks/mllama_gpu.py \
                --size 11b --batches 16,64 --strategies aligned:128:fa3,aligned:128:tma --decode-steps 10 --repeats 2 \
                --json "$OUT/w40_mllama.json" 2>&1 | tee "$OUT/w40_mllama.log" | grep -E "^(aligned|flat)|steps" ;;
     w40-arrivals) for form in sdpa fa3 sdpa fa3; do  # auto is fa3 with the library given, sdpa without
-               lib=; [ $form = fa3 ] && lib=$PWD/build/fa3/libedserve_fa3.so
+               lib=; [ $form = fa3 ] && lib=$FA3_LIB
                echo "--- $form"
                EDSERVE_FA3_LIB=$lib timeout 110 python3 benchmarks/arrivals_gpu.py --arch large-v3 --budgets 24576 2>&1 \
                  | tee -a "$OUT/w40_arrivals_$form.log" | tail -2
              done ;;
-    w40-final) export EDSERVE_FA3_LIB=$PWD/build/fa3/libedserve_fa3.so
+    w40-final) export EDSERVE_FA3_LIB=$FA3_LIB
              timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fa3_attention.py \
                tests/layers/test_encoder_attention.py tests/models/mllama/test_vision_plan.py 2>&1 \
                | tee "$OUT/w40_final_tests.log" | grep -E "^FAILED|passed|failed|Error"

@@ -25,6 +25,9 @@ import os
 
 import torch
 
+from edserve.kernels.dense_attention import check_qkv_shapes
+from edserve.kernels.tma_attention import tma_aligned
+
 ENV = "EDSERVE_FA3_LIB"
 _lib: ctypes.CDLL | None = None
 
@@ -70,12 +73,7 @@ def fa3_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   out: torch.Tensor | None = None) -> torch.Tensor:
     """See the module doc. Raises ValueError on shapes, dtypes or strides the kernel cannot
     read, RuntimeError when the launch fails."""
-    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
-        raise ValueError(f"fa3_attention: q/k/v must be [N, H, S, hd] with k.shape == "
-                         f"v.shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    N, H, Sq, hd = q.shape
-    if k.shape[0] != N or k.shape[1] != H or k.shape[3] != hd:
-        raise ValueError(f"fa3_attention: k/v {tuple(k.shape)} do not match q {tuple(q.shape)}")
+    N, H, Sq, hd = check_qkv_shapes(q, k, v)
     why = fa3_unsupported(q.device, q.dtype, hd)
     if why:
         raise ValueError(f"fa3_attention {why}")
@@ -83,13 +81,12 @@ def fa3_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if t.dtype != q.dtype or t.device != q.device:
             raise ValueError(f"fa3_attention: {name} is {t.dtype} on {t.device}, q is "
                              f"{q.dtype} on {q.device}")
-        if t.stride(3) != 1 or any(s % 8 for s in t.stride()[:3]) or t.data_ptr() % 16:
+        if not tma_aligned(t):
             raise ValueError(f"fa3_attention: {name}'s last dim must be contiguous with "
                              f"16-byte aligned rows, got strides {t.stride()}")
     if out is None:
         out = torch.empty(N, Sq, H, hd, device=q.device, dtype=q.dtype)
-    elif (out.shape != (N, Sq, H, hd) or out.dtype != q.dtype or out.stride(3) != 1
-          or any(s % 8 for s in out.stride()[:3]) or out.data_ptr() % 16):
+    elif out.shape != (N, Sq, H, hd) or out.dtype != q.dtype or not tma_aligned(out):
         raise ValueError(f"fa3_attention: out must be a {q.dtype} [{N}, {Sq}, {H}, {hd}] with "
                          f"a contiguous last dim and 16-byte aligned rows, got "
                          f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")

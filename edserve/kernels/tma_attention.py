@@ -139,7 +139,9 @@ def tma_chunks(D: int) -> tuple[int, int] | None:
     return None
 
 
-def _aligned(t: torch.Tensor) -> bool:
+def tma_aligned(t: torch.Tensor) -> bool:
+    """What a TMA descriptor can address (this kernel's, FlashAttention-3's): unit stride on
+    the last dim, 16-byte aligned base and other strides."""
     size = t.element_size()
     return (t.data_ptr() % 16 == 0 and t.stride(-1) == 1
             and all((s * size) % 16 == 0 for s in t.stride()[:-1]))
@@ -168,7 +170,7 @@ def check_tma_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         raise ValueError(f"tma_attention runs on CUDA tensors (on the CPU only under "
                          f"TRITON_INTERPRET=1); got {q.device}")
     for name, t in tensors.items():
-        if not _aligned(t):
+        if not tma_aligned(t):
             raise ValueError(f"{name} needs unit stride on D and 16-byte aligned strides and "
                              f"base (TMA); got strides {t.stride()}")
     return B, H, Lq, D

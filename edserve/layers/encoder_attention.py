@@ -75,6 +75,22 @@ def tma_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> st
     return None
 
 
+def fa3_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
+    """None when the ``fa3`` form runs here, else why not
+    (:func:`~edserve.kernels.fa3_attention.fa3_unsupported`, imported past the CUDA check: a
+    CPU engine never imports Triton)."""
+    if device.type != "cuda":
+        return f"needs CUDA, the device is {device}"
+    from edserve.kernels.fa3_attention import fa3_unsupported
+
+    return fa3_unsupported(device, dtype, head_dim)
+
+
+# form -> (device, dtype, head dim) -> None where it runs, else why not
+FORM_RULES: dict[str, Callable[[torch.device, torch.dtype, int], str | None]] = {
+    "sdpa": lambda device, dtype, head_dim: None, "tma": tma_supported, "fa3": fa3_supported}
+
+
 def resolve_encoder_attention(mode: str, device: torch.device, dtype: torch.dtype,
                               head_dim: int, compiled: bool) -> str:
     """``--encoder-attention`` resolved to a key of :data:`ENCODER_ATTENTION`: ``auto`` is
@@ -83,24 +99,15 @@ def resolve_encoder_attention(mode: str, device: torch.device, dtype: torch.dtyp
     if mode not in ("auto", *ENCODER_ATTENTION):
         raise ValueError(f"--encoder-attention must be auto or one of "
                          f"{sorted(ENCODER_ATTENTION)}, got {mode!r}")
-    if mode in ("tma", "fa3"):
-        if mode == "tma":
-            why = tma_supported(device, dtype, head_dim)
-        else:
-            from edserve.kernels.fa3_attention import fa3_unsupported
-
-            why = fa3_unsupported(device, dtype, head_dim)
-        if compiled:
-            why = "is not traced by --compile-encoder (use sdpa)"
-        if why:
-            raise ValueError(f"--encoder-attention {mode} {why}")
-        return mode
-    if mode == "auto" and not compiled and device.type == "cuda":
-        from edserve.kernels.fa3_attention import fa3_unsupported
-
-        if fa3_unsupported(device, dtype, head_dim) is None:
-            return "fa3"
-    return "sdpa"
+    if mode == "auto":
+        fa3_runs = not compiled and fa3_supported(device, dtype, head_dim) is None
+        return "fa3" if fa3_runs else "sdpa"
+    why = FORM_RULES[mode](device, dtype, head_dim)
+    if compiled and mode != "sdpa":
+        why = "is not traced by --compile-encoder (use sdpa)"
+    if why:
+        raise ValueError(f"--encoder-attention {mode} {why}")
+    return mode
 
 
 def set_encoder_attention(model: nn.Module, mode: str) -> int:

@@ -80,7 +80,7 @@ def test_refuses_without_cuda_or_library(monkeypatch):
         assert "needs CUDA" in fa3.fa3_unsupported(torch.device("cpu"), torch.bfloat16, 64)
     with pytest.raises(ValueError, match="must be"):
         fa3.fa3_attention(q[0], k, v)  # 3-D q
-    with pytest.raises(ValueError, match="do not match"):
+    with pytest.raises(ValueError, match="with q's B, H, D"):
         fa3.fa3_attention(q, k[:, :1], v[:, :1])  # fewer heads in k/v
     monkeypatch.setattr(fa3, "_lib", None)
     monkeypatch.delenv(fa3.ENV, raising=False)
