@@ -156,10 +156,16 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 def _run_serve(args: argparse.Namespace) -> int:
     from edserve.server.config import ServerConfig
-    from edserve.server.launch import serve
+    from edserve.server.launch import build, run_built
 
-    serve(config_from_args(args, EngineConfig), config_from_args(args, ServerConfig),
-          log_level=args.log_level if args.log_level.upper() != "WARNING" else "info")
+    server_config = config_from_args(args, ServerConfig)
+    try:
+        aengine, app = build(config_from_args(args, EngineConfig), server_config)
+    except ValueError as exc:  # settings the device/model cannot run, said as `transcribe` does
+        print(f"edserve: {exc}", file=sys.stderr)
+        return 2
+    run_built(aengine, app, server_config,
+              log_level=args.log_level if args.log_level.upper() != "WARNING" else "info")
     return 0
 
 

@@ -75,9 +75,14 @@ def uvicorn_options(cfg: ServerConfig) -> dict[str, Any]:
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig,
           log_level: str = "info") -> None:
+    """:func:`build`, then :func:`run_built`."""
+    run_built(*build(engine_config, server_config), server_config, log_level)
+
+
+def run_built(aengine: Any, app: Any, server_config: ServerConfig,
+              log_level: str = "info") -> None:
     """Run until SIGINT/SIGTERM: uvicorn stops accepting and waits for in-flight requests
     (at most ``drain_timeout`` s), then the engine (or every data-parallel worker) stops."""
-    aengine, app = build(engine_config, server_config)
     # uvicorn re-raises the signal it handled once it has shut down; without these handlers
     # that would kill the process before the engine and its workers are stopped.
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}

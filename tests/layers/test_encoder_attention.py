@@ -113,6 +113,23 @@ def test_build_refuses_tma_where_it_cannot_run(tmp_path):
         build_engine(EngineConfig(model=str(folder), device="cpu", encoder_attention="tma"))
 
 
+def test_serve_refuses_fa3_where_it_cannot_run_with_one_line(tmp_path, capsys):
+    """``edserve serve --encoder-attention fa3`` on a CPU says why and exits 2 before any
+    server starts, as ``edserve transcribe`` does (it was a traceback)."""
+    from whisper_fixtures import make_random_whisper
+
+    from edserve.cli import main
+
+    folder = make_random_whisper(tmp_path / "w")
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--model", str(folder), "--device", "cpu", "--encoder-attention", "fa3",
+              "--port", "0"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "edserve: --encoder-attention fa3 needs CUDA, the device is cpu"
+    assert not any("Traceback" in line for line in err)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available()
                     or torch.cuda.get_device_capability()[0] < 9, reason="Hopper+ only")
